@@ -1,0 +1,1 @@
+"""Sources of observations. Each collector splits fetch (I/O) from a pure ``parse`` tested on saved text."""

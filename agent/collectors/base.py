@@ -1,0 +1,26 @@
+"""The collector Protocol shared by every source.
+
+``collect(now)`` does the I/O and must never raise: failures become a :class:`Reading` with status
+``error`` (or ``no_data``), so a failing source never fails the tick. The pure part of each collector is a
+module-level ``parse(...)`` function that tests call on saved text.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from detectors.snapshot import Reading
+
+
+class Collector(Protocol):
+    """One source of observations."""
+
+    name: str
+
+    async def collect(self, now: float) -> Reading:
+        """Fetch and parse one observation. Never raises; errors are returned as a Reading."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections, threads and handles."""
+        ...

@@ -67,16 +67,150 @@ class NvmlConfig(_Section):
     process_interval_s: float = Field(
         1.0, ge=1.0, le=60, description="per-process memory period (>= 1 s: takes the driver lock)"
     )
+    energy_interval_s: float = Field(
+        1.0, ge=0.1, le=60, description="energy counter and power limit period (the counter is slow to read)"
+    )
     simulated_url: str = Field("http://127.0.0.1:8000", description="simulator serving simulated NVML")
+    simulated_timeout_s: float = Field(0.5, gt=0, le=10, description="HTTP timeout of one simulated read")
     gpus: tuple[int, ...] = Field((), description="GPU indices to watch; empty = all")
+
+    @field_validator("simulated_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpu_indices(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if any(index < 0 for index in value) or len(set(value)) != len(value):
+            raise ValueError("must be distinct GPU indices >= 0")
+        return value
 
 
 class ProbeConfig(_Section):
     """The allocator probe loaded inside the engine process."""
 
     enabled: bool = Field(True, description="scrape the allocator probe")
-    url: str = Field("http://127.0.0.1:9401/metrics", description="probe endpoint")
+    url: str = Field("http://127.0.0.1:9401/metrics", description="probe endpoint of local rank 0")
     timeout_s: float = Field(1.0, gt=0, le=60, description="HTTP timeout of one probe scrape")
+    ranks: int = Field(
+        1, ge=1, le=64, description="probed engine workers (tensor parallel size); rank k is url's port + k"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _probe_url(cls, value: str) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        return value
+
+
+def _check_http_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise ValueError("must start with http:// or https://")
+    return value.rstrip("/")
+
+
+class GateLineConfig(_Section):
+    """Admission limits of one business line (a tenant, product or API-key group)."""
+
+    requests_per_min: float = Field(1000.0, gt=0, le=1e7, description="token-bucket refill rate")
+    burst_ratio: float = Field(
+        2.0, ge=1, le=100, description="bucket size as a multiple of one minute's rate"
+    )
+    tokens_per_min: float | None = Field(None, gt=0, description="optional prompt+output token budget")
+    priority: Literal["high", "normal", "low"] = Field("normal", description="class when no header says")
+
+
+class GateConfig(_Section):
+    """The admission gate: a reverse proxy in front of the engine's OpenAI API. Off unless configured."""
+
+    enabled: bool = Field(False, description="run the admission gate")
+    listen_host: str = Field(
+        "127.0.0.1", description="gate address (0.0.0.0 when the pod's service points at it)"
+    )
+    listen_port: Port = Field(8080, description="gate port")
+    upstreams: dict[str, str] = Field(
+        default_factory=lambda: {"primary": "http://127.0.0.1:8000"}, description="upstream name -> base URL"
+    )
+    split: dict[str, float] = Field(
+        default_factory=lambda: {"primary": 1.0}, description="initial traffic share per upstream"
+    )
+    max_in_flight: int = Field(
+        64, ge=1, le=65536, description="effective batch: requests sent upstream at once"
+    )
+    queue_size: int = Field(1024, ge=0, le=1_000_000, description="requests that may wait; beyond -> 429")
+    max_queue_wait_s: float = Field(10.0, gt=0, le=3600, description="longest wait before 503")
+    high_reserved_ratio: float = Field(0.2, ge=0, lt=1, description="share of the limit only high may use")
+    aging_s: float = Field(0.2, gt=0, le=60, description="wait after which a request is promoted one class")
+    line_header: str = Field("x-servepilot-line", description="header naming the business line")
+    priority_header: str = Field("x-servepilot-priority", description="header naming the priority class")
+    api_keys: dict[str, str] = Field(default_factory=dict, description="bearer API key -> business line")
+    default_line: str = Field("default", description="line of requests that name none (or an unknown one)")
+    lines: dict[str, GateLineConfig] = Field(default_factory=dict, description="per-line limits")
+    default_requests_per_min: float = Field(1000.0, gt=0, le=1e7, description="rate of lines not listed")
+    max_body_bytes: int = Field(4 << 20, ge=1024, le=1 << 30, description="larger request bodies get 413")
+    connect_timeout_s: float = Field(5.0, gt=0, le=600, description="upstream connect timeout")
+    read_timeout_s: float = Field(300.0, gt=0, le=86400, description="longest silence from the upstream")
+    health_path: str = Field("/health", description="upstream health-check path")
+    health_interval_s: float = Field(5.0, ge=0.1, le=600, description="upstream health-check period")
+    length_edges: tuple[int, ...] = Field((256, 1024, 4096), description="prompt-token bucket edges")
+    stats_window_s: float = Field(60.0, ge=1, le=3600, description="window of the gate's quantile signals")
+
+    @field_validator("upstreams")
+    @classmethod
+    def _upstream_urls(cls, value: dict[str, str]) -> dict[str, str]:
+        if not value:
+            raise ValueError("must name at least one upstream")
+        return {name: _check_http_url(url) for name, url in value.items()}
+
+    @field_validator("length_edges")
+    @classmethod
+    def _edges(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or value[0] <= 0 or list(value) != sorted(set(value)):
+            raise ValueError("must be positive and strictly increasing")
+        return value
+
+
+class ControlConfig(_Section):
+    """The engine control client (DESIGN.md section 4). Off unless configured."""
+
+    enabled: bool = Field(False, description="use the engine's runtime control endpoints")
+    url: str = Field("http://127.0.0.1:8000", description="engine base URL")
+    adapter: Literal["auto", "generic", "sglang", "vllm"] = Field("auto", description="API flavour")
+    lease_s: float = Field(30.0, ge=1, le=3600, description="the engine reverts to defaults after this")
+    timeout_s: float = Field(2.0, gt=0, le=60, description="HTTP timeout of one control call")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        return _check_http_url(value)
+
+
+class ActuatorConfig(_Section):
+    """What servepilot may change. ``mode: observe`` (the default) changes nothing."""
+
+    mode: Literal["observe", "advise", "act"] = Field("observe", description="observe, advise or act")
+    gpu: Literal["off", "power_limit", "locked_clocks"] = Field("off", description="GPU knob to drive")
+    gpu_backend: Literal["nvml", "simulated"] = Field("nvml", description="real NVML or a simulated GPU")
+    gpu_state_file: str | None = Field(None, description="simulated GPU state file (tests, demos)")
+    gpu_lease_s: float = Field(60.0, ge=1, le=3600, description="restore GPU defaults when not renewed")
+    gpus: tuple[int, ...] = Field((), description="GPU indices to drive; empty = all")
+    admin_token_file: str | None = Field(None, description="bearer token file for the override routes")
+
+
+class AuditConfig(_Section):
+    """The JSONL audit log of every action, taken or advised."""
+
+    path: str | None = Field("servepilot-audit.jsonl", description="audit file; null keeps memory only")
+    max_bytes: int = Field(10 << 20, ge=4096, le=1 << 34, description="rotate the file past this size")
+    backups: int = Field(3, ge=0, le=100, description="rotated files kept")
+    recent: int = Field(500, ge=1, le=100_000, description="actions kept in memory for /api/actions")
 
 
 class Config(_Section):
@@ -86,6 +220,10 @@ class Config(_Section):
     engine: EngineConfig = EngineConfig()
     nvml: NvmlConfig = NvmlConfig()
     probe: ProbeConfig = ProbeConfig()
+    gate: GateConfig = GateConfig()
+    control: ControlConfig = ControlConfig()
+    actuators: ActuatorConfig = ActuatorConfig()
+    audit: AuditConfig = AuditConfig()
 
 
 class ConfigError(ValueError):
@@ -199,3 +337,25 @@ def load(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError("", f"config {str(path)!r} is not valid YAML{where}") from None
     return build(data, environ)
+
+
+def reference_markdown() -> str:
+    """The config reference as a Markdown table, generated from the model (the README embeds it)."""
+    rows = ["| setting | default | allowed | meaning |", "|---|---|---|---|"]
+    for section_name, section in Config.model_fields.items():
+        model = section.annotation
+        assert model is not None
+        for name, info in model.model_fields.items():
+            default = list(info.default) if isinstance(info.default, tuple) else info.default
+            allowed = []
+            for meta in info.metadata:
+                for attr, symbol in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+                    if hasattr(meta, attr):
+                        allowed.append(f"{symbol} {_fmt(getattr(meta, attr))}")
+            choices = getattr(info.annotation, "__args__", ()) if "Literal" in str(info.annotation) else ()
+            if choices:
+                allowed.append(" \\| ".join(str(c) for c in choices))
+            default_text = str(default).lower() if isinstance(default, bool) else str(default)
+            meaning = info.description or ""
+            rows.append(f"| `{section_name}.{name}` | `{default_text}` | {', '.join(allowed)} | {meaning} |")
+    return "\n".join(rows)

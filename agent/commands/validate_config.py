@@ -14,15 +14,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Validate a servepilot YAML config, with SERVEPILOT_<SECTION>__<FIELD> environment "
         "overrides applied, and print the effective configuration.",
     )
-    parser.add_argument("file", help="YAML config file")
+    parser.add_argument("file", nargs="?", help="YAML config file")
     parser.add_argument("--json", action="store_true", help="print the effective config as JSON")
     parser.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
+    parser.add_argument(
+        "--reference", action="store_true", help="print the reference of every setting (Markdown) and exit"
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from agent import config
+    from agent.cli import UsageError
 
+    if args.reference:
+        print(config.reference_markdown())
+        return 0
+    if not args.file:
+        raise UsageError("a config FILE is required (or --reference)")
     cfg = config.load(args.file, os.environ)
     if args.quiet:
         return 0

@@ -1,0 +1,30 @@
+# Two commands do everything (see README):  `make demo`  and  `make test`.
+# Both create .venv on first use (CPU-only torch pinned in pyproject) and reinstall when pyproject changes.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[ml,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/servepilot demo $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/pytest $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports && $(BIN)/mypy detectors policies
+
+bench: $(STAMP)
+	$(BIN)/python bench/tick.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

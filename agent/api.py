@@ -1,0 +1,52 @@
+"""The agent's HTTP face (aiohttp): ``/metrics``, ``/healthz``, ``/readyz`` and ``/api/state``.
+
+``/healthz`` says the process is alive; ``/readyz`` says the loop has completed a tick recently (a stuck
+loop turns it 503, so Kubernetes restarts a wedged sidecar but not one whose engine is merely down).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from agent.exporter import Exporter
+from agent.loop import Loop
+
+LOOP_KEY: web.AppKey[Loop] = web.AppKey("loop", Loop)
+EXPORTER_KEY: web.AppKey[Exporter] = web.AppKey("exporter", Exporter)
+
+
+def build_app(loop: Loop, exporter: Exporter, *, clock: Callable[[], float] = time.time) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024)
+    app[LOOP_KEY] = loop
+    app[EXPORTER_KEY] = exporter
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(exporter.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        snap = loop.state.snapshot
+        if snap is None:
+            return web.json_response({"status": "starting", "reason": "no tick completed yet"}, status=503)
+        stale_after = max(5.0, 5 * loop.interval_s)
+        age = clock() - snap.now
+        if age > stale_after:
+            reason = f"last tick {age:.1f} s ago (limit {stale_after:g} s)"
+            return web.json_response({"status": "stalled", "reason": reason}, status=503)
+        return web.json_response({"status": "ready", "last_tick_age_s": round(age, 3)})
+
+    async def state(_: web.Request) -> web.Response:
+        return web.json_response(loop.state.to_json())
+
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/api/state", state)
+    return app

@@ -1,0 +1,45 @@
+"""``servepilot run --config FILE``: the sidecar itself."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="run the sidecar next to an engine",
+        description="Run the servepilot sidecar: collect NVML, engine and allocator-probe readings every "
+        "agent.interval_s, run the detectors and serve /metrics, /healthz, /readyz and /api/state.",
+    )
+    parser.add_argument("--config", "-c", required=True, help="YAML config file (see examples/)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from agent import config
+    from agent.sidecar import serve
+
+    cfg = config.load(args.config, os.environ)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(cfg, stop)
+
+    try:
+        asyncio.run(main())
+    except OSError as error:  # e.g. the listen port is taken
+        logging.getLogger("servepilot").error("cannot start: %s", error)
+        return 1
+    return 0

@@ -1,0 +1,136 @@
+"""Runs the demo: simulator, sidecar and load generator on one event loop, with a clean shutdown.
+
+Everything stops within a few seconds of Ctrl-C or ``--duration``: the load generator first (in-flight
+streams are cancelled), then the sidecar, then the simulator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gzip
+import io
+import logging
+import signal
+import sys
+import time
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from agent import config
+from agent.loadgen import LoadGenerator
+from agent.sidecar import Sidecar
+
+log = logging.getLogger(__name__)
+
+TRACE = "azure_llm_2023_conv.csv.gz"
+
+
+def bundled_trace() -> np.ndarray:
+    """The bundled Azure 2023 conversation trace as rows of (arrival_s, prompt_tokens, output_tokens)."""
+    from agent.traces import read_requests_text
+
+    raw = resources.files("agent.data").joinpath(TRACE).read_bytes()
+    return read_requests_text(io.TextIOWrapper(io.BytesIO(gzip.decompress(raw)), encoding="utf-8").read())
+
+
+async def _start_simulator(args: argparse.Namespace, faults: dict[str, float]) -> Any:
+    from simulator.server import SimulatorServer
+
+    sim = SimulatorServer.from_options(gpu=args.gpu, model=args.model, seed=0)
+    if faults:
+        sim.set_faults(faults)
+    await sim.start("127.0.0.1", args.engine_port)
+    return sim
+
+
+def _status_line(sidecar: Sidecar, gen: LoadGenerator, elapsed: float) -> str:
+    snap = sidecar.loop.state.snapshot
+    get = snap.get if snap is not None else (lambda _n: None)
+
+    def fmt(name: str, scale: float = 1.0, digits: int = 0) -> str:
+        value = get(name)
+        return "-" if value is None else f"{value * scale:.{digits}f}"
+
+    return (
+        f"[{elapsed:5.0f} s] sent {gen.stats.sent} ok {gen.stats.ok} failed {gen.stats.failed} | "
+        f"running {fmt('engine.requests_running')} waiting {fmt('engine.requests_waiting')} "
+        f"kv {fmt('engine.kv_cache_usage_ratio', 100)}% gen {fmt('engine.generation_tokens_per_second')} tok/s "
+        f"ttft p99 {fmt('engine.ttft_seconds.p99', 1000)} ms | gpu0 util {fmt('nvml.gpu0.utilization_ratio.mean', 100)}% "
+        f"{fmt('nvml.gpu0.power_watts.mean')} W | findings {len(sidecar.loop.state.findings)}"
+    )
+
+
+async def _main(args: argparse.Namespace, faults: dict[str, float], cfg_data: dict[str, Any]) -> int:
+    cfg = config.build(cfg_data)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    sim = await _start_simulator(args, faults)
+    sidecar = Sidecar(cfg)
+    gen = LoadGenerator(
+        cfg.engine.url, bundled_trace(), model=sim.model_name, speed=args.speed, rate_scale=args.rate_scale
+    )
+    started = time.monotonic()
+    load_task: asyncio.Task[None] | None = None
+    try:
+        await sidecar.start()
+        load_task = asyncio.create_task(gen.run(stop), name="demo-load")
+        url = f"http://{cfg.agent.listen_host}:{cfg.agent.listen_port}"
+        await _show(args, sidecar, gen, started, url, stop)
+    finally:
+        stop.set()
+        if load_task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(load_task, timeout=2.0)
+        await sidecar.stop()
+        await sim.stop()
+    print(
+        f"servepilot demo: stopped after {time.monotonic() - started:.0f} s; {gen.stats.ok} requests completed, "
+        f"{gen.stats.failed} failed; the sidecar ran {sidecar.loop.state.stats.ticks} ticks",
+        file=sys.stderr,
+    )
+    return 0
+
+
+async def _show(
+    args: argparse.Namespace, sidecar: Sidecar, gen: LoadGenerator, started: float, url: str, stop: asyncio.Event
+) -> None:
+    deadline = started + args.duration if args.duration > 0 else float("inf")
+    live_view = not args.no_view and sys.stdout.isatty()
+    if live_view:
+        from rich.live import Live
+
+        from agent.demo_view import render
+
+        with Live(refresh_per_second=2, screen=False, transient=False) as live:
+            while not stop.is_set() and time.monotonic() < deadline:
+                live.update(render(sidecar.loop.state, gen.stats, time.monotonic() - started, url))
+                await _wait(stop, min(0.5, deadline - time.monotonic()))
+        return
+    print(f"servepilot demo: agent on {url}/metrics, engine on {sidecar.cfg.engine.url}", flush=True)
+    next_line = started + 5.0
+    while not stop.is_set() and time.monotonic() < deadline:
+        await _wait(stop, min(next_line, deadline) - time.monotonic())
+        if time.monotonic() >= next_line:
+            print(_status_line(sidecar, gen, time.monotonic() - started), flush=True)
+            next_line += 5.0
+
+
+async def _wait(stop: asyncio.Event, timeout: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=max(0.0, timeout))
+
+
+def run_demo(args: argparse.Namespace, faults: dict[str, float], cfg_data: dict[str, Any]) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return asyncio.run(_main(args, faults, cfg_data))
+    except OSError as error:
+        print(f"servepilot demo: cannot start: {error}", file=sys.stderr)
+        return 1

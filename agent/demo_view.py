@@ -1,0 +1,129 @@
+"""The demo's live terminal view (rich): load, engine, GPU, allocator and findings, from one AgentState.
+
+Pure rendering: it reads the state the loop published and the load generator's counters, nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from agent.loadgen import LoadStats
+from agent.state import AgentState
+from detectors.snapshot import SourceStatus
+
+_GIB = 1024**3
+
+
+def _fmt(value: float | None, unit: str = "", scale: float = 1.0, digits: int = 1) -> str:
+    if value is None:
+        return "—"
+    return f"{value * scale:.{digits}f}{unit}"
+
+
+def _pair(
+    get: Callable[[str], float | None], a: str, b: str, unit: str = "", scale: float = 1.0, digits: int = 1
+) -> str:
+    """Two related values as "a / b" (e.g. p50 / p99)."""
+    return f"{_fmt(get(a), unit, scale, digits)} / {_fmt(get(b), unit, scale, digits)}"
+
+
+def _gpu_indices(state: AgentState) -> list[int]:
+    snap = state.snapshot
+    if snap is None:
+        return []
+    found = {
+        int(k.split(".")[1][3:])
+        for k in snap.values
+        if k.startswith("nvml.gpu") and k.split(".")[1][3:].isdigit()
+    }
+    return sorted(found)
+
+
+def render(state: AgentState, load: LoadStats, elapsed_s: float, url: str) -> RenderableType:
+    snap = state.snapshot
+    get = snap.get if snap is not None else (lambda _name: None)
+
+    header = Text.assemble(
+        ("servepilot demo", "bold cyan"),
+        f"  {elapsed_s:6.0f} s   agent {url}/metrics   ticks {state.stats.ticks}   ",
+        ("Ctrl-C to stop", "dim"),
+    )
+
+    sources = Text()
+    for name, reading in sorted(snap.readings.items()) if snap else ():
+        style = {SourceStatus.OK: "green", SourceStatus.NO_DATA: "yellow", SourceStatus.ERROR: "red"}[
+            reading.status
+        ]
+        sources.append(f"{name}: {reading.status.value}", style=style)
+        if reading.error:
+            sources.append(f" ({reading.error[:60]})", style="dim")
+        sources.append("   ")
+
+    top = Table.grid(padding=(0, 3))
+    load_t = Table(title="load (client)", show_header=False, box=None)
+    load_t.add_row("sent / ok / failed", f"{load.sent} / {load.ok} / {load.failed}")
+    load_t.add_row("in flight", str(load.in_flight))
+    load_t.add_row(
+        "TTFT p50 / p99",
+        f"{_fmt(load.ttft_quantile(0.5), ' s', digits=3)} / {_fmt(load.ttft_quantile(0.99), ' s', digits=3)}",
+    )
+    load_t.add_row("tokens streamed", str(load.tokens))
+
+    eng = Table(title="engine (/metrics)", show_header=False, box=None)
+    eng.add_row(
+        "running / waiting",
+        _pair(get, "engine.requests_running", "engine.requests_waiting", digits=0),
+    )
+    eng.add_row("KV cache used", _fmt(get("engine.kv_cache_usage_ratio"), " %", 100))
+    eng.add_row(
+        "gen / prompt tok/s",
+        _pair(get, "engine.generation_tokens_per_second", "engine.prompt_tokens_per_second", digits=0),
+    )
+    eng.add_row(
+        "TTFT p50 / p99",
+        _pair(get, "engine.ttft_seconds.p50", "engine.ttft_seconds.p99", " s", digits=3),
+    )
+    eng.add_row(
+        "ITL p50 / p99",
+        _pair(get, "engine.itl_seconds.p50", "engine.itl_seconds.p99", " ms", 1000),
+    )
+    eng.add_row("preemptions/s", _fmt(get("engine.preemptions_per_second"), digits=2))
+
+    alloc = Table(title="allocator (probe)", show_header=False, box=None)
+    alloc.add_row("reserved", _fmt(get("probe.reserved_bytes"), " GiB", 1 / _GIB, 2))
+    alloc.add_row("allocated", _fmt(get("probe.allocated_bytes"), " GiB", 1 / _GIB, 2))
+    alloc.add_row("fragmentation", _fmt(get("probe.fragmentation_ratio"), " %", 100))
+    top.add_row(load_t, eng, alloc)
+
+    gpus = Table(title="GPU (NVML, 100 ms samples aggregated per tick)", box=None)
+    for column in ("gpu", "util mean/max", "mem bw", "SM clock", "temp", "power", "memory", "throttle"):
+        gpus.add_column(column)
+    for i in _gpu_indices(state):
+        p = f"nvml.gpu{i}."
+        gpus.add_row(
+            str(i),
+            _pair(get, p + "utilization_ratio.mean", p + "utilization_ratio.max", "%", 100, 0),
+            _fmt(get(p + "memory_bandwidth_utilization_ratio.mean"), "%", 100, 0),
+            _fmt(get(p + "sm_clock_hz.mean"), " MHz", 1e-6, 0),
+            _fmt(get(p + "temperature_celsius.last"), " °C", digits=0),
+            _pair(get, p + "power_watts.mean", p + "power_limit_watts", " W", digits=0),
+            _pair(get, p + "memory_used_bytes", p + "memory_total_bytes", "", 1 / _GIB, 1),
+            _fmt(get(p + "throttle_reasons"), digits=0),
+        )
+
+    findings = Table(title=f"findings ({len(state.findings)})", box=None)
+    for column in ("severity", "detector", "signal", "score", "summary"):
+        findings.add_column(column)
+    for f in sorted(state.findings, key=lambda f: -f.score)[:8]:
+        colour = {"critical": "red", "warning": "yellow"}.get(f.severity.value, "white")
+        findings.add_row(
+            Text(f.severity.value, style=colour), f.detector, f.signal, f"{f.score:.2f}", f.summary[:70]
+        )
+    if not state.findings:
+        findings.add_row("—", "", "", "", "nothing unusual")
+
+    return Group(header, sources, top, gpus, findings)

@@ -1,0 +1,241 @@
+"""The agent's own ``/metrics``: what servepilot derives, from its own registry, in base units.
+
+Flat snapshot names (see :mod:`detectors.snapshot`) become Prometheus families through the ordered rules
+in :data:`RULES` — names are data, so a new signal needs a rule, not code. Raw series that the engine and
+dcgm-exporter already serve are not re-exported as such: the agent publishes its windowed quantiles, its
+rates, its 100 ms-sampled aggregates (mean/max within the tick), its findings and its decisions.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector as PromCollector
+
+from agent.state import AgentState
+from detectors.snapshot import SourceStatus
+
+QUANTILES = {"p50": "0.5", "p90": "0.9", "p95": "0.95", "p99": "0.99"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Map snapshot names matching ``pattern`` to ``template`` with the named groups as labels.
+
+    ``{metric}`` in the template is replaced by the group of that name; every other named group becomes
+    a label. ``fixed`` adds constant labels.
+    """
+
+    pattern: re.Pattern[str]
+    template: str
+    help: str
+    fixed: tuple[tuple[str, str], ...] = ()
+
+
+def _rule(pattern: str, template: str, help_text: str, **fixed: str) -> Rule:
+    return Rule(re.compile(pattern), template, help_text, tuple(sorted(fixed.items())))
+
+
+RULES: tuple[Rule, ...] = (
+    _rule(
+        r"^nvml\.gpu(?P<gpu>\d+)\.process_used_bytes\.pid(?P<pid>\d+)$",
+        "servepilot_gpu_process_used_bytes",
+        "GPU memory used by one process (NVML, sampled at most once per second).",
+    ),
+    _rule(
+        r"^nvml\.gpu(?P<gpu>\d+)\.throttle\.(?P<reason>\w+)$",
+        "servepilot_gpu_throttle_active",
+        "1 when the clocks-event (throttle) reason was active during the tick.",
+    ),
+    _rule(
+        r"^nvml\.gpu(?P<gpu>\d+)\.(?P<metric>\w+)\.(?P<agg>mean|max|last)$",
+        "servepilot_gpu_{metric}",
+        "NVML reading aggregated over the tick's ~100 ms samples (agg = mean, max or last).",
+    ),
+    _rule(
+        r"^nvml\.gpu(?P<gpu>\d+)\.(?P<metric>\w+)$",
+        "servepilot_gpu_{metric}",
+        "NVML reading at the end of the tick.",
+    ),
+    _rule(
+        r"^engine\.(?P<metric>\w+)\.(?P<quantile>p50|p90|p95|p99)$",
+        "servepilot_engine_{metric}",
+        "Quantile of the engine's histogram over the agent's quantile window.",
+    ),
+    _rule(
+        r"^engine\.(?P<metric>\w+)\.mean$",
+        "servepilot_engine_{metric}_mean",
+        "Mean of the engine's histogram over the agent's quantile window.",
+    ),
+    _rule(r"^engine\.(?P<metric>\w+)$", "servepilot_engine_{metric}", "Engine signal derived by the agent."),
+    _rule(
+        r"^probe\.device(?P<device>\d+)\.(?P<metric>\w+)$",
+        "servepilot_allocator_{metric}",
+        "Torch allocator statistic from the probe in the engine process.",
+    ),
+    _rule(
+        r"^probe\.(?P<metric>\w+)$",
+        "servepilot_allocator_{metric}",
+        "Torch allocator statistic from the probe, summed over devices.",
+        device="all",
+    ),
+    _rule(
+        r"^gate\.(?P<bucket>\w+)\.(?P<metric>\w+)\.(?P<quantile>p50|p90|p95|p99)$",
+        "servepilot_gate_{metric}",
+        "Quantile per request-length bucket, measured by the admission gate.",
+    ),
+    _rule(r"^gate\.(?P<metric>\w+)$", "servepilot_gate_{metric}", "Admission-gate signal."),
+)
+
+_INVALID = re.compile(r"[^a-zA-Z0-9_]")
+
+
+@dataclass(frozen=True)
+class Translation:
+    name: str
+    help: str
+    labels: tuple[tuple[str, str], ...]
+
+
+def translate(signal: str) -> Translation:
+    """Map one flat snapshot name to a metric name and labels (unmatched names get a generic name)."""
+    for rule in RULES:
+        match = rule.pattern.match(signal)
+        if not match:
+            continue
+        groups = match.groupdict()
+        name = rule.template.format(metric=groups.pop("metric", ""))
+        if "quantile" in groups:
+            groups["quantile"] = QUANTILES[groups["quantile"]]
+        labels = tuple(sorted({**groups, **dict(rule.fixed)}.items()))
+        return Translation(name, rule.help, labels)
+    return Translation("servepilot_" + _INVALID.sub("_", signal), "Signal derived by the agent.", ())
+
+
+class StateCollector(PromCollector):
+    """Builds the families from the latest :class:`AgentState` at scrape time (nothing kept in between)."""
+
+    def __init__(self) -> None:
+        self.state = AgentState()
+        self._cache: dict[str, Translation] = {}
+
+    def update(self, state: AgentState) -> None:
+        self.state = state
+
+    def _translation(self, signal: str) -> Translation:
+        found = self._cache.get(signal)
+        if found is None:
+            found = self._cache[signal] = translate(signal)
+            if len(self._cache) > 100_000:  # pid churn must not grow the cache for ever
+                self._cache.clear()
+        return found
+
+    def collect(self) -> Iterator[Metric]:
+        state = self.state
+        snap = state.snapshot
+        success = GaugeMetricFamily(
+            "servepilot_collector_success",
+            "1 when the collector's last fetch succeeded.",
+            labels=["collector"],
+        )
+        duration = GaugeMetricFamily(
+            "servepilot_collector_duration_seconds",
+            "Duration of the collector's last fetch.",
+            labels=["collector"],
+        )
+        age = GaugeMetricFamily(
+            "servepilot_collector_data_age_seconds",
+            "Seconds between the tick and the observation it used (staleness).",
+            labels=["collector"],
+        )
+        ups = {
+            "engine": GaugeMetricFamily("servepilot_engine_up", "1 when the engine's /metrics answered."),
+            "nvml": GaugeMetricFamily("servepilot_nvml_up", "1 when NVML (or its simulation) answered."),
+            "probe": GaugeMetricFamily("servepilot_probe_up", "1 when the allocator probe answered."),
+        }
+        families: dict[str, GaugeMetricFamily] = {}
+        if snap is not None:
+            for name, reading in sorted(snap.readings.items()):
+                ok = reading.status is SourceStatus.OK
+                success.add_metric([name], 1.0 if ok else 0.0)
+                duration.add_metric([name], reading.duration_s)
+                age.add_metric([name], max(0.0, snap.now - reading.observed_at))
+                if name in ups:
+                    ups[name].add_metric([], 1.0 if ok else 0.0)
+            for signal, value in snap.values.items():
+                tr = self._translation(signal)
+                family = families.get(tr.name)
+                if family is None:
+                    family = families[tr.name] = GaugeMetricFamily(
+                        tr.name, tr.help, labels=[k for k, _ in tr.labels]
+                    )
+                if len(family._labelnames) == len(tr.labels):  # a mismatch would break the exposition
+                    family.add_metric([v for _, v in tr.labels], value)
+        yield success
+        yield duration
+        yield age
+        yield from (f for f in ups.values() if f.samples)
+        yield from families.values()
+        yield from self._brain_families(state)
+
+    @staticmethod
+    def _brain_families(state: AgentState) -> Iterator[Metric]:
+        active = GaugeMetricFamily(
+            "servepilot_finding_active",
+            "1 for each active finding.",
+            labels=["detector", "signal", "severity"],
+        )
+        score = GaugeMetricFamily(
+            "servepilot_finding_score",
+            "Score in [0, 1] of each active finding.",
+            labels=["detector", "signal"],
+        )
+        for finding in state.findings:
+            active.add_metric([finding.detector, finding.signal, finding.severity.value], 1.0)
+            score.add_metric([finding.detector, finding.signal], finding.score)
+        yield active
+        yield score
+        knobs = GaugeMetricFamily(
+            "servepilot_knob_value", "Current value of each numeric knob.", labels=["knob"]
+        )
+        for knob, value in sorted(state.knobs.items()):
+            if isinstance(value, int | float):
+                knobs.add_metric([knob], float(value))
+        yield knobs
+        ticks = CounterMetricFamily("servepilot_ticks", "Ticks completed by the control loop.")
+        ticks.add_metric([], state.stats.ticks)
+        yield ticks
+        overruns = CounterMetricFamily(
+            "servepilot_tick_overruns", "Tick slots skipped because a tick ran past its interval."
+        )
+        overruns.add_metric([], state.stats.overruns)
+        yield overruns
+        errors = CounterMetricFamily(
+            "servepilot_detector_errors", "Detector updates that raised.", labels=["detector"]
+        )
+        for name, count in sorted(state.stats.detector_errors.items()):
+            errors.add_metric([name], count)
+        yield errors
+
+
+class Exporter:
+    """Owns the agent's :class:`CollectorRegistry` (never the global one)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.state_collector = StateCollector()
+        self.registry.register(self.state_collector)
+        self.tick_duration = Histogram(
+            "servepilot_tick_duration_seconds",
+            "Wall time of one control-loop tick (collect + think).",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=self.registry,
+        )
+
+    def publish(self, state: AgentState) -> None:
+        self.state_collector.update(state)
+        self.tick_duration.observe(state.stats.last_duration_s)

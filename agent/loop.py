@@ -1,0 +1,146 @@
+"""The control loop: collect, snapshot, store, detect, decide, publish — once per ``agent.interval_s``.
+
+Each tick is level-based and self-contained. Collectors run concurrently under one deadline
+(``agent.source_timeout_s``): a source that misses it is cancelled and recorded as an error for that tick,
+so a slow or dead engine never stalls the loop. Detector and policy failures are counted per unit and
+never stop the tick. Time comes from an injected clock; :meth:`Loop.tick` takes ``now`` so tests and
+replay drive it by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agent.collectors.base import Collector
+from agent.state import AgentState, TickStats
+from agent.store import Store
+from detectors.base import Detector, Finding
+from detectors.snapshot import Reading, Snapshot
+from policies.base import Policy, Proposal
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[AgentState], None]
+
+
+class Loop:
+    """Runs the tick. Holds the only mutable agent state; publishes immutable :class:`AgentState`."""
+
+    def __init__(
+        self,
+        collectors: Sequence[Collector],
+        store: Store,
+        *,
+        interval_s: float,
+        source_timeout_s: float,
+        detectors: Sequence[Detector] = (),
+        policies: Sequence[Policy] = (),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.collectors = list(collectors)
+        self.store = store
+        self.interval_s = interval_s
+        self.source_timeout_s = min(source_timeout_s, interval_s)
+        self.detectors = list(detectors)
+        self.policies = list(policies)
+        self.clock = clock
+        self.state = AgentState()
+        self._policy_state: dict[str, Any] = {}
+        self._listeners: list[Listener] = []
+        self._detector_errors: dict[str, int] = {}
+        self._policy_errors: dict[str, int] = {}
+        self._overruns = 0
+
+    def subscribe(self, listener: Listener) -> None:
+        """Call ``listener(state)`` after every tick (the exporter and the demo view use this)."""
+        self._listeners.append(listener)
+
+    async def _collect_one(self, collector: Collector, now: float) -> Reading:
+        started = time.perf_counter()
+        try:
+            return await asyncio.wait_for(collector.collect(now), timeout=self.source_timeout_s)
+        except TimeoutError:
+            return Reading.failed(
+                collector.name,
+                now,
+                f"no answer within {self.source_timeout_s:g} s",
+                duration_s=time.perf_counter() - started,
+            )
+        except Exception as error:  # collect() must not raise; a bug there must not kill the loop
+            log.exception("collector %s raised", collector.name)
+            return Reading.failed(collector.name, now, f"collector raised {type(error).__name__}: {error}")
+
+    async def collect(self, now: float) -> dict[str, Reading]:
+        readings = await asyncio.gather(*(self._collect_one(c, now) for c in self.collectors))
+        return {r.source: r for r in readings}
+
+    def think(self, snapshot: Snapshot) -> tuple[tuple[Finding, ...], tuple[Proposal, ...]]:
+        """The pure part of the tick: detectors, then policies. Shared by the live agent and replay."""
+        findings: list[Finding] = []
+        for detector in self.detectors:
+            try:
+                findings.extend(detector.update(snapshot))
+            except Exception:
+                log.exception("detector %s failed", detector.name)
+                self._detector_errors[detector.name] = self._detector_errors.get(detector.name, 0) + 1
+        proposals: list[Proposal] = []
+        for policy in self.policies:
+            try:
+                state, proposed = policy.decide(
+                    snapshot, findings, self._policy_state.get(policy.name), snapshot.now
+                )
+            except Exception:
+                log.exception("policy %s failed", policy.name)
+                self._policy_errors[policy.name] = self._policy_errors.get(policy.name, 0) + 1
+                continue
+            self._policy_state[policy.name] = state
+            proposals.extend(proposed)
+        return tuple(findings), tuple(proposals)
+
+    async def tick(self, now: float) -> AgentState:
+        """One full tick at time ``now``."""
+        started = time.perf_counter()
+        readings = await self.collect(now)
+        snapshot = Snapshot.from_readings(now, readings)
+        self.store.append(snapshot)
+        findings, proposals = self.think(snapshot)
+        duration = time.perf_counter() - started
+        self.state = AgentState(
+            snapshot=snapshot,
+            findings=findings,
+            proposals=proposals,
+            knobs=self.state.knobs,
+            stats=TickStats(
+                ticks=self.state.stats.ticks + 1,
+                last_duration_s=duration,
+                overruns=self._overruns,
+                detector_errors=dict(self._detector_errors),
+                policy_errors=dict(self._policy_errors),
+            ),
+        )
+        for listener in self._listeners:
+            try:
+                listener(self.state)
+            except Exception:
+                log.exception("state listener failed")
+        return self.state
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Tick on a fixed grid until ``stop`` is set; a tick that overruns skips the missed slots."""
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while not stop.is_set():
+            await self.tick(self.clock())
+            next_at += self.interval_s
+            lag = loop.time() - next_at
+            if lag > 0:
+                skipped = int(lag // self.interval_s) + 1
+                self._overruns += skipped
+                next_at += skipped * self.interval_s
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=max(0.0, next_at - loop.time()))

@@ -1,0 +1,101 @@
+"""Process wiring: config -> collectors, store, loop, exporter and HTTP API, with a clean shutdown.
+
+Used by ``servepilot run`` and, in-process beside the simulator, by ``servepilot demo``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from agent.api import build_app
+from agent.collectors.base import Collector
+from agent.config import Config
+from agent.exporter import Exporter
+from agent.loop import Loop
+from agent.store import Store
+from detectors.base import Detector
+
+log = logging.getLogger(__name__)
+
+
+def build_collectors(cfg: Config) -> list[Collector]:
+    """The collectors the config asks for, in a fixed order. Nothing is faked silently."""
+    from agent.collectors.engine_metrics import EngineMetricsCollector
+
+    collectors: list[Collector] = [EngineMetricsCollector(cfg.engine)]
+    if cfg.nvml.backend != "off":
+        from agent.collectors.nvml import NvmlCollector
+
+        nvml = NvmlCollector(cfg.nvml)
+        nvml.start()
+        collectors.append(nvml)
+    if cfg.probe.enabled:
+        from agent.collectors.probe import ProbeCollector
+
+        collectors.append(ProbeCollector(cfg.probe))
+    return collectors
+
+
+def build_detectors() -> list[Detector]:
+    """Every registered detector that is enabled by default."""
+    from detectors import base, registry
+
+    if not base.REGISTRY:
+        registry.register_defaults()
+    return [reg.factory() for reg in base.REGISTRY.values() if reg.default_enabled]
+
+
+class Sidecar:
+    """The running agent: owns the loop task and the HTTP site."""
+
+    def __init__(self, cfg: Config, *, collectors: Sequence[Collector] | None = None) -> None:
+        self.cfg = cfg
+        self.collectors = list(collectors) if collectors is not None else build_collectors(cfg)
+        self.store = Store(cfg.agent.history_points, cfg.agent.max_series)
+        self.exporter = Exporter()
+        self.loop = Loop(
+            self.collectors,
+            self.store,
+            interval_s=cfg.agent.interval_s,
+            source_timeout_s=cfg.agent.source_timeout_s,
+            detectors=build_detectors(),
+        )
+        self.loop.subscribe(self.exporter.publish)
+        self._runner: web.AppRunner | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+
+    async def start(self) -> None:
+        app = build_app(self.loop, self.exporter)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.agent.listen_host, self.cfg.agent.listen_port)
+        await site.start()
+        log.info("agent API on http://%s:%d", self.cfg.agent.listen_host, self.cfg.agent.listen_port)
+        self._task = asyncio.create_task(self.loop.run(self._stop), name="servepilot-loop")
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self._task, timeout=2.0)
+        for collector in self.collectors:
+            with contextlib.suppress(Exception):
+                await collector.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+async def serve(cfg: Config, stop: asyncio.Event) -> None:
+    """Run the sidecar until ``stop`` is set."""
+    sidecar = Sidecar(cfg)
+    try:
+        await sidecar.start()
+        await stop.wait()
+    finally:
+        await sidecar.stop()

@@ -1,0 +1,146 @@
+"""Tick cost of the full agent: 8 GPUs sampled every 100 ms, a full vLLM scrape, a 1 s tick.
+
+What runs: the real sidecar loop with the real collectors — NVML through the fake backend (8 GPUs; no GPU
+on this machine, so driver call cost is not included), the engine collector scraping a full real vLLM
+``/metrics`` text, and the probe collector scraping a probe text — both served over loopback by a
+*separate* process so that the CPU share measured here is the agent's alone.
+
+Prints tick p50/p99 (wall time of collect + snapshot + store + detectors) and the agent process's CPU
+share of one core over the run. Targets from the issue: p99 < 5 ms, CPU < 2 % of one core.
+
+    python bench/tick.py [--duration 30] [--gpus 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import resource
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+VLLM_SCRAPE = ROOT / "tests/fixtures/expo/vllm-0.32-cpu/vllm-0.32.0-cpu-metrics_busy.prom"
+PROBE_TEXT = ROOT / "tests/fixtures/probe/probe_metrics.prom"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(port: int, metrics: bytes, probe: bytes) -> None:
+    """Static engine + probe endpoints, in their own process."""
+    from aiohttp import web
+
+    async def metrics_handler(_: web.Request) -> web.Response:
+        return web.Response(body=metrics, content_type="text/plain")
+
+    async def probe_handler(_: web.Request) -> web.Response:
+        return web.Response(body=probe, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/probe", probe_handler)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def _run(duration_s: float, gpus: int, port: int) -> tuple[list[float], float, float, int]:
+    from agent import config
+    from agent.collectors.engine_metrics import EngineMetricsCollector
+    from agent.collectors.nvml import NvmlCollector
+    from agent.collectors.nvml_fake import FakeNvmlBackend
+    from agent.collectors.probe import ProbeCollector
+    from agent.exporter import Exporter
+    from agent.loop import Loop
+    from agent.sidecar import build_detectors
+    from agent.store import Store
+
+    cfg = config.build(
+        {
+            "engine": {"kind": "vllm", "url": f"http://127.0.0.1:{port}"},
+            "nvml": {"backend": "simulated", "sample_interval_s": 0.1},
+            "probe": {"url": f"http://127.0.0.1:{port}/probe"},
+        }
+    )
+    nvml = NvmlCollector(cfg.nvml, backend=FakeNvmlBackend(gpus))
+    nvml.start()
+    collectors = [EngineMetricsCollector(cfg.engine), nvml, ProbeCollector(cfg.probe)]
+    loop = Loop(
+        collectors,
+        Store(cfg.agent.history_points, cfg.agent.max_series),
+        interval_s=1.0,
+        source_timeout_s=0.8,
+        detectors=build_detectors(),
+    )
+    exporter = Exporter()
+    loop.subscribe(exporter.publish)
+    durations: list[float] = []
+    loop.subscribe(lambda state: durations.append(state.stats.last_duration_s))
+    await loop.tick(time.time())  # warm-up: first scrape, imports, connection set-up
+    durations.clear()
+    stop = asyncio.Event()
+    cpu0, wall0 = _cpu_seconds(), time.perf_counter()
+    task = asyncio.create_task(loop.run(stop))
+    await asyncio.sleep(duration_s)
+    stop.set()
+    await task
+    cpu, wall = _cpu_seconds() - cpu0, time.perf_counter() - wall0
+    series = len(loop.store)
+    for collector in collectors:
+        await collector.close()
+    return durations, cpu, wall, series
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of ticking to measure")
+    parser.add_argument("--gpus", type=int, default=8)
+    args = parser.parse_args()
+    port = _free_port()
+    server = multiprocessing.Process(
+        target=_serve, args=(port, VLLM_SCRAPE.read_bytes(), PROBE_TEXT.read_bytes()), daemon=True
+    )
+    server.start()
+    deadline = time.time() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            if time.time() > deadline:
+                raise SystemExit("static server did not start") from None
+            time.sleep(0.05)
+    try:
+        durations, cpu, wall, series = asyncio.run(_run(args.duration, args.gpus, port))
+    finally:
+        server.terminate()
+    ticks = np.array(durations) * 1000
+    print(
+        f"servepilot tick benchmark: {args.gpus} GPUs (fake NVML backend) sampled every 100 ms, "
+        f"full vLLM scrape ({VLLM_SCRAPE.stat().st_size} bytes) + probe, 1 s tick, {wall:.0f} s"
+    )
+    print(f"  ticks measured      {len(ticks)}")
+    print(f"  series in store     {series}")
+    print(f"  tick p50            {np.percentile(ticks, 50):.2f} ms")
+    print(f"  tick p99            {np.percentile(ticks, 99):.2f} ms   (target < 5 ms)")
+    print(f"  tick max            {ticks.max():.2f} ms")
+    print(f"  agent CPU share     {100 * cpu / wall:.2f} % of one core   (target < 2 %)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from agent import config
+from agent.cli import main
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+
+
+def test_defaults_are_valid_and_frozen() -> None:
+    cfg = config.build({})
+    assert cfg.agent.interval_s == 1.0
+    assert (cfg.agent.listen_host, cfg.agent.listen_port) == ("127.0.0.1", 9400)
+    with pytest.raises(ValidationError):
+        cfg.agent.interval_s = 2.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_every_example_config_validates(path: Path) -> None:
+    config.load(path, {})
+
+
+def test_examples_exist_for_demo_vllm_and_sglang() -> None:
+    assert {p.name for p in EXAMPLES} >= {"demo.yaml", "vllm-pod.yaml", "sglang-pod.yaml"}
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"agent": {"interval_s": 0}}, "agent.interval_s must be in [0.05, 60], got 0"),
+        ({"agent": {"listen_port": 70000}}, "agent.listen_port must be in [1, 65535], got 70000"),
+        ({"engine": {"timeout_s": 0}}, "engine.timeout_s must be in (0, 60], got 0"),
+        ({"engine": {"kind": "triton"}}, "engine.kind must be one of"),
+        ({"engine": {"url": "ftp://x"}}, "engine.url must start with http:// or https://, got 'ftp://x'"),
+        ({"agent": {"intervall_s": 1}}, "agent.intervall_s is not a known setting"),
+        ({"agent": {"interval_s": "fast"}}, "agent.interval_s input should be a valid number"),
+    ],
+)
+def test_bad_values_name_field_range_and_value(data: dict[str, object], message: str) -> None:
+    with pytest.raises(config.ConfigError) as info:
+        config.build(data)
+    assert str(info.value).startswith(message)
+    assert "\n" not in str(info.value)
+
+
+def test_environment_overrides_come_from_the_mapping_passed_in() -> None:
+    cfg = config.build({"agent": {"interval_s": 1}}, {"SERVEPILOT_AGENT__INTERVAL_S": "2.5", "OTHER": "x"})
+    assert cfg.agent.interval_s == 2.5
+
+
+def test_environment_override_is_validated_like_the_file() -> None:
+    with pytest.raises(config.ConfigError, match=r"agent.interval_s must be in \[0.05, 60\], got 0"):
+        config.build({}, {"SERVEPILOT_AGENT__INTERVAL_S": "0"})
+
+
+def test_malformed_environment_key_is_an_error() -> None:
+    with pytest.raises(config.ConfigError, match="SERVEPILOT_AGENTINTERVAL"):
+        config.build({}, {"SERVEPILOT_AGENTINTERVAL": "1"})
+
+
+def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(config.ConfigError, match="mapping"):
+        config.load(path)
+
+
+def test_invalid_yaml_reports_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("agent:\n  interval_s: [1\n")
+    with pytest.raises(config.ConfigError, match="not valid YAML at line"):
+        config.load(path)
+
+
+def test_validate_config_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("agent:\n  interval_s: 0\n")
+    assert main(["validate-config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "servepilot validate-config: agent.interval_s must be in [0.05, 60], got 0"
+
+
+def test_validate_config_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate-config", str(tmp_path / "nope.yaml")]) == 2
+    assert "cannot read config" in capsys.readouterr().err
+
+
+def test_validate_config_prints_effective_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate-config", "--json", str(EXAMPLES[0])]) == 0
+    assert '"interval_s"' in capsys.readouterr().out

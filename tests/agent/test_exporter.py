@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.exporter import Exporter, translate
+from agent.state import AgentState, TickStats
+from detectors.base import Finding, Severity
+from detectors.snapshot import Reading, Snapshot, SourceStatus
+
+
+def _samples(exporter: Exporter) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(exporter.registry).decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_translation_rules_map_flat_names_to_labelled_families() -> None:
+    assert translate("nvml.gpu3.utilization_ratio.mean").name == "servepilot_gpu_utilization_ratio"
+    assert translate("nvml.gpu3.utilization_ratio.mean").labels == (("agg", "mean"), ("gpu", "3"))
+    assert translate("nvml.gpu0.process_used_bytes.pid42").labels == (("gpu", "0"), ("pid", "42"))
+    assert translate("nvml.gpu0.throttle.sw_power_cap").labels == (("gpu", "0"), ("reason", "sw_power_cap"))
+    assert translate("engine.ttft_seconds.p99").labels == (("quantile", "0.99"),)
+    assert translate("engine.ttft_seconds.mean").name == "servepilot_engine_ttft_seconds_mean"
+    assert translate("engine.requests_running").name == "servepilot_engine_requests_running"
+    assert translate("probe.device1.reserved_bytes").labels == (("device", "1"),)
+    assert translate("probe.reserved_bytes").labels == (("device", "all"),)
+    assert translate("weird.name-x").name == "servepilot_weird_name_x"
+
+
+def test_metrics_show_sources_values_and_findings() -> None:
+    exporter = Exporter()
+    snap = Snapshot.from_readings(
+        10.0,
+        {
+            "engine": Reading(
+                "engine", 9.5, SourceStatus.OK, {"engine.ttft_seconds.p99": 0.25}, duration_s=0.003
+            ),
+            "nvml": Reading.failed("nvml", 10.0, "NVML library not found"),
+            "probe": Reading("probe", 10.0, SourceStatus.OK, {"probe.fragmentation_ratio": 0.2}),
+        },
+    )
+    finding = Finding("leak", "probe.reserved_bytes", Severity.CRITICAL, 0.9, "leak", 5.0)
+    exporter.publish(
+        AgentState(snapshot=snap, findings=(finding,), knobs={"batch": 16}, stats=TickStats(ticks=3))
+    )
+    samples = _samples(exporter)
+    assert samples[("servepilot_engine_up", ())] == 1.0
+    assert samples[("servepilot_nvml_up", ())] == 0.0
+    assert samples[("servepilot_collector_success", (("collector", "nvml"),))] == 0.0
+    assert samples[("servepilot_collector_duration_seconds", (("collector", "engine"),))] == 0.003
+    assert samples[("servepilot_collector_data_age_seconds", (("collector", "engine"),))] == 0.5
+    assert samples[("servepilot_engine_ttft_seconds", (("quantile", "0.99"),))] == 0.25
+    assert samples[("servepilot_allocator_fragmentation_ratio", (("device", "all"),))] == 0.2
+    key = (
+        "servepilot_finding_active",
+        (("detector", "leak"), ("severity", "critical"), ("signal", "probe.reserved_bytes")),
+    )
+    assert samples[key] == 1.0
+    assert samples[("servepilot_knob_value", (("knob", "batch"),))] == 16.0
+    assert samples[("servepilot_ticks_total", ())] == 3.0
+    assert samples[("servepilot_tick_duration_seconds_count", ())] == 1.0
+
+
+def test_empty_state_still_exposes_valid_text() -> None:
+    exporter = Exporter()
+    samples = _samples(exporter)
+    assert ("servepilot_ticks_total", ()) in samples
+    assert ("servepilot_engine_up", ()) not in samples

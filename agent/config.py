@@ -49,7 +49,12 @@ class EngineConfig(_Section):
     url: str = Field("http://127.0.0.1:8000", description="engine base URL")
     metrics_path: str = Field("/metrics", description="path of the Prometheus endpoint")
     timeout_s: float = Field(2.0, gt=0, le=60, description="HTTP timeout of one scrape")
-    quantile_window_s: float = Field(60.0, ge=1, le=3600, description="window of histogram quantiles")
+    quantile_window_s: float = Field(
+        60.0,
+        ge=1,
+        le=3600,
+        description="window of histogram quantiles and window means; older scrape baselines count as stale",
+    )
 
     @field_validator("url")
     @classmethod
@@ -57,6 +62,13 @@ class EngineConfig(_Section):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
+
+    @field_validator("metrics_path")
+    @classmethod
+    def _absolute_path(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with /")
+        return value
 
 
 class NvmlConfig(_Section):
@@ -93,7 +105,7 @@ class ProbeConfig(_Section):
     """The allocator probe loaded inside the engine process."""
 
     enabled: bool = Field(True, description="scrape the allocator probe")
-    url: str = Field("http://127.0.0.1:9401/metrics", description="probe endpoint of local rank 0")
+    url: str = Field("http://127.0.0.1:9401/metrics", description="probe endpoint")
     timeout_s: float = Field(1.0, gt=0, le=60, description="HTTP timeout of one probe scrape")
     ranks: int = Field(
         1, ge=1, le=64, description="probed engine workers (tensor parallel size); rank k is url's port + k"
@@ -213,6 +225,32 @@ class AuditConfig(_Section):
     recent: int = Field(500, ge=1, le=100_000, description="actions kept in memory for /api/actions")
 
 
+class WebhookConfig(_Section):
+    """Alert webhooks from the agent: Alertmanager v2 and a signed generic JSON webhook. Off by default."""
+
+    enabled: bool = Field(False, description="send findings and source outages as alerts")
+    alertmanager_url: str | None = Field(None, description="Alertmanager base URL (POST /api/v2/alerts)")
+    generic_url: str | None = Field(None, description="generic JSON webhook URL, signed (Standard Webhooks)")
+    secret_file: str | None = Field(None, description="file holding the signing secret (whsec_<base64>)")
+    queue_path: str = Field("servepilot-webhooks.sqlite", description="on-disk outbox (survives restarts)")
+    timeout_s: float = Field(5.0, gt=0, le=120, description="HTTP timeout of one delivery attempt")
+    backoff_base_s: float = Field(1.0, gt=0, le=600, description="first retry delay (doubles per attempt)")
+    backoff_max_s: float = Field(60.0, gt=0, le=3600, description="longest retry delay")
+    max_age_s: float = Field(86400.0, ge=60, le=30 * 86400, description="undelivered messages expire after")
+    max_pending: int = Field(10_000, ge=10, le=10_000_000, description="queued messages kept per sink")
+    resend_s: float = Field(60.0, ge=1, le=3600, description="re-post firing alerts to Alertmanager this often")
+    min_severity: Literal["info", "warning", "critical"] = Field("warning", description="findings sent")
+    source_down_after_s: float = Field(30.0, ge=0, le=3600, description="a failing source alerts after")
+    group_by: tuple[str, ...] = Field(("alertname",), description="labels grouping generic messages")
+    labels: dict[str, str] = Field(default_factory=dict, description="labels added to every alert")
+    generator_url: str = Field("", description="link back to the agent in each alert")
+
+    @field_validator("alertmanager_url", "generic_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        return None if value is None else _check_http_url(value)
+
+
 class Config(_Section):
     """The whole configuration. Every field has a default that is safe on a GPU node."""
 
@@ -224,6 +262,7 @@ class Config(_Section):
     control: ControlConfig = ControlConfig()
     actuators: ActuatorConfig = ActuatorConfig()
     audit: AuditConfig = AuditConfig()
+    webhooks: WebhookConfig = WebhookConfig()
 
 
 class ConfigError(ValueError):

@@ -1,0 +1,306 @@
+"""The inference engine's Prometheus ``/metrics``, mapped to canonical ``engine.*`` signals.
+
+Three steps, as node_exporter splits them: :meth:`EngineMetricsCollector.collect` fetches (aiohttp, the
+only I/O); :func:`parse` is pure and maps the text through the name table (``metric_names.yaml``) into a
+:class:`Scrape` of canonical gauges, counters and merged histograms; :class:`SignalDeriver` (stateful,
+``now`` passed in) turns a scrape into the flat values of a :class:`Reading`: gauges as they are, counters
+as per-second rates, histograms as windowed P50/P95/P99 and mean.
+
+Names are data: an engine rename is one alias line in the YAML, never an ``if`` here. An alias list is in
+preference order and the first name present in the scrape wins, so a scrape that carries both the old
+and the new name (vLLM V1 during deprecation) reads the new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import aiohttp
+
+from agent.collectors.derive import Trackers
+from agent.collectors.exposition import Counter, Exposition, Gauge, Histogram, parse_exposition
+from agent.collectors.metric_mapping import MetricMapping, SignalSpec, detect_engine, load_mappings
+from agent.config import EngineConfig
+from detectors.snapshot import Reading, SourceStatus
+
+MAX_BODY_BYTES = 16 * 1024 * 1024  # a /metrics page is ~100 kB; anything near this is not one
+_PERCENTILES = {0.5: "p50", 0.95: "p95", 0.99: "p99"}
+Series = Counter | Gauge | Histogram
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One scrape mapped to canonical names (without the ``engine.`` prefix), before any rate or window."""
+
+    observed_at: float
+    engine: str
+    gauges: Mapping[str, float] = field(default_factory=dict)
+    counters: Mapping[str, float] = field(default_factory=dict)
+    histograms: Mapping[str, Histogram] = field(default_factory=dict)
+    model: str | None = None
+    legacy_names: tuple[str, ...] = ()
+    """Aliases in use that are not the first choice (an engine still on deprecated names)."""
+    errors: tuple[str, ...] = ()
+    dropped: int = 0
+    series: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not (self.gauges or self.counters or self.histograms)
+
+
+def _aggregate(values: list[float], how: str) -> float:
+    if how == "mean":
+        return sum(values) / len(values)
+    if how == "max":
+        return max(values)
+    return sum(values)
+
+
+def _merge(name: str, series: Sequence[Histogram], errors: list[str]) -> Histogram:
+    """Sum the buckets of every label set that shares the first set's bounds."""
+    first = series[0]
+    counts = list(first.counts)
+    total_sum = first.sum
+    for other in series[1:]:
+        if other.bounds != first.bounds:
+            errors.append(f"{other.name}: label set {dict(other.labels)} has other buckets, skipped")
+            continue
+        counts = [a + b for a, b in zip(counts, other.counts, strict=True)]
+        total_sum = None if total_sum is None or other.sum is None else total_sum + other.sum
+    return Histogram(
+        name,
+        (),
+        first.bounds,
+        tuple(counts),
+        counts[-1] if first.count is not None else None,
+        total_sum,
+        first.observed_at,
+    )
+
+
+def _find(spec: SignalSpec, expo: Exposition) -> tuple[int, Sequence[Series]] | None:
+    """The first alias present in the scrape (its rank and series); aliases are in preference order."""
+    for rank, alias in enumerate(spec.aliases):
+        series: Sequence[Series]
+        if spec.type == "histogram":
+            series = expo.histograms.get(alias, ())
+        else:
+            series = expo.counters.get(alias, ()) if spec.type == "counter" else ()
+            # a counter whose TYPE line was lost parses as untyped, which lands among the gauges
+            series = series or expo.gauges.get(alias, ()) or expo.gauges.get(alias.removesuffix("_total"), ())
+        if series:
+            return rank, series
+    return None
+
+
+def parse(text: str, mapping: MetricMapping, now: float) -> Scrape:
+    """Map one ``/metrics`` body through ``mapping``. Pure; never raises on bad text."""
+    expo = parse_exposition(text, now, mapping.wanted)
+    errors = list(expo.errors)
+    gauges: dict[str, float] = {}
+    counters: dict[str, float] = {}
+    histograms: dict[str, Histogram] = {}
+    legacy: list[str] = []
+    models: set[str] = set()
+    for spec in mapping.signals:
+        found = _find(spec, expo)
+        if found is None:
+            continue
+        rank, series = found
+        if spec.type == "histogram":
+            histograms[spec.name] = _merge(spec.name, [h for h in series if isinstance(h, Histogram)], errors)
+        else:
+            values = [s.value * spec.scale for s in series if not isinstance(s, Histogram)]
+            if spec.valid is not None:
+                values = [v for v in values if spec.valid[0] <= v <= spec.valid[1]]
+            if not values:
+                continue
+            target = counters if spec.type == "counter" else gauges
+            target[spec.name] = _aggregate(values, spec.aggregate)
+        if rank:
+            legacy.append(spec.aliases[rank])
+        if mapping.model_label:
+            models.update(dict(s.labels).get(mapping.model_label, "") for s in series)
+    models.discard("")
+    return Scrape(
+        observed_at=now,
+        engine=mapping.engine,
+        gauges=MappingProxyType(gauges),
+        counters=MappingProxyType(counters),
+        histograms=MappingProxyType(histograms),
+        model=",".join(sorted(models)) or None,
+        legacy_names=tuple(legacy),
+        errors=tuple(errors),
+        dropped=expo.dropped,
+        series=expo.series_count,
+    )
+
+
+class SignalDeriver:
+    """Scrapes in, flat ``engine.*`` values out: rates, windowed quantiles, ratios, window means."""
+
+    def __init__(self, mapping: MetricMapping, window_s: float) -> None:
+        self.mapping = mapping
+        self.trackers = Trackers(window_s)
+
+    def update(self, scrape: Scrape, now: float) -> dict[str, float]:
+        values: dict[str, float] = {}
+        for name, value in scrape.gauges.items():
+            values[name] = value
+        for name, value in scrape.counters.items():
+            rate = self.trackers.rate(name, value, now)
+            if rate is not None:
+                values[name] = rate
+        for name, hist in scrape.histograms.items():
+            stats = self.trackers.histogram(name, hist.bounds, hist.counts, hist.sum, now)
+            if stats is None:
+                continue
+            for q, value in stats.quantiles.items():
+                values[f"{name}.{_PERCENTILES[q]}"] = value
+            if stats.mean is not None:
+                values[f"{name}.mean"] = stats.mean
+        for spec in self.mapping.signals:
+            if spec.type == "ratio":
+                self._ratio(spec, values)
+            elif spec.type == "window_mean" and spec.of is not None and spec.of in scrape.gauges:
+                values[spec.name] = self.trackers.mean(spec.name, scrape.gauges[spec.of], now)
+        self.trackers.prune(now)
+        return {f"engine.{name}": value for name, value in values.items()}
+
+    @staticmethod
+    def _ratio(spec: SignalSpec, values: dict[str, float]) -> None:
+        if not all(n in values for n in (*spec.numerator, *spec.denominator)):
+            return
+        denominator = sum(values[n] for n in spec.denominator)
+        if denominator > 0:
+            values[spec.name] = min(1.0, max(0.0, sum(values[n] for n in spec.numerator) / denominator))
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+class EngineMetricsCollector:
+    """Scrapes the engine's ``/metrics`` once per :meth:`collect`. Never raises out of ``collect``.
+
+    ``session`` is borrowed when given (the caller closes it) and owned otherwise. ``timer`` measures the
+    scrape's duration only; the observation time is always the ``now`` passed in.
+    """
+
+    name = "engine"
+
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        session: aiohttp.ClientSession | None = None,
+        *,
+        mappings: Mapping[str, MetricMapping] | None = None,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.cfg = cfg
+        self.url = cfg.url + cfg.metrics_path
+        self._session = session
+        self._owns_session = session is None
+        self._mappings = dict(mappings) if mappings is not None else load_mappings()
+        self._timer = timer
+        self._mapping: MetricMapping | None = None if cfg.kind == "auto" else self._mappings[cfg.kind]
+        self._deriver: SignalDeriver | None = None
+
+    async def collect(self, now: float) -> Reading:
+        started = self._timer()
+        try:
+            text = await self._fetch()
+        except Exception as error:  # every failure is a Reading, never an exception out of the tick
+            return Reading.failed(self.name, now, self._explain(error), self._timer() - started)
+        try:
+            return self._reading(text, now, started)
+        except Exception as error:  # a bug in mapping must not fail the tick either
+            return Reading.failed(
+                self.name, now, f"parse failed: {_one_line(error)}", self._timer() - started
+            )
+
+    async def close(self) -> None:
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+        self._session = None
+
+    async def _fetch(self) -> str:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+            self._owns_session = True
+        timeout = aiohttp.ClientTimeout(total=self.cfg.timeout_s)
+        async with self._session.get(self.url, timeout=timeout) as response:
+            if response.status != 200:
+                raise _HttpStatus(response.status, response.reason or "")
+            body = bytearray()
+            async for chunk in response.content.iter_chunked(64 * 1024):
+                body.extend(chunk)
+                if len(body) > MAX_BODY_BYTES:
+                    raise ValueError(f"body larger than {MAX_BODY_BYTES} bytes")
+            return body.decode(response.charset or "utf-8", errors="replace")
+
+    def _explain(self, error: BaseException) -> str:
+        if isinstance(error, asyncio.TimeoutError):
+            return f"timeout after {self.cfg.timeout_s:g} s scraping {self.url}"
+        if isinstance(error, _HttpStatus):
+            return f"HTTP {error.status} {error.reason} from {self.url}".replace("  ", " ")
+        if isinstance(error, aiohttp.ClientConnectorError):
+            return f"cannot connect to {self.url}: {_one_line(error.os_error)}"
+        return f"scraping {self.url} failed: {_one_line(error)}"
+
+    def _reading(self, text: str, now: float, started: float) -> Reading:
+        if not text.strip():
+            return Reading.empty(self.name, now, f"empty body from {self.url}", self._timer() - started)
+        mapping = self._mapping or detect_engine(text, self._mappings)
+        if mapping is None:
+            return self._unrecognised(text, now, started)
+        if self._deriver is None or self._deriver.mapping is not mapping:
+            self._deriver = SignalDeriver(mapping, self.cfg.quantile_window_s)
+        scrape = parse(text, mapping, now)
+        duration = self._timer() - started
+        if scrape.empty:
+            if scrape.errors:
+                return Reading.failed(
+                    self.name, now, f"{len(scrape.errors)} bad lines, first: {scrape.errors[0]}", duration
+                )
+            return Reading.empty(self.name, now, f"no known {mapping.engine} metrics in scrape", duration)
+        values = self._deriver.update(scrape, now)
+        info = {"engine": mapping.engine}
+        if scrape.model:
+            info["model"] = scrape.model
+        if scrape.legacy_names:
+            info["legacy_names"] = ",".join(scrape.legacy_names)
+        # a partly bad body still counts as a good scrape; what was lost is said here, in one line
+        warnings = []
+        if scrape.errors:
+            warnings.append(f"{len(scrape.errors)} bad lines, first: {scrape.errors[0]}")
+        if scrape.dropped:
+            warnings.append(f"{scrape.dropped} non-finite or sentinel samples dropped")
+        if warnings:
+            info["parse_warnings"] = "; ".join(warnings)
+        return Reading(self.name, now, SourceStatus.OK, values, duration_s=duration, info=info)
+
+    def _unrecognised(self, text: str, now: float, started: float) -> Reading:
+        """No engine prefix in the body: garbage is an error, someone else's metrics are "no data"."""
+        probe = parse_exposition(text, now)
+        duration = self._timer() - started
+        if probe.errors and not probe.series_count:
+            return Reading.failed(
+                self.name, now, f"not Prometheus text from {self.url}: {probe.errors[0]}", duration
+            )
+        prefixes = ", ".join(p for m in self._mappings.values() for p in m.prefixes)
+        why = f"no engine metrics ({prefixes}) among {probe.series_count} series from {self.url}"
+        return Reading.empty(self.name, now, why, duration)
+
+
+class _HttpStatus(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"HTTP {status} {reason}")
+        self.status = status
+        self.reason = reason

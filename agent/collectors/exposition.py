@@ -1,0 +1,311 @@
+"""Prometheus text exposition -> small typed values (counter, gauge, histogram), each stamped with ``now``.
+
+Parsing is ``prometheus_client.parser``'s; this module adds what a sidecar needs around it:
+
+* **Only the families asked for.** ``wanted`` names are kept and every other line is dropped *before*
+  parsing (a full vLLM scrape is ~500 lines of which ~150 matter; the library's parser costs ~15 µs a
+  line, so pre-filtering is most of the tick budget).
+* **A bad line loses only itself.** The library stops at the first bad line, so on failure the text is
+  re-parsed family by family, then line by line inside a broken family; each bad line becomes one error.
+* **No NaN, no Inf, no sentinel** reaches a caller: non-finite samples and DCGM "blank" values
+  (``DCGM_INT64_BLANK`` = 0x7ffffffffffffff0 and above for integer fields, ``DCGM_FP64_BLANK`` = 2**47 and
+  above for float fields: both mean "no value") are dropped and counted. Sentinels are only checked on
+  ``DCGM_``/``dcgm_`` families: other counters (vLLM's estimated FLOPs) legitimately exceed 2**47.
+* ``...`` elision lines (documentation samples) are skipped; a missing final newline is fine.
+* Untyped samples whose ``# TYPE`` line was separated from them (the DCGM README sample) get that type.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from itertools import pairwise
+from types import MappingProxyType
+from typing import TypeVar
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+Labels = tuple[tuple[str, str], ...]
+"""Label pairs sorted by name: hashable, so it doubles as the series key."""
+
+DCGM_INT64_BLANK_MIN = 9223372036854775792  # DCGM_INT64_BLANK (0x7ffffffffffffff0) and the codes above it
+DCGM_FP64_BLANK_MIN = float(2**47)  # DCGM_FP64_BLANK = 140737488355328.0
+SENTINEL_PREFIXES: tuple[str, ...] = ("DCGM_", "dcgm_")
+_SUFFIXES = ("_bucket", "_count", "_sum")
+_MAX_ERRORS = 20
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Counter:
+    """One counter series. ``name`` always ends in ``_total`` (the parser adds it where the text lacks it)."""
+
+    name: str
+    labels: Labels
+    value: float
+    observed_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Gauge:
+    """One gauge series; untyped samples are gauges too (Prometheus treats them alike)."""
+
+    name: str
+    labels: Labels
+    value: float
+    observed_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """One histogram series with cumulative bucket counts, ``bounds`` ascending.
+
+    ``count`` is the ``+Inf`` bucket (added from ``_count`` when the bucket line is missing); ``None`` means
+    the series was truncated before both, so its total is unknown and quantiles cannot be trusted.
+    """
+
+    name: str
+    labels: Labels
+    bounds: tuple[float, ...]
+    counts: tuple[float, ...]
+    count: float | None
+    sum: float | None
+    observed_at: float
+
+
+@dataclass(frozen=True)
+class Exposition:
+    """Everything that parsed, by metric name, plus one readable line per problem."""
+
+    observed_at: float
+    counters: Mapping[str, tuple[Counter, ...]] = field(default_factory=dict)
+    gauges: Mapping[str, tuple[Gauge, ...]] = field(default_factory=dict)
+    histograms: Mapping[str, tuple[Histogram, ...]] = field(default_factory=dict)
+    errors: tuple[str, ...] = ()
+    dropped: int = 0
+    """Samples dropped because their value was NaN, ±Inf or a DCGM blank sentinel."""
+
+    @property
+    def series_count(self) -> int:
+        return sum(len(s) for d in (self.counters, self.gauges, self.histograms) for s in d.values())
+
+
+def is_blank_sentinel(name: str, value: float) -> bool:
+    """True when ``value`` of metric ``name`` is a DCGM "no value" code rather than a measurement."""
+    return name.startswith(SENTINEL_PREFIXES) and value >= DCGM_FP64_BLANK_MIN
+
+
+def _base_name(name: str, wanted: Collection[str]) -> str:
+    if name in wanted:
+        return name
+    for suffix in _SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def _sample_name(line: str) -> str:
+    end = line.find("{")
+    if end < 0:
+        end = line.find(" ")
+    return line if end < 0 else line[:end]
+
+
+def _select(text: str, wanted: Collection[str] | None) -> tuple[list[tuple[int, str]], dict[str, str]]:
+    """Numbered lines worth parsing, and the ``# TYPE`` declarations seen (for untyped samples)."""
+    kept: list[tuple[int, str]] = []
+    declared: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line == "...":
+            continue
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) < 3 or parts[1] not in ("HELP", "TYPE"):
+                continue
+            if parts[1] == "TYPE" and len(parts) == 4:
+                declared[parts[2]] = parts[3].strip()
+            if wanted is None or parts[2] in wanted:
+                kept.append((number, line))
+        elif wanted is None or _base_name(_sample_name(line), wanted) in wanted:
+            kept.append((number, line))
+    return kept, declared
+
+
+def _blocks(lines: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
+    """Split into metric families: a HELP/TYPE line for a new name starts a block."""
+    blocks: list[list[tuple[int, str]]] = []
+    current_name: str | None = None
+    for number, line in lines:
+        if line.startswith("#"):
+            name = line.split(None, 3)[2]
+            if name != current_name or not blocks:
+                blocks.append([])
+                current_name = name
+        elif not blocks:
+            blocks.append([])
+        blocks[-1].append((number, line))
+    return blocks
+
+
+def _describe(number: int, line: str) -> str:
+    shown = line if len(line) <= 60 else line[:57] + "..."
+    return f"line {number}: cannot parse {shown!r}"
+
+
+def _parse_lines(lines: list[tuple[int, str]], errors: list[str]) -> list[Metric]:
+    """Parse all at once; on failure salvage family by family, then line by line."""
+    try:
+        return list(text_string_to_metric_families("\n".join(line for _, line in lines)))
+    except Exception:  # the library raises ValueError, IndexError... on bad text; all mean "salvage"
+        pass
+    families: list[Metric] = []
+    for block in _blocks(lines):
+        try:
+            # list() first: a family that fails half-way must not leave half its samples behind
+            families.extend(list(text_string_to_metric_families("\n".join(line for _, line in block))))
+            continue
+        except Exception:
+            pass
+        header = [line for _, line in block if line.startswith("#")]
+        for number, line in block:
+            if line.startswith("#"):
+                continue
+            try:
+                families.extend(list(text_string_to_metric_families("\n".join([*header, line]))))
+            except Exception:
+                errors.append(_describe(number, line))
+    return families
+
+
+@dataclass
+class _Parts:
+    """The samples of one histogram series while its family is being read."""
+
+    buckets: list[tuple[float, float]] = field(default_factory=list)
+    count: float | None = None
+    sum: float | None = None
+
+
+class _Builder:
+    """Accumulates typed series from parsed families, dropping unusable values."""
+
+    def __init__(self, now: float, declared: Mapping[str, str]) -> None:
+        self.now = now
+        self.declared = declared
+        self.counters: dict[str, list[Counter]] = {}
+        self.gauges: dict[str, list[Gauge]] = {}
+        self.histograms: dict[str, list[Histogram]] = {}
+        self._parts: dict[str, dict[Labels, _Parts]] = {}
+        self.errors: list[str] = []
+        self.dropped = 0
+
+    def _usable(self, name: str, value: float) -> bool:
+        if math.isfinite(value) and not is_blank_sentinel(name, value):
+            return True
+        self.dropped += 1
+        return False
+
+    def add(self, family: Metric) -> None:
+        kind = family.type
+        if kind in ("untyped", "unknown"):
+            kind = self.declared.get(family.name, "untyped")
+        if kind == "histogram":
+            self._add_histogram(family)
+            return
+        if kind not in ("counter", "gauge", "untyped", "unknown"):
+            return  # summaries, info and state sets carry nothing the brain uses
+        for sample in family.samples:
+            if not self._usable(sample.name, sample.value):
+                continue
+            labels = tuple(sorted(sample.labels.items()))
+            value = float(sample.value)  # the library returns int for integer text
+            if kind == "counter":
+                name = sample.name if sample.name.endswith("_total") else sample.name + "_total"
+                self.counters.setdefault(name, []).append(Counter(name, labels, value, self.now))
+            else:
+                self.gauges.setdefault(sample.name, []).append(Gauge(sample.name, labels, value, self.now))
+
+    def _add_histogram(self, family: Metric) -> None:
+        # parts accumulate across families: line-by-line salvage yields one family per surviving line
+        parts = self._parts.setdefault(family.name, {})
+        for sample in family.samples:
+            labels = dict(sample.labels)
+            le = labels.pop("le", None)
+            series = parts.setdefault(tuple(sorted(labels.items())), _Parts())
+            if not self._usable(family.name, sample.value):
+                continue
+            value = float(sample.value)
+            if sample.name.endswith("_bucket") and le is not None:
+                try:
+                    series.buckets.append((float(le), value))
+                except ValueError:
+                    self.errors.append(f"{family.name}: bucket bound le={le!r} is not a number")
+            elif sample.name.endswith("_count"):
+                series.count = value
+            elif sample.name.endswith("_sum"):
+                series.sum = value
+
+    def finish(self) -> None:
+        """Build the histograms once every family has been seen."""
+        for name, parts in self._parts.items():
+            for labels, series in parts.items():
+                histogram = self._histogram(name, labels, series)
+                if histogram is not None:
+                    self.histograms.setdefault(name, []).append(histogram)
+        self._parts.clear()
+
+    def _histogram(self, name: str, labels: Labels, parts: _Parts) -> Histogram | None:
+        buckets = sorted(parts.buckets)
+        bounds = [b for b, _ in buckets]
+        counts = [c for _, c in buckets]
+        if any(later < earlier for earlier, later in pairwise(counts)):
+            self.errors.append(f"{name}: bucket counts decrease, series dropped")
+            return None
+        if (not bounds or bounds[-1] != math.inf) and parts.count is not None:
+            if counts and parts.count < counts[-1]:
+                self.errors.append(f"{name}: _count below the last bucket, series dropped")
+                return None
+            bounds.append(math.inf)
+            counts.append(parts.count)
+        if not bounds:
+            return None
+        total = counts[-1] if bounds[-1] == math.inf else None
+        return Histogram(name, labels, tuple(bounds), tuple(counts), total, parts.sum, self.now)
+
+
+def _freeze(values: Mapping[str, list[T]]) -> Mapping[str, tuple[T, ...]]:
+    return MappingProxyType({name: tuple(series) for name, series in values.items()})
+
+
+def parse_exposition(text: str, now: float, wanted: Iterable[str] | None = None) -> Exposition:
+    """Parse Prometheus text into typed series observed at ``now``. Never raises on bad text.
+
+    ``wanted``: metric names to keep (histogram family names; counters with or without ``_total``);
+    ``None`` keeps everything. Problems come back in ``Exposition.errors``, one line each.
+    """
+    names: set[str] | None = None
+    if wanted is not None:
+        names = set()
+        for name in wanted:
+            names.add(name)
+            names.add(name.removesuffix("_total"))
+            names.add(name if name.endswith("_total") else name + "_total")
+    lines, declared = _select(text, names)
+    builder = _Builder(now, declared)
+    for family in _parse_lines(lines, builder.errors):
+        builder.add(family)
+    builder.finish()
+    errors = builder.errors
+    if len(errors) > _MAX_ERRORS:
+        errors = [*errors[:_MAX_ERRORS], f"... and {len(errors) - _MAX_ERRORS} more errors"]
+    return Exposition(
+        observed_at=now,
+        counters=_freeze(builder.counters),
+        gauges=_freeze(builder.gauges),
+        histograms=_freeze(builder.histograms),
+        errors=tuple(errors),
+        dropped=builder.dropped,
+    )

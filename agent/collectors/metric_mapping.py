@@ -1,0 +1,153 @@
+"""The engine metric-name table (``metric_names.yaml``), loaded into typed, validated mappings.
+
+Names are data (dcgm-exporter's field CSV, the Gateway API inference extension's metric-name config): this
+module only reads and checks the table. A bad table is a one-line :class:`ValueError` naming the entry,
+raised at start-up rather than discovered as a silently missing signal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import yaml
+
+DEFAULT_TABLE = Path(__file__).with_name("metric_names.yaml")
+
+SignalType = Literal["gauge", "counter", "histogram", "ratio", "window_mean"]
+Aggregate = Literal["sum", "mean", "max"]
+_TYPES = ("gauge", "counter", "histogram", "ratio", "window_mean")
+_AGGREGATES = ("sum", "mean", "max")
+
+
+@dataclass(frozen=True, slots=True)
+class SignalSpec:
+    """One canonical signal (published as ``engine.<name>``) and where it comes from."""
+
+    name: str
+    type: SignalType
+    aliases: tuple[str, ...] = ()
+    aggregate: Aggregate = "sum"
+    scale: float = 1.0
+    valid: tuple[float, float] | None = None
+    numerator: tuple[str, ...] = ()
+    denominator: tuple[str, ...] = ()
+    of: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MetricMapping:
+    """The table for one engine kind."""
+
+    engine: str
+    prefixes: tuple[str, ...]
+    model_label: str | None
+    signals: tuple[SignalSpec, ...]
+
+    @property
+    def wanted(self) -> frozenset[str]:
+        """Every engine metric name this mapping reads: the parser keeps only these families."""
+        return frozenset(alias for spec in self.signals for alias in spec.aliases)
+
+
+def _strings(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"{where} must be a non-empty list of names, got {value!r}")
+    return tuple(value)
+
+
+def _signal(name: str, raw: Any, where: str) -> SignalSpec:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where} must be a mapping, got {raw!r}")
+    unknown = set(raw) - {"type", "aliases", "aggregate", "scale", "valid", "numerator", "denominator", "of"}
+    if unknown:
+        raise ValueError(f"{where} has unknown keys {sorted(unknown)}")
+    kind = raw.get("type")
+    if kind not in _TYPES:
+        raise ValueError(f"{where}.type must be one of {list(_TYPES)}, got {kind!r}")
+    aggregate = raw.get("aggregate", "sum")
+    if aggregate not in _AGGREGATES:
+        raise ValueError(f"{where}.aggregate must be one of {list(_AGGREGATES)}, got {aggregate!r}")
+    scale = raw.get("scale", 1.0)
+    if not isinstance(scale, int | float) or isinstance(scale, bool) or scale <= 0:
+        raise ValueError(f"{where}.scale must be a positive number, got {scale!r}")
+    valid = raw.get("valid")
+    if valid is not None:
+        if not (
+            isinstance(valid, list) and len(valid) == 2 and all(isinstance(v, int | float) for v in valid)
+        ):
+            raise ValueError(f"{where}.valid must be [low, high], got {valid!r}")
+        valid = (float(valid[0]), float(valid[1]))
+    spec = SignalSpec(
+        name, cast(SignalType, kind), aggregate=cast(Aggregate, aggregate), scale=float(scale), valid=valid
+    )
+    if kind in ("gauge", "counter", "histogram"):
+        return replace(spec, aliases=_strings(raw.get("aliases"), f"{where}.aliases"))
+    if kind == "ratio":
+        return replace(
+            spec,
+            numerator=_strings(raw.get("numerator"), f"{where}.numerator"),
+            denominator=_strings(raw.get("denominator"), f"{where}.denominator"),
+        )
+    of = raw.get("of")
+    if not isinstance(of, str):
+        raise ValueError(f"{where}.of must name a gauge signal, got {of!r}")
+    return replace(spec, of=of)
+
+
+def _check_references(engine: str, signals: tuple[SignalSpec, ...]) -> None:
+    by_name = {s.name: s for s in signals}
+    for spec in signals:
+        for ref in (*spec.numerator, *spec.denominator):
+            if by_name.get(ref) is None or by_name[ref].type != "counter":
+                raise ValueError(f"engines.{engine}.signals.{spec.name}: {ref!r} is not a counter signal")
+        if spec.of is not None and (by_name.get(spec.of) is None or by_name[spec.of].type != "gauge"):
+            raise ValueError(f"engines.{engine}.signals.{spec.name}.of: {spec.of!r} is not a gauge signal")
+
+
+def parse_mappings(data: Any) -> dict[str, MetricMapping]:
+    """Validate a parsed table (the YAML's content) into mappings by engine kind."""
+    engines = data.get("engines") if isinstance(data, dict) else None
+    if not isinstance(engines, dict) or not engines:
+        raise ValueError("metric table must have a non-empty 'engines' mapping")
+    result: dict[str, MetricMapping] = {}
+    for engine, raw in engines.items():
+        where = f"engines.{engine}"
+        if not isinstance(raw, dict) or not isinstance(raw.get("signals"), dict):
+            raise ValueError(f"{where} must have a 'signals' mapping")
+        model_label = raw.get("model_label")
+        if model_label is not None and not isinstance(model_label, str):
+            raise ValueError(f"{where}.model_label must be a label name or null, got {model_label!r}")
+        signals = tuple(
+            _signal(str(name), spec, f"{where}.signals.{name}") for name, spec in raw["signals"].items()
+        )
+        _check_references(str(engine), signals)
+        prefixes = _strings(raw.get("prefixes"), f"{where}.prefixes")
+        result[str(engine)] = MetricMapping(str(engine), prefixes, model_label, signals)
+    return result
+
+
+def load_mappings(path: str | Path | None = None) -> dict[str, MetricMapping]:
+    """Read and validate the table at ``path`` (default: the packaged ``metric_names.yaml``)."""
+    path = Path(path) if path is not None else DEFAULT_TABLE
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as error:
+        raise ValueError(f"cannot read metric table {str(path)!r}: {error}") from None
+    return parse_mappings(data)
+
+
+def detect_engine(text: str, mappings: Mapping[str, MetricMapping]) -> MetricMapping | None:
+    """The mapping whose prefixes start the most lines of ``text``; ``None`` when no prefix occurs.
+
+    ``str.count`` runs in C, so this costs microseconds even on a full scrape.
+    """
+    best: MetricMapping | None = None
+    best_hits = 0
+    for mapping in mappings.values():
+        hits = sum(text.count("\n" + p) + text.startswith(p) for p in mapping.prefixes)
+        if hits > best_hits:
+            best, best_hits = mapping, hits
+    return best

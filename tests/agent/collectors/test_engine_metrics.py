@@ -1,0 +1,366 @@
+"""Engine /metrics: name table, pure parse on saved scrapes, derived signals, and the collector over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from agent.collectors.engine_metrics import EngineMetricsCollector, SignalDeriver, parse
+from agent.collectors.metric_mapping import detect_engine, load_mappings, parse_mappings
+from agent.config import EngineConfig
+from detectors.snapshot import SourceStatus
+
+ROOT = Path(__file__).resolve().parents[3]
+FIXTURES = ROOT / "tests" / "fixtures" / "expo"
+MAPPINGS = load_mappings()
+V1_SCRAPE = "data/expo/vllm/real_v1_full_scrape_qwen3-4b-fp8_nvcr-vllm-25.09.prom"
+
+ServerFactory = Callable[[web.Application], Awaitable[TestServer]]
+BODIES = web.AppKey("bodies", list[str])
+
+
+def _read(relative: str) -> str:
+    return (FIXTURES / relative).read_text(encoding="utf-8")
+
+
+def _shared_v1_scrape() -> str:
+    """The licence-less vLLM V1 scrape lives only in the shared folder; CI must have it."""
+    shared = Path(os.environ.get("SERVEPILOT_SHARED_DIR", ROOT.parent / "shared"))
+    path = shared / V1_SCRAPE
+    if not path.is_file():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{path} is missing in CI; set SERVEPILOT_SHARED_DIR to the shared data folder")
+        pytest.skip(f"{path} not present locally (unlicensed, never committed)")
+    return path.read_text(encoding="utf-8")
+
+
+# --- the name table ------------------------------------------------------------------------------
+
+
+def test_every_engine_maps_the_core_signals() -> None:
+    for engine, mapping in MAPPINGS.items():
+        names = {s.name for s in mapping.signals}
+        assert {"requests_running", "requests_waiting", "batch_size_mean"} <= names, engine
+
+
+def test_every_alias_carries_its_engines_prefix() -> None:
+    for mapping in MAPPINGS.values():
+        for spec in mapping.signals:
+            assert all(a.startswith(mapping.prefixes) for a in spec.aliases), spec.name
+
+
+def test_a_bad_table_is_one_line_naming_the_entry() -> None:
+    table = {"engines": {"x": {"prefixes": ["x_"], "signals": {"a": {"type": "gauge", "aliases": "x_a"}}}}}
+    with pytest.raises(ValueError, match=r"^engines\.x\.signals\.a\.aliases must be a non-empty list"):
+        parse_mappings(table)
+
+
+def test_a_ratio_over_a_gauge_is_rejected() -> None:
+    signals = {
+        "g": {"type": "gauge", "aliases": ["x_g"]},
+        "r": {"type": "ratio", "numerator": ["g"], "denominator": ["g"]},
+    }
+    with pytest.raises(ValueError, match="'g' is not a counter signal"):
+        parse_mappings({"engines": {"x": {"prefixes": ["x_"], "signals": signals}}})
+
+
+@pytest.mark.parametrize(
+    ("relative", "engine"),
+    [
+        ("vllm-0.32-cpu/vllm-0.32.0-cpu-metrics_busy.prom", "vllm"),
+        ("aibrix/real_v0_scrape_qwen2.5-coder-1.5b_TRUNCATED.prom", "vllm"),
+        ("sglang/docs_production_metrics_md_scrape_llama3.1-8b.prom", "sglang"),
+        ("llamacpp/llama-server-b11434-metrics_busy.prom", "llamacpp"),
+        ("dcgm-exporter/readme_sample_scrape_ELIDED.prom", None),
+    ],
+)
+def test_auto_detects_the_engine_from_metric_prefixes(relative: str, engine: str | None) -> None:
+    found = detect_engine(_read(relative), MAPPINGS)
+    assert (found.engine if found else None) == engine
+
+
+# --- pure parse ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*/*.prom")), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_parse_never_raises_on_any_fixture(path: Path) -> None:
+    for mapping in MAPPINGS.values():
+        scrape = parse(path.read_text(encoding="utf-8"), mapping, now=1.0)
+        assert scrape.engine == mapping.engine
+
+
+def test_vllm_v1_cpu_scrape_maps_gauges_counters_and_histograms() -> None:
+    scrape = parse(_read("vllm-0.32-cpu/vllm-0.32.0-cpu-metrics_busy.prom"), MAPPINGS["vllm"], now=1.0)
+    assert scrape.gauges["requests_running"] == 4.0
+    assert scrape.gauges["kv_cache_usage_ratio"] == pytest.approx(0.0009768009768009733)
+    assert scrape.counters["requests_finished_per_second"] == 3.0  # summed over finished_reason
+    assert scrape.histograms["itl_seconds"].count == 1230.0
+    assert scrape.model == "tiny-random-llama" and scrape.legacy_names == ()
+
+
+def test_renamed_metrics_are_found_through_their_aliases() -> None:
+    scrape = parse(_read("failures/renamed.prom"), MAPPINGS["vllm"], now=1.0)
+    assert scrape.gauges["kv_cache_usage_ratio"] == 0.25
+    assert scrape.counters["prefix_cache_hits_per_second"] == 50.0
+    assert scrape.histograms["itl_seconds"].count == 100.0
+    assert "vllm:gpu_cache_usage_perc" in scrape.legacy_names
+
+
+def test_the_preferred_name_wins_when_both_generations_are_present() -> None:
+    text = (
+        "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0.5\n"
+        "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc 0.9\n"
+    )
+    scrape = parse(text, MAPPINGS["vllm"], now=1.0)
+    assert scrape.gauges["kv_cache_usage_ratio"] == 0.5 and scrape.legacy_names == ()
+
+
+def test_label_sets_sum_for_counts_and_average_for_ratios() -> None:
+    text = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0"} 3\nvllm:num_requests_running{engine="1"} 5\n'
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        'vllm:kv_cache_usage_perc{engine="0"} 0.2\nvllm:kv_cache_usage_perc{engine="1"} 0.6\n'
+        "# TYPE vllm:e2e_request_latency_seconds histogram\n"
+        'vllm:e2e_request_latency_seconds_bucket{engine="0",le="1"} 1\n'
+        'vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf"} 2\n'
+        'vllm:e2e_request_latency_seconds_bucket{engine="1",le="1"} 3\n'
+        'vllm:e2e_request_latency_seconds_bucket{engine="1",le="+Inf"} 3\n'
+    )
+    scrape = parse(text, MAPPINGS["vllm"], now=1.0)
+    assert scrape.gauges["requests_running"] == 8.0
+    assert scrape.gauges["kv_cache_usage_ratio"] == pytest.approx(0.4)
+    assert scrape.histograms["e2e_seconds"].counts == (4.0, 5.0)
+
+
+def test_values_outside_the_valid_range_are_dropped() -> None:
+    scrape = parse("# TYPE sglang:token_usage gauge\nsglang:token_usage 1.7\n", MAPPINGS["sglang"], now=1.0)
+    assert "kv_cache_usage_ratio" not in scrape.gauges
+
+
+def test_parse_on_the_real_v1_gpu_scrape_prefers_new_names() -> None:
+    scrape = parse(_shared_v1_scrape(), MAPPINGS["vllm"], now=1.0)
+    assert scrape.errors == ()
+    assert scrape.gauges["kv_cache_usage_ratio"] == pytest.approx(0.0011764705882353343)
+    assert scrape.counters["prefix_cache_hits_per_second"] == 80.0
+    assert scrape.legacy_names == ("vllm:time_per_output_token_seconds",)  # the only name this build has
+    assert scrape.model == "Qwen/Qwen3-4B-Instruct-2507-FP8"
+
+
+# --- derived signals -----------------------------------------------------------------------------
+
+
+def _derive(relatives: list[str], engine: str, step_s: float = 10.0) -> dict[str, float]:
+    deriver = SignalDeriver(MAPPINGS[engine], window_s=60.0)
+    values: dict[str, float] = {}
+    for i, relative in enumerate(relatives):
+        now = i * step_s
+        values = deriver.update(parse(_read(relative), MAPPINGS[engine], now), now)
+    return values
+
+
+def test_first_scrape_has_gauges_but_no_rates_or_quantiles() -> None:
+    values = _derive(["vllm-0.32-cpu/vllm-0.32.0-cpu-metrics_busy.prom"], "vllm")
+    assert values["engine.requests_running"] == 4.0
+    assert "engine.generation_tokens_per_second" not in values
+    assert "engine.ttft_seconds.p99" not in values
+
+
+def test_vllm_busy_then_after_gives_rates_quantiles_and_ratio() -> None:
+    values = _derive(
+        [
+            "vllm-0.32-cpu/vllm-0.32.0-cpu-metrics_busy.prom",
+            "vllm-0.32-cpu/vllm-0.32.0-cpu-metrics_after.prom",
+        ],
+        "vllm",
+    )
+    assert values["engine.generation_tokens_per_second"] == pytest.approx((5028 - 1237) / 10)
+    assert values["engine.requests_finished_per_second"] == pytest.approx(0.4)
+    assert (
+        0
+        < values["engine.itl_seconds.p50"]
+        <= values["engine.itl_seconds.p95"]
+        <= values["engine.itl_seconds.p99"]
+    )
+    assert values["engine.e2e_seconds.mean"] > 0
+    assert values["engine.batch_size_mean"] == 2.0  # running 4 then 0
+    assert "engine.prefix_cache_hit_ratio" not in values  # no prefix queries between the two scrapes
+
+
+def test_llamacpp_prefix_hit_ratio_counts_cached_against_all_prompt_tokens() -> None:
+    values = _derive(
+        ["llamacpp/llama-server-b11434-metrics_idle.prom", "llamacpp/llama-server-b11434-metrics_busy.prom"],
+        "llamacpp",
+    )
+    # prompt 60 -> 244 (+184), cached 0 -> 66 (+66): 66 / 250
+    assert values["engine.prefix_cache_hit_ratio"] == pytest.approx(66 / 250)
+    assert "engine.kv_cache_usage_ratio" not in values  # llama.cpp has none: absent, never 0
+
+
+def test_sglang_single_scrape_maps_its_gauges() -> None:
+    values = _derive(["sglang/docs_production_metrics_md_scrape_llama3.1-8b.prom"], "sglang")
+    assert values["engine.requests_waiting"] == 2826.0
+    assert values["engine.kv_cache_usage_ratio"] == 0.28
+    assert values["engine.prefix_cache_hit_ratio"] == pytest.approx(0.007507552643049313)
+
+
+# --- the collector over loopback HTTP ------------------------------------------------------------
+
+
+def _app(body: str = "", status: int = 200, hang: bool = False) -> web.Application:
+    bodies = [body]
+
+    async def metrics(request: web.Request) -> web.Response:
+        if hang:
+            await asyncio.Event().wait()
+        return web.Response(text=bodies[0], status=status, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app[BODIES] = bodies
+    return app
+
+
+def _collector(server: TestServer, **overrides: object) -> EngineMetricsCollector:
+    cfg = EngineConfig(url=f"http://127.0.0.1:{server.port}", **overrides)  # type: ignore[arg-type]
+    return EngineMetricsCollector(cfg, timer=iter(range(1000)).__next__)  # type: ignore[arg-type]
+
+
+async def test_collect_reports_values_and_engine_info(aiohttp_server: ServerFactory) -> None:
+    server = await aiohttp_server(_app(_read("vllm-0.32-cpu/vllm-0.32.0-cpu-metrics_busy.prom")))
+    collector = _collector(server)
+    try:
+        reading = await collector.collect(now=100.0)
+    finally:
+        await collector.close()
+    assert reading.status is SourceStatus.OK and reading.error is None
+    assert reading.source == "engine" and reading.observed_at == 100.0
+    assert reading.values["engine.requests_running"] == 4.0
+    assert dict(reading.info) == {"engine": "vllm", "model": "tiny-random-llama"}
+    assert reading.duration_s == 1.0  # from the injected timer
+
+
+async def test_second_collect_adds_rates(aiohttp_server: ServerFactory) -> None:
+    app = _app(_read("vllm-0.32-cpu/vllm-0.32.0-cpu-metrics_busy.prom"))
+    server = await aiohttp_server(app)
+    collector = _collector(server)
+    try:
+        await collector.collect(now=0.0)
+        app[BODIES][0] = _read("vllm-0.32-cpu/vllm-0.32.0-cpu-metrics_after.prom")
+        reading = await collector.collect(now=5.0)
+    finally:
+        await collector.close()
+    assert reading.values["engine.generation_tokens_per_second"] == pytest.approx((5028 - 1237) / 5)
+
+
+async def test_http_404_is_an_error_reading(aiohttp_server: ServerFactory) -> None:
+    server = await aiohttp_server(_app("not here", status=404))
+    collector = _collector(server)
+    reading = await collector.collect(now=1.0)
+    await collector.close()
+    assert reading.status is SourceStatus.ERROR
+    assert reading.error == f"HTTP 404 Not Found from http://127.0.0.1:{server.port}/metrics"
+
+
+async def test_timeout_is_an_error_reading(aiohttp_server: ServerFactory) -> None:
+    server = await aiohttp_server(_app(hang=True))
+    collector = _collector(server, timeout_s=0.05)
+    reading = await collector.collect(now=1.0)
+    await collector.close()
+    assert reading.status is SourceStatus.ERROR
+    assert reading.error is not None and reading.error.startswith("timeout after 0.05 s scraping")
+
+
+async def test_connection_refused_is_an_error_reading() -> None:
+    with socket.socket() as sock:  # a port that was free a moment ago and has no listener now
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    collector = EngineMetricsCollector(EngineConfig(url=f"http://127.0.0.1:{port}"))
+    reading = await collector.collect(now=1.0)
+    await collector.close()
+    assert reading.status is SourceStatus.ERROR
+    assert reading.error is not None and reading.error.startswith(
+        f"cannot connect to http://127.0.0.1:{port}"
+    )
+    assert "\n" not in reading.error
+
+
+async def test_empty_body_is_no_data(aiohttp_server: ServerFactory) -> None:
+    server = await aiohttp_server(_app(_read("failures/empty.prom")))
+    collector = _collector(server)
+    reading = await collector.collect(now=1.0)
+    await collector.close()
+    assert reading.status is SourceStatus.NO_DATA and reading.values == {}
+
+
+async def test_garbage_body_is_an_error_naming_the_line(aiohttp_server: ServerFactory) -> None:
+    server = await aiohttp_server(_app(_read("failures/garbage.prom")))
+    collector = _collector(server)
+    reading = await collector.collect(now=1.0)
+    await collector.close()
+    assert reading.status is SourceStatus.ERROR
+    assert reading.error is not None and "not Prometheus text" in reading.error and "line 1" in reading.error
+
+
+async def test_metrics_of_no_known_engine_are_no_data(aiohttp_server: ServerFactory) -> None:
+    server = await aiohttp_server(_app(_read("dcgm-exporter/readme_sample_scrape_ELIDED.prom")))
+    collector = _collector(server)
+    reading = await collector.collect(now=1.0)
+    await collector.close()
+    assert reading.status is SourceStatus.NO_DATA
+    assert reading.error is not None and "no engine metrics" in reading.error
+
+
+async def test_truncated_body_keeps_what_parsed_with_a_warning(aiohttp_server: ServerFactory) -> None:
+    server = await aiohttp_server(_app(_read("failures/truncated.prom")))
+    collector = _collector(server)
+    reading = await collector.collect(now=1.0)
+    await collector.close()
+    assert reading.status is SourceStatus.OK
+    assert reading.values["engine.requests_running"] == 4.0
+    assert reading.info["parse_warnings"].startswith("1 bad lines, first: line 298: cannot parse")
+
+
+async def test_nan_and_inf_never_reach_the_reading(aiohttp_server: ServerFactory) -> None:
+    server = await aiohttp_server(_app(_read("failures/nan_inf.prom")))
+    collector = _collector(server)
+    reading = await collector.collect(now=1.0)
+    await collector.close()
+    assert set(reading.values) == {"engine.requests_waiting"}
+    assert reading.info["parse_warnings"] == "4 non-finite or sentinel samples dropped"
+
+
+async def test_explicit_kind_is_used_without_detection(aiohttp_server: ServerFactory) -> None:
+    server = await aiohttp_server(_app(_read("vllm-0.32-cpu/vllm-0.32.0-cpu-metrics_busy.prom")))
+    collector = _collector(server, kind="sglang")
+    reading = await collector.collect(now=1.0)
+    await collector.close()
+    assert reading.status is SourceStatus.NO_DATA
+    assert reading.error == "no known sglang metrics in scrape"
+
+
+async def test_a_borrowed_session_is_left_open(aiohttp_server: ServerFactory) -> None:
+    server = await aiohttp_server(_app(_read("llamacpp/llama-server-b11434-metrics_busy.prom")))
+    async with aiohttp.ClientSession() as session:
+        collector = EngineMetricsCollector(EngineConfig(url=f"http://127.0.0.1:{server.port}"), session)
+        reading = await collector.collect(now=1.0)
+        await collector.close()
+        assert not session.closed
+    assert reading.info["engine"] == "llamacpp" and "model" not in reading.info
+
+
+async def test_engine_body_with_no_parseable_line_is_an_error(aiohttp_server: ServerFactory) -> None:
+    server = await aiohttp_server(_app('vllm:num_requests_running{engine="0" 3\n'))
+    collector = _collector(server)
+    reading = await collector.collect(now=1.0)
+    await collector.close()
+    assert reading.status is SourceStatus.ERROR
+    assert reading.error is not None and reading.error.startswith("1 bad lines, first: line 1: cannot parse")

@@ -11,7 +11,7 @@ ARGS ?=
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[ml,dev]'
+	$(BIN)/pip install -q -e '.[ml,plot,dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)

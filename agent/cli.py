@@ -16,6 +16,8 @@ COMMANDS: tuple[str, ...] = (
     "agent.commands.run",
     "agent.commands.demo",
     "agent.commands.sim",
+    "agent.commands.detect",
+    "agent.commands.forecast",
     "agent.commands.validate_config",
 )
 

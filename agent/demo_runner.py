@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gzip
-import io
 import logging
 import signal
 import sys
@@ -31,10 +29,10 @@ TRACE = "azure_llm_2023_conv.csv.gz"
 
 def bundled_trace() -> np.ndarray:
     """The bundled Azure 2023 conversation trace as rows of (arrival_s, prompt_tokens, output_tokens)."""
-    from agent.traces import read_requests_text
+    from agent.traces import read_requests
 
-    raw = resources.files("agent.data").joinpath(TRACE).read_bytes()
-    return read_requests_text(io.TextIOWrapper(io.BytesIO(gzip.decompress(raw)), encoding="utf-8").read())
+    with resources.as_file(resources.files("agent.data").joinpath(TRACE)) as path:
+        return read_requests(path)
 
 
 async def _start_simulator(args: argparse.Namespace, faults: dict[str, float]) -> Any:

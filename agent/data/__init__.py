@@ -1,0 +1,1 @@
+"""Data files bundled with the agent (see SOURCES.md)."""

@@ -1,0 +1,71 @@
+"""``servepilot sim`` argument handling (the server itself is tested in tests/simulator)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from agent.commands import sim
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    sim.register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["sim", *argv])
+
+
+def test_defaults_match_vllm() -> None:
+    args = _parse()
+    assert (args.host, args.port, args.max_num_seqs, args.speed) == ("127.0.0.1", 8000, 256, 1.0)
+
+
+def test_flags_are_parsed() -> None:
+    args = _parse(
+        "--gpu",
+        "h100-sxm",
+        "--precision",
+        "fp8",
+        "--max-num-seqs",
+        "32",
+        "--seed",
+        "3",
+        "--speed",
+        "10",
+        "--fault-error-rate",
+        "0.1",
+    )
+    assert (args.gpu, args.precision, args.max_num_seqs, args.seed, args.speed) == (
+        "h100-sxm",
+        "fp8",
+        32,
+        3,
+        10.0,
+    )
+    assert args.fault_error_rate == 0.1
+
+
+def test_registering_imports_neither_the_simulator_nor_aiohttp() -> None:
+    code = (
+        "import argparse, sys; from agent.commands import sim; "
+        "sim.register(argparse.ArgumentParser().add_subparsers()); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('simulator', 'aiohttp')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_bad_fault_value_is_a_usage_error() -> None:
+    from agent.cli import UsageError
+
+    with pytest.raises(UsageError, match="error_rate must be in"):
+        sim.run(_parse("--fault-error-rate", "3"))
+
+
+def test_model_that_does_not_fit_is_a_usage_error() -> None:
+    from agent.cli import UsageError
+
+    with pytest.raises(UsageError, match="does not fit"):
+        sim.run(_parse("--model", "llama-3-70b"))

@@ -1,0 +1,237 @@
+r"""Isolation Forest over the multivariate state: the combination is odd even when no single signal is.
+
+Each tick the detector forms a vector of ``features`` (engine load, throughput, tails, GPU utilisation,
+temperature, power, clocks, fragmentation). Missing features are imputed with the training median;
+a tick with fewer than ``min_present`` of its features is skipped (neither scored nor learned).
+
+Isolation Forest (Liu, Ting & Zhou 2008). Each tree splits on a random feature at a random threshold
+until points are isolated; anomalies isolate in few splits. With :math:`h(x)` the path length in one tree
+(plus :math:`c(n)` for the unbuilt subtree of a leaf holding :math:`n` training points) and
+
+.. math::
+    c(n) = 2 H(n - 1) - \frac{2 (n - 1)}{n}, \qquad H(i) \approx \ln i + \gamma,
+
+the anomaly score is :math:`s(x) = 2^{-\mathbb{E}[h(x)] / c(\psi)}` with :math:`\psi` = ``max_samples``:
+about 0.5 for ordinary points, towards 1 for anomalies. This is scikit-learn's ``-score_samples``.
+
+Axis-parallel splits isolate a point that is extreme in one feature, but not one that is ordinary in
+every feature and wrong only in combination (high utilisation with low throughput). So the forest sees
+each state robustly standardised, :math:`z = (x - \mathrm{med}) / (1.4826\,\mathrm{MAD})`, and rotated
+onto the principal axes of the training window, :math:`V z` (:math:`V` from the SVD of the window's
+:math:`Z`). A state off the window's correlation structure is extreme along a minor axis and isolates
+early (the idea of rotation forests and extended isolation forests, in one linear step).
+
+Streaming: score first, then learn. Points go into a bounded window (``window`` rows); the forest is
+refitted from the window every ``refit_every`` ticks with a fixed ``seed`` (deterministic). The alarm
+threshold is the ``1 - contamination`` quantile of the training window's own scores, so it adapts to how
+tight "normal" is. A finding needs ``k`` of the last ``n`` ticks above it; its evidence names the
+features furthest from the training median in robust z-scores, :math:`(x - \mathrm{med}) /
+(1.4826\,\mathrm{MAD})`.
+
+Scoring one point through scikit-learn costs milliseconds (per-call validation, per-tree Python loop),
+so a fitted forest is flattened into padded arrays and evaluated for all trees at once in numpy; a test
+checks it equals ``IsolationForest.score_samples``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+import numpy.typing as npt
+
+from detectors.base import Finding, Severity
+from detectors.domain_util import FloatArray, KOfN
+from detectors.snapshot import Snapshot
+
+DEFAULT_FEATURES: tuple[str, ...] = (
+    "engine.requests_running",
+    "engine.requests_waiting",
+    "engine.kv_cache_usage_ratio",
+    "engine.generation_tokens_per_second",
+    "engine.prompt_tokens_per_second",
+    "engine.ttft_seconds.p99",
+    "engine.itl_seconds.p99",
+    "engine.e2e_seconds.p99",
+    "engine.preemptions_per_second",
+    "nvml.gpu0.utilization_ratio.mean",
+    "nvml.gpu0.memory_bandwidth_utilization_ratio.mean",
+    "nvml.gpu0.temperature_celsius.mean",
+    "nvml.gpu0.power_watts.mean",
+    "nvml.gpu0.sm_clock_hz.mean",
+    "probe.fragmentation_ratio",
+)
+
+
+def average_path_length(n: FloatArray) -> FloatArray:
+    """:math:`c(n)`, the mean path length of an unsuccessful search in a binary search tree of n points."""
+    n = np.asarray(n, dtype=np.float64)
+    out = np.zeros_like(n)
+    two = n == 2
+    big = n > 2
+    out[two] = 1.0
+    out[big] = 2.0 * (np.log(n[big] - 1.0) + np.euler_gamma) - 2.0 * (n[big] - 1.0) / n[big]
+    return out
+
+
+class FlatForest:
+    """A fitted ``IsolationForest`` as padded numpy arrays, scored for all trees in one pass."""
+
+    def __init__(self, forest: object) -> None:
+        trees = forest.estimators_  # type: ignore[attr-defined]
+        maps = forest.estimators_features_  # type: ignore[attr-defined]
+        n_nodes = max(t.tree_.node_count for t in trees)
+        shape = (len(trees), n_nodes)
+        self.left = np.full(shape, -1, dtype=np.int64)
+        self.right = np.full(shape, -1, dtype=np.int64)
+        self.feature = np.zeros(shape, dtype=np.int64)
+        self.threshold = np.zeros(shape)
+        self.path = np.zeros(shape)
+        depth_max = 0
+        for i, (est, fmap) in enumerate(zip(trees, maps, strict=True)):
+            tree, m = est.tree_, est.tree_.node_count
+            self.left[i, :m], self.right[i, :m] = tree.children_left, tree.children_right
+            feats = np.asarray(tree.feature)
+            self.feature[i, :m] = np.where(feats >= 0, np.asarray(fmap)[np.maximum(feats, 0)], 0)
+            self.threshold[i, :m] = tree.threshold
+            depth = np.zeros(m)
+            for node in range(m):  # children always follow their parent in sklearn's node order
+                for child in (tree.children_left[node], tree.children_right[node]):
+                    if child >= 0:
+                        depth[child] = depth[node] + 1
+            depth_max = max(depth_max, int(depth.max()))
+            self.path[i, :m] = depth + average_path_length(np.asarray(tree.n_node_samples, dtype=np.float64))
+        self.depth = depth_max
+        psi = float(forest.max_samples_)  # type: ignore[attr-defined]
+        self.norm = len(trees) * float(average_path_length(np.array([psi]))[0])
+        self._rows = np.arange(len(trees))[:, None]
+
+    def score(self, x: FloatArray) -> FloatArray:
+        """:math:`s(x)` per row of ``x`` (shape ``(m, d)``); equals ``-IsolationForest.score_samples``."""
+        x = np.asarray(x, dtype=np.float32).astype(np.float64)  # sklearn compares in float32
+        node = np.zeros((self.left.shape[0], x.shape[0]), dtype=np.int64)
+        cols = np.arange(x.shape[0])[None, :]
+        for _ in range(self.depth):
+            left = self.left[self._rows, node]
+            values = x[cols, self.feature[self._rows, node]]
+            nxt = np.where(values <= self.threshold[self._rows, node], left, self.right[self._rows, node])
+            node = np.where(left < 0, node, nxt)
+        depths = self.path[self._rows, node].sum(axis=0)
+        return np.asarray(2.0 ** (-depths / self.norm), dtype=np.float64)
+
+
+class MultivariateAnomalyDetector:
+    """Isolation Forest over the engine and GPU state, refitted from a bounded window on a schedule."""
+
+    name = "multivariate"
+
+    def __init__(
+        self,
+        features: tuple[str, ...] = DEFAULT_FEATURES,
+        window: int = 2048,
+        min_fit: int = 256,
+        refit_every: int = 256,
+        n_estimators: int = 100,
+        max_samples: int = 256,
+        contamination: float = 0.005,
+        min_present: float = 0.5,
+        seed: int = 0,
+        k: int = 3,
+        n: int = 5,
+    ) -> None:
+        self.features = features
+        self.window = window
+        self.min_fit = min_fit
+        self.refit_every = refit_every
+        self.n_estimators = n_estimators
+        self.max_samples = max_samples
+        self.contamination = contamination
+        self.min_present = min_present
+        self.seed = seed
+        self.k = k
+        self.n = n
+        self.rows_: deque[FloatArray] = deque(maxlen=window)
+        self.forest_: FlatForest | None = None
+        self.median_: FloatArray = np.zeros(len(features))
+        self.scale_: FloatArray = np.ones(len(features))
+        self.rotation_: FloatArray = np.eye(len(features))
+        self.seen_: npt.NDArray[np.bool_] = np.ones(len(features), dtype=bool)
+        self.threshold_: float = 1.0
+        self.since_fit_: int = 0
+        self.gate_ = KOfN(k, n)
+
+    def update(self, snapshot: Snapshot) -> list[Finding]:
+        """Score the state vector with the current forest, then add it to the window (refit when due)."""
+        row = np.array([v if (v := snapshot.get(f)) is not None else math.nan for f in self.features])
+        present = np.isfinite(row)
+        if present.sum() < max(1, math.ceil(self.min_present * len(self.features))):
+            return []
+        findings: list[Finding] = []
+        if self.forest_ is not None:
+            present = present & self.seen_
+            filled = np.where(present, row, self.median_)
+            score = float(self.forest_.score(self._embed(filled[None, :]))[0])
+            if self.gate_.push(score > self.threshold_, snapshot.now):
+                findings.append(self._finding(filled, present, score, snapshot.now))
+        self.rows_.append(row)
+        self.since_fit_ += 1
+        if len(self.rows_) >= self.min_fit and (self.forest_ is None or self.since_fit_ >= self.refit_every):
+            self._fit()
+        return findings
+
+    def _fit(self) -> None:
+        from sklearn.ensemble import IsolationForest  # heavy import, only when a fit is due
+
+        data = np.array(self.rows_)
+        finite = np.isfinite(data)
+        # A feature never seen in the window carries no notion of normal: it is masked when scoring.
+        self.seen_ = np.asarray(finite.any(axis=0), dtype=bool)
+        median = np.array(
+            [float(np.median(c[ok])) if ok.any() else 0.0 for c, ok in zip(data.T, finite.T, strict=True)]
+        )
+        data = np.where(finite, data, median)
+        mad = np.median(np.abs(data - median), axis=0) * 1.4826
+        self.median_, self.scale_ = median, np.where(mad > 0, mad, np.maximum(np.abs(median) * 0.01, 1e-9))
+        z = (data - median) / self.scale_
+        self.rotation_ = np.linalg.svd(z - z.mean(axis=0), full_matrices=False)[2]
+        embedded = self._embed(data)
+        forest = IsolationForest(
+            n_estimators=self.n_estimators,
+            max_samples=min(self.max_samples, len(data)),
+            random_state=self.seed,
+        ).fit(embedded)
+        self.forest_ = FlatForest(forest)
+        train = self.forest_.score(embedded)
+        self.threshold_ = float(np.quantile(train, 1.0 - self.contamination))
+        self.since_fit_ = 0
+
+    def _embed(self, rows: FloatArray) -> FloatArray:
+        """Robustly standardised features projected onto the training window's principal axes."""
+        z = (rows - self.median_) / self.scale_
+        return np.asarray(z @ self.rotation_.T, dtype=np.float64)
+
+    def _finding(self, row: FloatArray, present: npt.NDArray[np.bool_], score: float, now: float) -> Finding:
+        z = np.where(present, (row - self.median_) / self.scale_, 0.0)
+        top = np.argsort(-np.abs(z))[:3]
+        described = ", ".join(f"{self.features[i]} z={z[i]:+.1f}" for i in top if abs(z[i]) > 0)
+        evidence: dict[str, float | str] = {
+            "anomaly_score": score,
+            "threshold": self.threshold_,
+            "top_features": described or "none stands out alone",
+        }
+        for i in top:
+            evidence[self.features[i]] = float(row[i])
+        excess = (score - self.threshold_) / max(1e-9, 1.0 - self.threshold_)
+        return Finding(
+            detector=self.name,
+            signal="state",
+            severity=Severity.WARNING,
+            score=0.5 + 0.5 * excess,
+            summary=f"unusual combination of engine and GPU state (score {score:.2f} > "
+            f"{self.threshold_:.2f}); most unusual: {described or 'no single feature'}",
+            since=self.gate_.since(now),
+            evidence=evidence,
+            hint="The state as a whole is unlike the last window: read the named features together "
+            "(e.g. high utilisation with low throughput points at throttling or a stuck kernel).",
+        )

@@ -1,0 +1,199 @@
+r"""Scheduler efficiency: is the engine producing the tokens its batch size says it should?
+
+The model, learned online from the engine's own history. A decode step over a batch of :math:`B`
+sequences takes roughly :math:`\tau(B) = a + bB` seconds (:math:`a`: reading the weights once per step,
+:math:`b`: per-sequence attention and KV traffic), and emits :math:`B` tokens, so
+
+.. math:: \hat T(B) = \frac{B}{a + bB}.
+
+:math:`a, b` are fitted by recursive least squares with forgetting on :math:`y = B / T` (observed seconds
+per step) against :math:`x = (1, B)`, with :math:`B` = ``engine.batch_size_mean`` (or
+``engine.requests_running``) and :math:`T` = ``engine.generation_tokens_per_second``. Each tick is scored
+first, :math:`d = (T - \hat T)/\hat T`, then learned, but only while :math:`|d|` is within the threshold:
+a degraded period must not teach the model that degraded is normal (guarded learning). During
+``warmup`` ticks everything is learned and nothing is reported.
+
+A finding is raised when :math:`d < -\text{threshold}` (15%) in ``k`` of the last ``n`` ticks. The
+diagnosis checks, in this order, and names the first that holds (all are kept as evidence):
+
+1. **request-length mix shift** — mean prompt length (``gate.prompt_tokens_mean``, else prompt tokens per
+   finished request) differs from its healthy baseline by more than ``mix_shift`` (30%): prefill steals
+   decode steps, so fewer tokens per batch is expected, not a fault;
+2. **fragmentation** — allocator (``probe.fragmentation_ratio`` or 1 - allocated/reserved) or KV-cache
+   fragmentation above ``fragmentation_threshold`` (15%), or preemptions: memory is there but unusable;
+3. **batch timeout / queueing** — requests wait (``engine.requests_waiting`` > 0) while the KV cache has
+   room (usage below 90%), or queue time p95 is over twice its baseline: the scheduler is not filling
+   the batch it could run;
+4. otherwise **unexplained** — look at clocks and thermal throttling.
+"""
+
+from __future__ import annotations
+
+from detectors.base import Finding, Severity
+from detectors.domain_util import KOfN, RecursiveLeastSquares
+from detectors.snapshot import Snapshot
+
+
+class _Ewma:
+    """Exponentially weighted mean, for baselines learned only while the engine is healthy."""
+
+    def __init__(self, alpha: float) -> None:
+        self.alpha = alpha
+        self.value: float | None = None
+
+    def learn(self, x: float | None) -> None:
+        if x is not None:
+            self.value = x if self.value is None else self.value + self.alpha * (x - self.value)
+
+
+class SchedulerEfficiencyDetector:
+    """Observed generation throughput against what the batch size predicts; diagnoses shortfalls."""
+
+    name = "scheduler_efficiency"
+
+    def __init__(
+        self,
+        threshold: float = 0.15,
+        warmup: int = 120,
+        forgetting: float = 0.999,
+        min_batch: float = 1.0,
+        mix_shift: float = 0.3,
+        fragmentation_threshold: float = 0.15,
+        baseline_alpha: float = 0.01,
+        k: int = 3,
+        n: int = 5,
+    ) -> None:
+        self.threshold = threshold
+        self.warmup = warmup
+        self.forgetting = forgetting
+        self.min_batch = min_batch
+        self.mix_shift = mix_shift
+        self.fragmentation_threshold = fragmentation_threshold
+        self.baseline_alpha = baseline_alpha
+        self.k = k
+        self.n = n
+        self.model_ = RecursiveLeastSquares(2, forgetting=forgetting, delta=1.0)
+        self.gate_ = KOfN(k, n)
+        self.prompt_len_ = _Ewma(baseline_alpha)
+        self.queue_p95_ = _Ewma(baseline_alpha)
+
+    def expected_throughput(self, batch: float) -> float | None:
+        """:math:`\\hat T(B)` under the current model, or ``None`` before it is usable."""
+        step = self.model_.predict((1.0, batch))
+        return batch / step if step > 0 else None
+
+    def update(self, snapshot: Snapshot) -> list[Finding]:
+        """Score this tick's throughput against the learned relation, diagnose a shortfall, then learn."""
+        throughput = snapshot.get("engine.generation_tokens_per_second")
+        batch = snapshot.get("engine.batch_size_mean")
+        if batch is None:
+            batch = snapshot.get("engine.requests_running")
+        if throughput is None or batch is None or batch < self.min_batch or throughput <= 0:
+            return []  # idle or unobservable: efficiency has no meaning
+        prompt_len = _prompt_length(snapshot)
+        queue_p95 = snapshot.get("engine.queue_seconds.p95")
+        expected = self.expected_throughput(batch)
+        warm = self.model_.n_ >= self.warmup and expected is not None
+        deviation = (throughput - expected) / expected if warm and expected else 0.0
+        active = self.gate_.push(deviation < -self.threshold, snapshot.now) if warm else False
+        findings: list[Finding] = []
+        if active and expected is not None:
+            findings.append(self._finding(snapshot, throughput, expected, batch, deviation, prompt_len))
+        if not warm or abs(deviation) <= self.threshold:
+            self.model_.learn((1.0, batch), batch / throughput)
+            self.prompt_len_.learn(prompt_len)
+            self.queue_p95_.learn(queue_p95)
+        return findings
+
+    def _finding(
+        self,
+        snapshot: Snapshot,
+        throughput: float,
+        expected: float,
+        batch: float,
+        deviation: float,
+        prompt_len: float | None,
+    ) -> Finding:
+        evidence: dict[str, float | str] = {
+            "throughput_tokens_per_second": throughput,
+            "expected_tokens_per_second": expected,
+            "batch_size": batch,
+            "deviation": deviation,
+        }
+        causes = [
+            ("request-length mix shift", self._mix_shift(prompt_len, evidence)),
+            ("fragmentation", self._fragmentation(snapshot, evidence)),
+            ("batch timeout / queueing", self._queueing(snapshot, evidence)),
+        ]
+        cause = next((name for name, holds in causes if holds), "unexplained")
+        evidence["cause"] = cause
+        hints = {
+            "request-length mix shift": "Longer prompts cost prefill time per step; expected, not a fault. "
+            "Consider chunked prefill or routing long prompts to a separate pool.",
+            "fragmentation": "Memory is held but unusable: see the fragmentation finding; expandable "
+            "segments or a smaller KV block size help.",
+            "batch timeout / queueing": "Requests wait while the cache has room: the batch limit or the "
+            "scheduler's batching delay is too tight; raise the effective batch.",
+            "unexplained": "No load or memory cause found: check SM clocks, thermal and power throttling.",
+        }
+        return Finding(
+            detector=self.name,
+            signal="engine.generation_tokens_per_second",
+            severity=Severity.CRITICAL if deviation < -2 * self.threshold else Severity.WARNING,
+            score=-deviation / (2 * self.threshold),
+            summary=(
+                f"throughput {throughput:.0f} tok/s is {-deviation:.0%} below the {expected:.0f} tok/s "
+                f"a batch of {batch:.1f} should give; most likely cause: {cause}"
+            ),
+            since=self.gate_.since(snapshot.now),
+            evidence=evidence,
+            hint=hints[cause],
+        )
+
+    def _mix_shift(self, prompt_len: float | None, evidence: dict[str, float | str]) -> bool:
+        base = self.prompt_len_.value
+        if prompt_len is None or base is None or base <= 0:
+            return False
+        evidence |= {"prompt_tokens_mean": prompt_len, "prompt_tokens_mean_baseline": base}
+        return abs(prompt_len / base - 1.0) > self.mix_shift
+
+    def _fragmentation(self, snapshot: Snapshot, evidence: dict[str, float | str]) -> bool:
+        ratio = snapshot.get("probe.fragmentation_ratio")
+        reserved, allocated = snapshot.get("probe.reserved_bytes"), snapshot.get("probe.allocated_bytes")
+        if ratio is None and reserved and allocated is not None:
+            ratio = 1.0 - allocated / reserved
+        preempt = snapshot.get("engine.preemptions_per_second") or 0.0
+        if ratio is not None:
+            evidence["allocator_fragmentation_ratio"] = ratio
+        evidence["preemptions_per_second"] = preempt
+        return (ratio is not None and ratio > self.fragmentation_threshold) or preempt > 0
+
+    def _queueing(self, snapshot: Snapshot, evidence: dict[str, float | str]) -> bool:
+        waiting = snapshot.get("engine.requests_waiting")
+        usage = snapshot.get("engine.kv_cache_usage_ratio")
+        queue_p95, base = snapshot.get("engine.queue_seconds.p95"), self.queue_p95_.value
+        for key, value in (
+            ("requests_waiting", waiting),
+            ("kv_cache_usage_ratio", usage),
+            ("queue_seconds_p95", queue_p95),
+            ("queue_seconds_p95_baseline", base),
+        ):
+            if value is not None:
+                evidence[key] = value
+        starved = waiting is not None and waiting > 0 and (usage is None or usage < 0.9)
+        slow_queue = queue_p95 is not None and base is not None and base > 0 and queue_p95 > 2 * base
+        return starved or slow_queue
+
+
+def _prompt_length(snapshot: Snapshot) -> float | None:
+    """Mean prompt tokens per request: the gate's figure, else prompt tokens/s over finished requests/s."""
+    mean = snapshot.get("gate.prompt_tokens_mean")
+    if mean is not None:
+        return mean
+    prompt_tps, finished = (
+        snapshot.get("engine.prompt_tokens_per_second"),
+        snapshot.get("engine.requests_finished_per_second"),
+    )
+    if prompt_tps is not None and finished and finished > 0:
+        return prompt_tps / finished
+    return None

@@ -1,0 +1,175 @@
+r"""Tail latency per request-length bucket: is a high P95/P99 explained by load, or anomalous?
+
+Signals (each modelled on its own): ``gate.<bucket>.{ttft,itl,e2e}_seconds.{p95,p99}`` for the admission
+gate's request-length buckets (``le256``, ``le1k``, ``le4k``, ``gt4k``) and the engine-wide
+``engine.{ttft,itl,e2e}_seconds.{p95,p99}``.
+
+The model. Queueing theory says a tail grows with utilisation and with the queue in front of it, and
+multiplicatively, so for each signal an online linear model in log space,
+
+.. math::
+    \log L_t = w_0 + w_1 u_t + w_2 \log(1 + q_t) + w_3 \log(1 + n_t) + \varepsilon_t,
+
+with :math:`u` the mean GPU utilisation (``nvml.gpu<i>.utilization_ratio.mean``), :math:`q` the requests
+waiting and :math:`n` the requests running, is fitted by recursive least squares with forgetting. Each
+tick is scored before it is learned:
+
+* residual :math:`z = (\log L_t - \hat w^\top x_t) / \max(\hat\sigma, \sigma_\text{min})`, with
+  :math:`\hat\sigma` the running RMS of one-step-ahead residuals;
+* reference latency :math:`L_\text{ref} = \exp(\hat w^\top \bar x)` at the typical load :math:`\bar x`
+  (an exponentially weighted mean of the features).
+
+Verdicts, each needing ``k`` of the last ``n`` ticks:
+
+* **anomalous tail** (warning; critical beyond twice ``z_threshold``): :math:`z > z_\text{thr}` and
+  :math:`L_t > (1 + \text{min\_excess})\,\hat L_t` — the load does not explain it;
+* **load-driven tail** (info): :math:`L_t > \text{elevated\_ratio} \cdot L_\text{ref}` while the model
+  explains it — the remedy is capacity or admission, not debugging.
+
+Anomalous ticks are not learned (the model must not adopt the fault); load-driven ones are.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from detectors.base import Finding, Severity
+from detectors.domain_util import FloatArray, KOfN, RecursiveLeastSquares, gpu_indices, mean_of
+from detectors.snapshot import Snapshot
+
+_SIGNAL = re.compile(
+    r"^(?:gate\.(?P<bucket>le256|le1k|le4k|gt4k)|engine)\.(?P<kind>ttft|itl|e2e)_seconds\.(?P<q>p95|p99)$"
+)
+_KIND = {"ttft": "time to first token", "itl": "inter-token latency", "e2e": "end-to-end latency"}
+
+
+class _Model:
+    def __init__(self, forgetting: float, k: int, n: int, alpha: float) -> None:
+        self.rls = RecursiveLeastSquares(4, forgetting=forgetting, delta=10.0)
+        self.gate = KOfN(k, n)
+        self.x_ref: FloatArray | None = None
+        self.alpha = alpha
+
+    def learn(self, x: FloatArray, y: float) -> None:
+        self.rls.learn(x, y)
+        self.x_ref = x.copy() if self.x_ref is None else self.x_ref + self.alpha * (x - self.x_ref)
+
+
+class TailLatencyDetector:
+    """P95/P99 latency per request-length bucket, split into load-driven and anomalous tails."""
+
+    name = "tail_latency"
+
+    def __init__(
+        self,
+        z_threshold: float = 4.0,
+        min_excess: float = 0.3,
+        elevated_ratio: float = 2.0,
+        min_sigma: float = 0.05,
+        forgetting: float = 0.998,
+        reference_alpha: float = 0.002,
+        warmup: int = 60,
+        k: int = 3,
+        n: int = 5,
+    ) -> None:
+        self.z_threshold = z_threshold
+        self.min_excess = min_excess
+        self.elevated_ratio = elevated_ratio
+        self.min_sigma = min_sigma
+        self.forgetting = forgetting
+        self.reference_alpha = reference_alpha
+        self.warmup = warmup
+        self.k = k
+        self.n = n
+        self.models_: dict[str, _Model] = {}
+
+    def update(self, snapshot: Snapshot) -> list[Finding]:
+        """Score each tail signal against the load model, then learn it unless it is anomalous."""
+        util = mean_of(snapshot, [f"nvml.gpu{i}.utilization_ratio.mean" for i in gpu_indices(snapshot)])
+        waiting = snapshot.get("engine.requests_waiting")
+        running = snapshot.get("engine.requests_running")
+        x = np.array(
+            [1.0, util or 0.0, math.log1p(max(0.0, waiting or 0.0)), math.log1p(max(0.0, running or 0.0))]
+        )
+        findings: list[Finding] = []
+        for name, latency in snapshot.values.items():
+            match = _SIGNAL.match(name)
+            if match is None or latency <= 0:
+                continue
+            model = self.models_.get(name)
+            if model is None:
+                model = self.models_[name] = _Model(self.forgetting, self.k, self.n, self.reference_alpha)
+            y = math.log(latency)
+            if model.rls.n_ < self.warmup or model.x_ref is None:
+                model.learn(x, y)
+                continue
+            predicted = model.rls.predict(x)
+            z = (y - predicted) / max(model.rls.residual_std, self.min_sigma)
+            anomalous = z > self.z_threshold and latency > (1 + self.min_excess) * math.exp(predicted)
+            reference = math.exp(model.rls.predict(model.x_ref))
+            elevated = latency > self.elevated_ratio * reference
+            if model.gate.push(anomalous or elevated, snapshot.now):
+                evidence: dict[str, float | str] = {
+                    "latency_s": latency,
+                    "predicted_s": math.exp(predicted),
+                    "reference_s": reference,
+                    "z": z,
+                    "gpu_utilization_ratio": util if util is not None else "absent",
+                    "requests_waiting": waiting if waiting is not None else "absent",
+                    "requests_running": running if running is not None else "absent",
+                    "bucket": match.group("bucket") or "all",
+                }
+                findings.append(
+                    self._finding(name, match, anomalous, z, evidence, model.gate.since(snapshot.now))
+                )
+            if not anomalous:
+                model.learn(x, y)
+        return findings
+
+    def _finding(
+        self,
+        name: str,
+        match: re.Match[str],
+        anomalous: bool,
+        z: float,
+        evidence: dict[str, float | str],
+        since: float,
+    ) -> Finding:
+        what = f"{match.group('q').upper()} {_KIND[match.group('kind')]}"
+        bucket = match.group("bucket")
+        where = f" for prompts {bucket}" if bucket else ""
+        latency, predicted, reference = (
+            float(evidence[k]) for k in ("latency_s", "predicted_s", "reference_s")
+        )
+        if anomalous:
+            evidence["verdict"] = "anomalous"
+            return Finding(
+                detector=self.name,
+                signal=name,
+                severity=Severity.CRITICAL if z > 2 * self.z_threshold else Severity.WARNING,
+                score=z / (2 * self.z_threshold),
+                summary=(
+                    f"{what}{where} is {latency:.3g}s, {latency / predicted:.1f}x what the current load "
+                    f"predicts ({predicted:.3g}s): not explained by load"
+                ),
+                since=since,
+                evidence=evidence,
+                hint="Not a load problem: check preemptions, throttling, a noisy neighbour or slow upstream.",
+            )
+        evidence["verdict"] = "load-driven"
+        return Finding(
+            detector=self.name,
+            signal=name,
+            severity=Severity.INFO,
+            score=min(1.0, latency / reference / (2 * self.elevated_ratio)),
+            summary=(
+                f"{what}{where} is {latency:.3g}s, {latency / reference:.1f}x its typical {reference:.3g}s, "
+                "explained by load (utilisation and queue)"
+            ),
+            since=since,
+            evidence=evidence,
+            hint="Load-driven tail: add capacity or tighten admission for this request-length bucket.",
+        )

@@ -1,0 +1,185 @@
+r"""Thermal: GPU temperature that utilisation does not explain, and the clock throttling NVML reports.
+
+**Temperature unexplained by utilisation.** At steady cooling a GPU's temperature is close to linear in
+the heat it dissipates, which follows utilisation (and power, where reported) with a thermal lag of tens
+of seconds. Per GPU the detector keeps lagged inputs, exponentially smoothed in *time* with constant
+:math:`\tau` (``lag_s``): :math:`\tilde u_t = \tilde u_{t'} + (1 - e^{-(t - t')/\tau})(u_t - \tilde u_{t'})`,
+and fits by recursive least squares with slow forgetting
+
+.. math:: T_t = w_0 + w_1 \tilde u_t + w_2 \tilde p_t / 1000 + \varepsilon_t
+
+(:math:`T` = ``temperature_celsius.mean``, :math:`u` = ``utilization_ratio.mean``, :math:`p` =
+``power_watts.mean``, 0 when absent). A tick is a hit when the prior residual exceeds
+:math:`\max(\text{min\_excess\_c}, z_\text{thr}\hat\sigma)`; ``k`` of ``n`` hits make a finding (cooling
+problem: fan, airflow, inlet temperature). Hits are not learned, so a failing fan is not adopted as normal.
+
+**Throttle reasons.** ``nvml.gpu<i>.throttle_reasons`` is NVML's clocks-event bitmask
+(``nvmlDeviceGetCurrentClocksEventReasons``); ``nvml.gpu<i>.throttle.<reason>`` flags (0/1) are read
+as well. Reasons that cost throughput become findings after ``k`` of ``n`` ticks: hardware slowdown,
+hardware/software thermal slowdown and power-brake are serious; the software power cap is
+informational (it is how a fully loaded GPU normally runs). Idle, application-clock, sync-boost and
+display-clock reasons are ignored.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from detectors.base import Finding, Severity
+from detectors.domain_util import KOfN, RecursiveLeastSquares, gpu_indices
+from detectors.snapshot import Snapshot
+
+#: NVML clocks-event reason bits (nvml.h ``nvmlClocksEventReason*``): name -> (bit, severity or None).
+THROTTLE_REASONS: dict[str, tuple[int, Severity | None]] = {
+    "gpu_idle": (0x1, None),
+    "applications_clocks_setting": (0x2, None),
+    "sw_power_cap": (0x4, Severity.INFO),
+    "hw_slowdown": (0x8, Severity.CRITICAL),
+    "sync_boost": (0x10, None),
+    "sw_thermal_slowdown": (0x20, Severity.WARNING),
+    "hw_thermal_slowdown": (0x40, Severity.CRITICAL),
+    "hw_power_brake_slowdown": (0x80, Severity.CRITICAL),
+    "display_clock_setting": (0x100, None),
+}
+_HINTS = {
+    "sw_power_cap": "The GPU runs at its power limit: expected at full load; if utilisation is low, "
+    "check the configured power limit.",
+    "hw_slowdown": "Hardware slowdown (thermal or power brake asserted by the board): check cooling and PSU.",
+    "sw_thermal_slowdown": "The driver lowers clocks to stay under the temperature target: improve airflow.",
+    "hw_thermal_slowdown": "Too hot, clocks cut hard: check fans, airflow and inlet temperature.",
+    "hw_power_brake_slowdown": "External power brake asserted (PSU or chassis power): check node power.",
+}
+
+
+class _Gpu:
+    def __init__(self, forgetting: float, k: int, n: int) -> None:
+        self.rls = RecursiveLeastSquares(3, forgetting=forgetting, delta=1000.0)
+        self.gate = KOfN(k, n)
+        self.util: float | None = None
+        self.power: float | None = None
+        self.t = -math.inf
+
+
+class ThermalDetector:
+    """Temperature not explained by utilisation, and throttle reasons that cost throughput."""
+
+    name = "thermal"
+
+    def __init__(
+        self,
+        lag_s: float = 60.0,
+        forgetting: float = 0.9995,
+        min_excess_c: float = 8.0,
+        z_threshold: float = 4.0,
+        warmup: int = 300,
+        k: int = 3,
+        n: int = 5,
+    ) -> None:
+        self.lag_s = lag_s
+        self.forgetting = forgetting
+        self.min_excess_c = min_excess_c
+        self.z_threshold = z_threshold
+        self.warmup = warmup
+        self.k = k
+        self.n = n
+        self.gpus_: dict[int, _Gpu] = {}
+        self.throttle_: dict[tuple[int, str], KOfN] = {}
+
+    def update(self, snapshot: Snapshot) -> list[Finding]:
+        """Per GPU: score temperature against the lagged-utilisation model, then learn; read throttling."""
+        findings: list[Finding] = []
+        for i in gpu_indices(snapshot):
+            finding = self._temperature(i, snapshot)
+            if finding is not None:
+                findings.append(finding)
+            findings.extend(self._throttle(i, snapshot))
+        return findings
+
+    def _temperature(self, i: int, snapshot: Snapshot) -> Finding | None:
+        prefix = f"nvml.gpu{i}"
+        temp = snapshot.get(f"{prefix}.temperature_celsius.mean")
+        util = snapshot.get(f"{prefix}.utilization_ratio.mean")
+        if temp is None or util is None:
+            return None
+        gpu = self.gpus_.get(i)
+        if gpu is None:
+            gpu = self.gpus_[i] = _Gpu(self.forgetting, self.k, self.n)
+        if snapshot.now <= gpu.t:
+            return None  # repeated or backward time: the lag filter needs forward time
+        power = snapshot.get(f"{prefix}.power_watts.mean")
+        weight = 1.0 - math.exp(-(snapshot.now - gpu.t) / self.lag_s) if math.isfinite(gpu.t) else 1.0
+        gpu.util = util if gpu.util is None else gpu.util + weight * (util - gpu.util)
+        if power is not None:
+            gpu.power = power if gpu.power is None else gpu.power + weight * (power - gpu.power)
+        gpu.t = snapshot.now
+        x = np.array([1.0, gpu.util, (gpu.power or 0.0) / 1000.0])
+        if gpu.rls.n_ < self.warmup:
+            gpu.rls.learn(x, temp)
+            return None
+        predicted = gpu.rls.predict(x)
+        excess = temp - predicted
+        hit = excess > max(self.min_excess_c, self.z_threshold * gpu.rls.residual_std)
+        if not hit:
+            gpu.rls.learn(x, temp)
+        if not gpu.gate.push(hit, snapshot.now):
+            return None
+        return Finding(
+            detector=self.name,
+            signal=f"{prefix}.temperature_celsius.mean",
+            severity=Severity.CRITICAL if excess > 2 * self.min_excess_c else Severity.WARNING,
+            score=excess / (2 * self.min_excess_c),
+            summary=(
+                f"GPU{i} at {temp:.0f}°C, {excess:.0f}°C above the {predicted:.0f}°C its utilisation "
+                f"({gpu.util:.0%}) explains"
+            ),
+            since=gpu.gate.since(snapshot.now),
+            evidence={
+                "temperature_celsius": temp,
+                "predicted_celsius": predicted,
+                "excess_celsius": excess,
+                "utilization_ratio_lagged": gpu.util,
+                "power_watts": power if power is not None else "absent",
+                "residual_std_celsius": gpu.rls.residual_std,
+            },
+            hint="Hotter than the load explains: check fans, airflow, inlet temperature and neighbours.",
+        )
+
+    def _throttle(self, i: int, snapshot: Snapshot) -> list[Finding]:
+        prefix = f"nvml.gpu{i}"
+        mask = snapshot.get(f"{prefix}.throttle_reasons")
+        findings: list[Finding] = []
+        for reason, (bit, severity) in THROTTLE_REASONS.items():
+            if severity is None:
+                continue
+            flag = snapshot.get(f"{prefix}.throttle.{reason}")
+            if flag is None and mask is None:
+                continue
+            active = (flag is not None and flag >= 0.5) or (mask is not None and int(mask) & bit != 0)
+            gate = self.throttle_.setdefault((i, reason), KOfN(self.k, self.n))
+            if not gate.push(active, snapshot.now):
+                continue
+            evidence: dict[str, float | str] = {"reason": reason, "bit": float(bit)}
+            for key in (
+                "sm_clock_hz.mean",
+                "temperature_celsius.mean",
+                "power_watts.mean",
+                "utilization_ratio.mean",
+            ):
+                value = snapshot.get(f"{prefix}.{key}")
+                if value is not None:
+                    evidence[key] = value
+            findings.append(
+                Finding(
+                    detector=self.name,
+                    signal=f"{prefix}.throttle.{reason}",
+                    severity=severity,
+                    score={Severity.INFO: 0.3, Severity.WARNING: 0.6, Severity.CRITICAL: 0.9}[severity],
+                    summary=f"GPU{i} clocks throttled: {reason.replace('_', ' ')}",
+                    since=gate.since(snapshot.now),
+                    evidence=evidence,
+                    hint=_HINTS[reason],
+                )
+            )
+        return findings

@@ -1,0 +1,104 @@
+"""TailLatencyDetector: load-driven versus anomalous tails, per request-length bucket."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from detectors.base import Finding, Severity
+from detectors.snapshot import Reading, Snapshot, SourceStatus
+from detectors.tail_latency import TailLatencyDetector
+
+SIGNAL = "gate.le1k.ttft_seconds.p99"
+
+
+def _snap(now: float, values: dict[str, float]) -> Snapshot:
+    return Snapshot.from_readings(now, {"t": Reading("t", now, SourceStatus.OK, values)})
+
+
+def _state(util: float, waiting: float, rng: np.random.Generator, factor: float = 1.0) -> dict[str, float]:
+    """TTFT p99 that grows with utilisation and queue: 0.2 s x e^(1.5 u) x (1 + q)^0.8, 5% noise."""
+    latency = 0.2 * math.exp(1.5 * util) * (1 + waiting) ** 0.8 * rng.lognormal(0, 0.05) * factor
+    return {
+        "nvml.gpu0.utilization_ratio.mean": util,
+        "engine.requests_waiting": waiting,
+        "engine.requests_running": 20 + 40 * util,
+        SIGNAL: latency,
+        "engine.e2e_seconds.p95": 5 * latency,
+    }
+
+
+def _warm(detector: TailLatencyDetector, n: int = 800, seed: int = 0) -> list[Finding]:
+    rng = np.random.default_rng(seed)
+    findings = []
+    for i in range(n):
+        util = 0.3 + 0.3 * (0.5 + 0.5 * math.sin(i / 50))
+        waiting = float(rng.poisson(0.5))
+        findings += detector.update(_snap(float(i), _state(util, waiting, rng)))
+    return findings
+
+
+def test_silent_on_normal_load_variation() -> None:
+    assert _warm(TailLatencyDetector()) == []
+
+
+def test_high_tail_under_heavy_load_is_load_driven() -> None:
+    detector = TailLatencyDetector()
+    _warm(detector)
+    rng = np.random.default_rng(5)
+    findings = [f for i in range(10) for f in detector.update(_snap(1000.0 + i, _state(0.95, 6.0, rng)))]
+    ours = [f for f in findings if f.signal == SIGNAL]
+    assert ours, "a 4x tail at full load must be reported"
+    assert ours[-1].evidence["verdict"] == "load-driven"
+    assert ours[-1].severity is Severity.INFO
+    assert ours[-1].evidence["bucket"] == "le1k"
+
+
+def test_high_tail_at_ordinary_load_is_anomalous() -> None:
+    detector = TailLatencyDetector()
+    _warm(detector)
+    rng = np.random.default_rng(5)
+    findings = [f for i in range(10) for f in detector.update(_snap(1000.0 + i, _state(0.45, 0.0, rng, 3.0)))]
+    ours = [f for f in findings if f.signal == SIGNAL]
+    assert ours and ours[-1].evidence["verdict"] == "anomalous"
+    assert ours[-1].severity in (Severity.WARNING, Severity.CRITICAL)
+    assert float(ours[-1].evidence["latency_s"]) > 2 * float(ours[-1].evidence["predicted_s"])
+
+
+def test_anomalous_tail_is_not_learned() -> None:
+    detector = TailLatencyDetector()
+    _warm(detector)
+    weights = detector.models_[SIGNAL].rls.w_.copy()
+    rng = np.random.default_rng(5)
+    for i in range(50):
+        detector.update(_snap(1000.0 + i, _state(0.45, 0.0, rng, 3.0)))
+    np.testing.assert_allclose(detector.models_[SIGNAL].rls.w_, weights)
+
+
+def test_engine_wide_tail_and_unknown_names() -> None:
+    detector = TailLatencyDetector()
+    _warm(detector)
+    assert set(detector.models_) == {SIGNAL, "engine.e2e_seconds.p95"}
+    detector.update(_snap(2000.0, {"gate.weird.ttft_seconds.p99": 1.0, "engine.ttft_seconds.p50": 1.0}))
+    assert set(detector.models_) == {SIGNAL, "engine.e2e_seconds.p95"}
+
+
+def test_missing_load_signals_and_nan_latency_do_not_crash() -> None:
+    detector = TailLatencyDetector(warmup=5)
+    for i in range(20):
+        assert detector.update(_snap(float(i), {SIGNAL: 0.3})) == []
+    assert detector.update(_snap(21.0, {SIGNAL: math.nan})) == []
+    assert detector.update(_snap(22.0, {SIGNAL: 0.0})) == []
+
+
+def test_deterministic() -> None:
+    def run() -> list[dict[str, object]]:
+        detector = TailLatencyDetector()
+        _warm(detector)
+        rng = np.random.default_rng(5)
+        return [
+            f.to_json() for i in range(10) for f in detector.update(_snap(1e3 + i, _state(0.45, 0, rng, 3.0)))
+        ]
+
+    assert run() == run()

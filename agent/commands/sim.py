@@ -1,0 +1,86 @@
+"""``servepilot sim``: serve the calibrated engine simulator (OpenAI API, vLLM /metrics, control API,
+simulated NVML and allocator probe) on one port, so the sidecar can be developed without a GPU."""
+
+from __future__ import annotations
+
+import argparse
+
+GPU_CHOICES = ("a100-80g", "h100-sxm", "h200", "4xa100-80g-tp")
+MODEL_CHOICES = ("llama-2-7b", "llama-3-8b", "llama-3-70b")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "sim",
+        help="run the calibrated engine simulator (no GPU needed)",
+        description="Serve a simulated vLLM-like engine: /v1/completions and /v1/chat/completions (SSE), "
+        "/metrics with vLLM's names, /v1/control/*, /sim/nvml, /sim/probe/metrics and /sim/faults.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="listen port (default 8000, vLLM's)")
+    parser.add_argument("--gpu", default="a100-80g", choices=GPU_CHOICES, help="GPU profile")
+    parser.add_argument("--model", default="llama-3-8b", choices=MODEL_CHOICES, help="model profile")
+    parser.add_argument(
+        "--precision", default="fp16", choices=("fp16", "bf16", "fp8"), help="weights/KV dtype"
+    )
+    parser.add_argument("--max-num-seqs", type=int, default=256, help="most sequences running at once")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget per step")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share of GPU memory used")
+    parser.add_argument("--seed", type=int, default=0, help="seed for fault draws and GPU UUIDs")
+    parser.add_argument("--speed", type=float, default=1.0, help="time scale: 10 runs ten times faster")
+    faults = parser.add_argument_group("faults (also settable at run time with POST /sim/faults)")
+    faults.add_argument(
+        "--fault-metrics-delay-s", type=float, default=0.0, help="delay every /metrics answer"
+    )
+    faults.add_argument("--fault-error-rate", type=float, default=0.0, help="share of API requests that fail")
+    faults.add_argument("--fault-error-status", type=int, default=503, choices=(500, 503), help="status used")
+    faults.add_argument("--fault-leak-bytes-per-hour", type=float, default=0.0, help="staircase memory leak")
+    faults.add_argument(
+        "--fault-fragmentation-ratio", type=float, default=0.0, help="allocator fragmentation"
+    )
+    faults.add_argument("--fault-latency-factor", type=float, default=1.0, help="multiply every step time")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from agent.cli import UsageError
+    from simulator.engine import make_core
+    from simulator.faults import FaultError
+    from simulator.server import SimServer
+
+    if not 1 <= args.port <= 65535:
+        raise UsageError(f"--port must be in [1, 65535], got {args.port}")
+    if args.speed <= 0:
+        raise UsageError(f"--speed must be > 0, got {args.speed}")
+    try:
+        core = make_core(
+            args.gpu,
+            args.model,
+            args.precision,
+            args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+        )
+        faults = core.faults.updated(
+            {
+                "metrics_delay_s": args.fault_metrics_delay_s,
+                "error_rate": args.fault_error_rate,
+                "error_status": args.fault_error_status,
+                "leak_bytes_per_hour": args.fault_leak_bytes_per_hour,
+                "fragmentation_ratio": args.fault_fragmentation_ratio,
+                "latency_factor": args.fault_latency_factor,
+            }
+        )
+    except (ValueError, FaultError) as error:
+        raise UsageError(str(error)) from None
+    core.set_faults(faults, core.time)
+    server = SimServer(core, speed=args.speed, seed=args.seed)
+    print(
+        f"servepilot sim: {core.model.served_name} ({args.precision}) on {core.gpu.name} x{core.gpu.tp}, "
+        f"{core.budget.num_blocks} KV blocks, http://{args.host}:{args.port}",
+        flush=True,
+    )
+    web.run_app(server.app(), host=args.host, port=args.port, print=None)
+    return 0

@@ -1,0 +1,481 @@
+"""EngineCore: the discrete-time heart of the simulator, shared by the live server and replay.
+
+No clock reads, no asyncio: callers pass ``now`` (seconds) and get back what one step did and how long it
+took. Between calls the core integrates idle power and cooling up to ``now``. ``step(now, max_steps=N,
+until=T)`` may fast-forward across up to ``N`` consecutive pure-decode steps (batch unchanged, nobody
+admitted or finishing until the last of them) in one vectorised call, which is what lets a replay run
+thousands of times faster than real time; per-step results (every token, every histogram observation)
+are identical to stepping one by one, except that power and temperature are integrated per run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from simulator.faults import FaultSwitches
+from simulator.hardware import GpuProfile
+from simulator.kvcache import BLOCK_SIZE, BlockPool, KvBudget, blocks_for, kv_budget
+from simulator.models import ModelProfile
+from simulator.power import (
+    REASON_APPLICATIONS_CLOCKS,
+    REASON_SW_POWER_CAP,
+    REASON_SW_THERMAL,
+    PowerModel,
+    ThermalModel,
+)
+from simulator.scheduler import Request, Schedule, Scheduler
+from simulator.stats import EngineStats
+from simulator.steptime import StepCost, StepTimeModel
+
+#: Longest stretch one fast-forwarded call may cover, so power and temperature stay fine-grained.
+MAX_RUN_S = 2.0
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The knobs the control API turns, in absolute values."""
+
+    max_num_seqs: int
+    precision: str
+    sm_clock_mhz: float
+    power_limit_w: float
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A request that completed (or was aborted) in a step."""
+
+    request_id: str
+    reason: str
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass
+class StepResult:
+    """What a ``step`` call did. ``tokens``: tokens emitted per request id; ``duration`` 0 when idle."""
+
+    start: float
+    duration: float
+    steps: int = 0
+    tokens: dict[str, int] = field(default_factory=dict)
+    finished: list[Finished] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    batch_tokens: int = 0
+
+    @property
+    def end(self) -> float:
+        return self.start + self.duration
+
+
+@dataclass
+class GpuCounters:
+    """Cumulative GPU activity, read by the simulated NVML view (which differences it over windows)."""
+
+    time_s: float = 0.0
+    busy_s: float = 0.0
+    energy_j: float = 0.0
+    bytes_moved: float = 0.0
+    mem_busy_s: float = 0.0
+    clock_mhz: float = 0.0
+    power_w: float = 0.0
+    throttle_reasons: int = 0
+    activation_bytes: float = 0.0
+
+
+class EngineCore:
+    """A vLLM-like engine on one GPU profile (or one tensor-parallel node)."""
+
+    def __init__(
+        self,
+        gpu: GpuProfile,
+        model: ModelProfile,
+        settings: EngineSettings,
+        *,
+        max_num_batched_tokens: int = 8192,
+        gpu_memory_utilization: float = 0.9,
+        block_size: int = BLOCK_SIZE,
+        start: float = 0.0,
+    ) -> None:
+        self.gpu = gpu
+        self.model = model
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.block_size = block_size
+        self.stats = EngineStats(max_model_len=model.max_model_len)
+        self.faults = FaultSwitches()
+        self.power = PowerModel(gpu)
+        self.thermal = ThermalModel(gpu)
+        self.gpu_counters = GpuCounters(time_s=start, clock_mhz=gpu.clock_min_mhz, power_w=gpu.idle_power_w)
+        self.leak_base_bytes = 0.0
+        self.leak_since = start
+        self._t = start
+        self._requests: dict[str, Request] = {}
+        self.budget: KvBudget = self._budget(settings.precision)
+        self.scheduler = Scheduler(
+            BlockPool(self.budget.num_blocks), settings.max_num_seqs, max_num_batched_tokens, block_size
+        )
+        self.settings = settings
+        self.steptime = StepTimeModel(gpu, model, settings.precision)
+
+    # -- settings and faults ------------------------------------------------------------------------
+    def _budget(self, precision: str) -> KvBudget:
+        budget = kv_budget(
+            self.gpu,
+            self.model,
+            precision,
+            self.gpu_memory_utilization,
+            self.max_num_batched_tokens,
+            self.block_size,
+        )
+        if budget.num_blocks < blocks_for(self.model.max_model_len, self.block_size):
+            raise ValueError(
+                f"KV cache holds {budget.num_blocks * self.block_size} tokens in {precision}, fewer than "
+                f"max_model_len {self.model.max_model_len}; raise gpu_memory_utilization"
+            )
+        return budget
+
+    def apply_settings(self, settings: EngineSettings, now: float) -> list[str]:
+        """Switch to ``settings`` (validated by the caller against :meth:`capabilities`). A precision change
+        re-sizes the KV pool; sequences that no longer fit are preempted. Returns preempted ids."""
+        self._advance_idle(now)
+        preempted: list[Request] = []
+        if settings.precision != self.settings.precision:
+            budget = self._budget(settings.precision)
+            self.budget = budget
+            self.scheduler.pool.resize(budget.num_blocks)
+            self.steptime = StepTimeModel(self.gpu, self.model, settings.precision)
+            preempted = self.scheduler.shrink_to_fit()
+            self.stats.preemptions += len(preempted)
+        self.scheduler.max_num_seqs = settings.max_num_seqs
+        self.settings = settings
+        return [r.rid for r in preempted]
+
+    def set_faults(self, faults: FaultSwitches, now: float) -> None:
+        """Switch faults; a leak keeps what it leaked so far and restarts its staircase at ``now``."""
+        self._advance_idle(now)
+        self.leak_base_bytes = self.leaked_bytes(now)
+        self.leak_since = now
+        self.faults = faults
+
+    def leaked_bytes(self, now: float) -> float:
+        """Leaked memory at ``now``: whole stairs of ``leak_step_bytes`` at ``leak_bytes_per_hour``."""
+        f = self.faults
+        if f.leak_bytes_per_hour <= 0:
+            return self.leak_base_bytes
+        grown = f.leak_bytes_per_hour * max(0.0, now - self.leak_since) / 3600.0
+        return self.leak_base_bytes + math.floor(grown / f.leak_step_bytes) * f.leak_step_bytes
+
+    # -- requests -----------------------------------------------------------------------------------
+    def submit(self, request_id: str, prompt_tokens: int, max_tokens: int, now: float) -> None:
+        """Queue a request; raises ValueError (one line, vLLM's wording) when it can never run."""
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        if prompt_tokens < 1 or max_tokens < 1:
+            raise ValueError(f"prompt and max_tokens must be >= 1, got {prompt_tokens} and {max_tokens}")
+        limit = self.model.max_model_len
+        if prompt_tokens + max_tokens > limit:
+            raise ValueError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
+                "completion)."
+            )
+        self._advance_idle(now)
+        request = Request(request_id, prompt_tokens, max_tokens, now)
+        self._requests[request_id] = request
+        self.scheduler.add(request)
+
+    def abort(self, request_id: str, now: float) -> bool:
+        """Drop a request (client went away); counted as ``finished_reason="abort"``."""
+        request = self.scheduler.remove(request_id)
+        if request is None:
+            return False
+        del self._requests[request_id]
+        self.stats.request_success["abort"] += 1
+        return True
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return min(1.0, self.scheduler.pool.usage)
+
+    def has_work(self) -> bool:
+        return bool(self.scheduler.running or self.scheduler.waiting)
+
+    @property
+    def time(self) -> float:
+        """Simulated time up to which the core has accounted (end of the last step or idle stretch)."""
+        return self._t
+
+    # -- time ---------------------------------------------------------------------------------------
+    def _advance_idle(self, now: float) -> None:
+        dt = now - self._t
+        if dt <= 0:
+            return
+        g = self.gpu_counters
+        idle = self.power.idle_power
+        g.energy_j += idle * dt
+        g.time_s = now
+        g.power_w = idle
+        g.clock_mhz = self.gpu.clock_min_mhz
+        g.activation_bytes = 0.0
+        self.thermal.advance(idle, dt, self.faults.ambient_c)
+        self._t = now
+
+    def idle_until(self, now: float) -> None:
+        """Account idle time up to ``now`` (telemetry reads call this so energy keeps integrating)."""
+        self._advance_idle(now)
+
+    def _clock_for(self, cost_at: StepCost, clock: float) -> tuple[float, int]:
+        """Apply the power limit to ``clock`` given the step's shares; returns (clock, extra reasons)."""
+        new_clock, capped = self.power.capped_clock(
+            clock, self.settings.power_limit_w, cost_at.compute_share, cost_at.mem_share
+        )
+        return new_clock, (REASON_SW_POWER_CAP if capped else 0)
+
+    def _account_busy(self, cost: StepCost, duration: float, clock: float, reasons: int) -> None:
+        factor = cost.duration_s / duration if duration > 0 else 1.0
+        power = self.power.busy_power(clock, cost.compute_share * factor, cost.mem_share * factor)
+        g = self.gpu_counters
+        g.busy_s += duration
+        g.energy_j += power * duration
+        g.bytes_moved += cost.bytes_moved
+        g.mem_busy_s += cost.mem_s
+        g.power_w = power
+        g.clock_mhz = clock
+        g.throttle_reasons = reasons
+        self.thermal.advance(power, duration, self.faults.ambient_c)
+        self._t += duration
+        g.time_s = self._t
+
+    # -- the step -----------------------------------------------------------------------------------
+    def step(self, now: float, *, max_steps: int = 1, until: float | None = None) -> StepResult:
+        """Run one engine iteration starting at ``max(now, end of the previous one)``.
+
+        With ``max_steps > 1`` the call also fast-forwards through following pure-decode steps that start
+        before ``until`` (if given); the result then covers ``steps`` iterations.
+        """
+        self._advance_idle(now)
+        start = self._t
+        result = StepResult(start=start, duration=0.0)
+        sched = self.scheduler.schedule(start)
+        result.preempted = [r.rid for r in sched.preempted]
+        self.stats.preemptions += len(sched.preempted)
+        if not sched.items:
+            return result
+        clock, reasons, cost = self._price(sched)
+        duration = cost.duration_s * self.faults.latency_factor
+        self._account_busy(cost, duration, clock, reasons)
+        self.gpu_counters.activation_bytes = sched.num_tokens * self.model.hidden * 16.0 / self.gpu.tp
+        result.duration = duration
+        result.steps = 1
+        result.batch_tokens = sched.num_tokens
+        self.stats.steps += 1
+        self.stats.iteration_tokens.observe(sched.num_tokens)
+        self._apply(sched, start + duration, result)
+        quiet = not sched.preempted and sched.waiting_blocked and not (result.finished and self.num_waiting)
+        if max_steps > 1 and quiet:
+            self._fast_forward(result, max_steps - 1, until)
+        return result
+
+    def _base_clock(self) -> tuple[float, int]:
+        """The clock before the power limit: the setting, capped by the thermal governor."""
+        settings = self.settings
+        thermal_cap = self.thermal.clock_cap_mhz()
+        reasons = 0
+        if settings.sm_clock_mhz < self.gpu.clock_max_mhz:
+            reasons |= REASON_APPLICATIONS_CLOCKS
+        if thermal_cap < settings.sm_clock_mhz:
+            reasons |= REASON_SW_THERMAL
+        return min(settings.sm_clock_mhz, thermal_cap), reasons
+
+    def _price(self, sched: Schedule) -> tuple[float, int, StepCost]:
+        clock, reasons = self._base_clock()
+        context = 0
+        pairs = 0.0
+        for req, n in sched.items:
+            context += req.computed
+            pairs += n * (req.computed + (n + 1) * 0.5)
+        new_tokens, seqs = sched.num_tokens, len(sched.items)
+        cost = self.steptime.cost(new_tokens, seqs, context, pairs, clock)
+        capped_clock, extra = self._clock_for(cost, clock)
+        if extra:
+            cost = self.steptime.cost(new_tokens, seqs, context, pairs, capped_clock)
+        return capped_clock, reasons | extra, cost
+
+    def _apply(self, sched: Schedule, end: float, result: StepResult) -> None:
+        stats = self.stats
+        done: list[Request] = []
+        gaps: list[float] = []
+        tokens = result.tokens
+        for req, n in sched.items:
+            req.computed += n
+            if req.computed < req.prompt + req.output:
+                continue  # mid-prefill chunk: no token yet
+            if req.output == 0:
+                req.first_token = end
+                stats.ttft.observe(end - req.arrival)
+                stats.prompt_tokens += req.prompt
+            else:
+                gaps.append(end - req.last_token)
+            req.output += 1
+            req.last_token = end
+            tokens[req.rid] = tokens.get(req.rid, 0) + 1
+            if req.output >= req.max_tokens:
+                done.append(req)
+        stats.generation_tokens += len(tokens)
+        if gaps:
+            stats.itl.observe_many(np.array(gaps))
+        if done:
+            self._finish(done, end, result)
+
+    def _finish(self, done: list[Request], end: float, result: StepResult) -> None:
+        stats = self.stats
+        finished_ids = {id(r) for r in done}
+        self.scheduler.running = [r for r in self.scheduler.running if id(r) not in finished_ids]
+        for req in done:
+            self.scheduler.pool.release(req.blocks)
+            req.blocks = 0
+            del self._requests[req.rid]
+            stats.request_success["length"] += 1
+            stats.e2e.observe(end - req.arrival)
+            stats.queue.observe(req.first_scheduled - req.arrival)
+            stats.inference.observe(end - req.first_scheduled)
+            stats.prefill.observe(req.first_token - req.first_scheduled)
+            stats.decode.observe(end - req.first_token)
+            if req.output > 1:
+                stats.tpot.observe((end - req.first_token) / (req.output - 1))
+            stats.request_prompt_tokens.observe(req.prompt)
+            stats.request_generation_tokens.observe(req.output)
+            stats.request_max_tokens.observe(req.max_tokens)
+            stats.request_preemptions.observe(req.preemptions)
+            result.finished.append(Finished(req.rid, "length", req.prompt, req.output))
+
+    def _fast_forward(self, result: StepResult, max_extra: int, until: float | None) -> None:
+        running = self.scheduler.running
+        n = len(running)
+        if n == 0 or n > self.max_num_batched_tokens:
+            return
+        k = max_extra
+        context = 0
+        for req in running:
+            left = req.prompt + req.output - req.computed
+            if left != 1:
+                return  # someone is still in prefill: the next step is not a pure decode
+            if req.max_tokens - req.output < k:
+                k = req.max_tokens - req.output
+            context += req.computed
+        if k < 1:
+            return
+        start = self._t
+        factor = self.faults.latency_factor
+        clock, reasons = self._base_clock()
+        arrays = self.steptime.decode_arrays(n, context, k, clock)
+        first = self.steptime.summarise(arrays, 1)
+        capped_clock, extra = self._clock_for(first, clock)
+        if extra:
+            clock, reasons = capped_clock, reasons | extra
+            arrays = self.steptime.decode_arrays(n, context, k, clock)
+        durations = arrays[0] * factor if factor != 1.0 else arrays[0]
+        ends = start + durations.cumsum()
+        limit = MAX_RUN_S if until is None else min(MAX_RUN_S, until - start)
+        k = min(k, int(np.searchsorted(ends - durations - start, limit, side="left")))
+        k = self._fit_blocks(running, k) if k >= 1 else 0
+        if k < 1:
+            return
+        durations, ends = durations[:k], ends[:k]
+        run_cost = self.steptime.summarise(arrays, k)
+        end = float(ends[-1])
+        self._account_busy(run_cost, end - start, clock, reasons)
+        stats = self.stats
+        stats.steps += k
+        stats.iteration_tokens.observe(n, k)
+        stats.generation_tokens += n * k
+        if k > 1:
+            stats.itl.observe_many(durations[1:], n)
+        first_end = float(ends[0])
+        bs = self.block_size
+        done: list[Request] = []
+        tokens = result.tokens
+        firsts: list[float] = []
+        used = 0
+        for req in running:
+            firsts.append(first_end - req.last_token)
+            req.computed += k
+            req.output += k
+            blocks = -(-req.computed // bs)
+            used += blocks - req.blocks
+            req.blocks = blocks
+            req.last_token = end
+            tokens[req.rid] = tokens.get(req.rid, 0) + k
+            if req.output >= req.max_tokens:
+                done.append(req)
+        self.scheduler.pool.used += used
+        stats.itl.observe_many(np.array(firsts))
+        result.steps += k
+        result.duration = end - result.start
+        if done:
+            self._finish(done, end, result)
+
+    def _fit_blocks(self, running: list[Request], k: int) -> int:
+        """Largest ``j <= k`` such that ``j`` more decode steps of every running request fit the pool."""
+        bs = self.block_size
+        free = self.scheduler.pool.free
+
+        def need(j: int) -> int:
+            return sum(-(-(r.computed + j) // bs) - r.blocks for r in running)
+
+        if need(k) <= free:
+            return k
+        lo, hi = 0, k
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if need(mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def with_settings(self, **changes: object) -> EngineSettings:
+        """The current settings with ``changes`` applied (a convenience for callers and tests)."""
+        return replace(self.settings, **changes)  # type: ignore[arg-type]
+
+
+def make_core(
+    gpu: str = "a100-80g",
+    model: str = "llama-2-7b",
+    precision: str = "fp16",
+    max_num_seqs: int = 256,
+    *,
+    sm_clock_mhz: float | None = None,
+    power_limit_w: float | None = None,
+    **options: Any,
+) -> EngineCore:
+    """Build a core from profile keys, with the GPU's full clock and TDP unless given; ``options`` go to
+    :class:`EngineCore` (``max_num_batched_tokens``, ``gpu_memory_utilization``, ``start``...)."""
+    from simulator.hardware import PRECISIONS, gpu_profile
+    from simulator.models import model_profile
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+    g, m = gpu_profile(gpu), model_profile(model)
+    settings = EngineSettings(
+        max_num_seqs=max_num_seqs,
+        precision=precision,
+        sm_clock_mhz=g.clock_max_mhz if sm_clock_mhz is None else sm_clock_mhz,
+        power_limit_w=g.tdp_w if power_limit_w is None else power_limit_w,
+    )
+    return EngineCore(g, m, settings, **options)

@@ -1,0 +1,194 @@
+"""OpenAI-compatible request parsing and response shapes (completions and chat completions).
+
+Pure functions: the server does the I/O. Prompt length is estimated the way clients budget it, about four
+characters per token (a list of token ids counts exactly); chat messages add four tokens each for the chat
+template's role markers. Output text is filler: the simulated model is about timing, not words, and it
+never stops early (``finish_reason`` is always ``length``) unless the request is cut short.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+CHARS_PER_TOKEN = 4
+CHAT_TOKENS_PER_MESSAGE = 4
+DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 256}
+WORDS = (
+    " the",
+    " engine",
+    " is",
+    " a",
+    " calibrated",
+    " model",
+    " of",
+    " tokens",
+    " per",
+    " second",
+    ",",
+    " and",
+    " it",
+    " streams",
+    " them",
+    " back",
+    ".",
+)
+
+
+class ApiError(Exception):
+    """A bad request: HTTP ``status`` and a one-line message, returned in OpenAI's error shape."""
+
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": str(self), "type": self.kind, "param": None, "code": self.status}}
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """What the engine needs from a request."""
+
+    kind: str  # "completion" | "chat"
+    model: str
+    prompt_tokens: int
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+
+
+def estimate_tokens(text: str) -> int:
+    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+
+
+def _prompt_tokens(prompt: Any) -> int:
+    if isinstance(prompt, str):
+        return estimate_tokens(prompt)
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        return len(prompt)
+    if isinstance(prompt, list) and len(prompt) == 1:
+        return _prompt_tokens(prompt[0])
+    raise ApiError(400, "prompt must be a string or a list of token ids (batched prompts are not supported)")
+
+
+def _chat_tokens(messages: Any) -> int:
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list")
+    chars = 0
+    for message in messages:
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise ApiError(400, "each message must be an object with a string 'role'")
+        content = message.get("content", "")
+        if isinstance(content, list):  # content parts: count the text ones
+            content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+        if not isinstance(content, str):
+            raise ApiError(400, "message content must be a string or a list of content parts")
+        chars += len(content)
+    return max(1, math.ceil(chars / CHARS_PER_TOKEN)) + CHAT_TOKENS_PER_MESSAGE * len(messages)
+
+
+def parse(kind: str, body: Any, served_model: str) -> ParsedRequest:
+    """Validate a request body; raises ApiError(400) on anything malformed, 404 on a wrong model."""
+    if not isinstance(body, Mapping):
+        raise ApiError(400, "request body must be a JSON object")
+    model = body.get("model", served_model)
+    if model != served_model:
+        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
+    if kind == "chat":
+        prompt_tokens = _chat_tokens(body.get("messages"))
+    else:
+        if "prompt" not in body:
+            raise ApiError(400, "prompt is required")
+        prompt_tokens = _prompt_tokens(body["prompt"])
+    raw_max = body.get("max_completion_tokens", body.get("max_tokens"))
+    if raw_max is None:
+        max_tokens = DEFAULT_MAX_TOKENS[kind]
+    elif isinstance(raw_max, bool) or not isinstance(raw_max, int) or raw_max < 1:
+        raise ApiError(400, f"max_tokens must be an integer >= 1, got {raw_max!r}")
+    else:
+        max_tokens = raw_max
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "stream must be a boolean")
+    options = body.get("stream_options") or {}
+    include_usage = bool(isinstance(options, Mapping) and options.get("include_usage"))
+    return ParsedRequest(kind, str(model), prompt_tokens, max_tokens, stream, include_usage)
+
+
+def token_text(index: int) -> str:
+    return WORDS[index % len(WORDS)]
+
+
+def chunk(
+    kind: str,
+    request_id: str,
+    model: str,
+    created: int,
+    text: str | None,
+    finish_reason: str | None = None,
+    role: bool = False,
+) -> dict[str, Any]:
+    """One SSE chunk in OpenAI's (and vLLM's) shape."""
+    if kind == "chat":
+        delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+        if text is not None:
+            delta["content"] = text
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        obj = "text_completion"
+    return {"id": request_id, "object": obj, "created": created, "model": model, "choices": [choice]}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def full_response(
+    kind: str,
+    request_id: str,
+    model: str,
+    created: int,
+    text: str,
+    finish_reason: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> dict[str, Any]:
+    """The non-streaming answer."""
+    if kind == "chat":
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        obj = "text_completion"
+    return {
+        "id": request_id,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage(prompt_tokens, completion_tokens),
+    }

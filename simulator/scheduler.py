@@ -1,0 +1,164 @@
+"""Continuous batching with chunked prefill and recompute preemption, after vLLM V1's scheduler.
+
+Each step has a token budget (``max_num_batched_tokens``). Running requests are served first, oldest
+first: a decoding request takes 1 token, a request still in prefill takes the rest of its prompt up to
+the budget (chunked prefill). When the KV pool cannot hold a running request's next tokens, the youngest
+running request is preempted (its blocks freed, its progress discarded, put back at the head of the
+queue to be recomputed); if the youngest is the request itself, it is preempted. Only when nothing was
+preempted are waiting requests admitted, first come first served, while fewer than ``max_num_seqs`` run,
+budget remains and their first chunk's blocks fit.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from simulator.kvcache import BLOCK_SIZE, BlockPool, blocks_for
+
+
+class Request:
+    """One request's progress. ``computed`` tokens have KV in the cache; the sequence is the prompt plus
+    ``output`` generated tokens, and a token is emitted each time ``computed`` reaches its length."""
+
+    __slots__ = (
+        "arrival",
+        "blocks",
+        "computed",
+        "first_scheduled",
+        "first_token",
+        "last_token",
+        "max_tokens",
+        "output",
+        "preemptions",
+        "prompt",
+        "rid",
+    )
+
+    def __init__(self, rid: str, prompt: int, max_tokens: int, arrival: float) -> None:
+        self.rid = rid
+        self.prompt = prompt
+        self.max_tokens = max_tokens
+        self.arrival = arrival
+        self.output = 0
+        self.computed = 0
+        self.blocks = 0
+        self.preemptions = 0
+        self.first_scheduled = -1.0
+        self.first_token = -1.0
+        self.last_token = arrival
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt + self.output
+
+    @property
+    def decoding(self) -> bool:
+        """True when the next step for this request is a one-token decode."""
+        return self.computed == self.prompt + self.output - 1
+
+
+@dataclass
+class Schedule:
+    """What one step runs: ``(request, new tokens)`` pairs, and who was preempted to make room."""
+
+    items: list[tuple[Request, int]] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    #: True when a waiting request could not be admitted for lack of KV blocks or sequence slots (as
+    #: opposed to lack of token budget): decoding alone cannot change that, so steps may be coalesced.
+    waiting_blocked: bool = True
+    num_tokens: int = 0
+
+
+class Scheduler:
+    """Queues and the block pool; ``schedule(now)`` decides one step."""
+
+    def __init__(
+        self, pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int, block_size: int = BLOCK_SIZE
+    ) -> None:
+        self.pool = pool
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.block_size = block_size
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def _preempt(self, victim: Request) -> None:
+        self.pool.release(victim.blocks)
+        victim.blocks = 0
+        victim.computed = 0
+        victim.preemptions += 1
+        self.waiting.appendleft(victim)
+
+    def schedule(self, now: float) -> Schedule:
+        """Pick this step's work. Mutates block ownership and the queues, not request progress."""
+        out = Schedule()
+        budget = self.max_num_batched_tokens
+        running, pool, bs = self.running, self.pool, self.block_size
+        i = 0
+        items = out.items
+        while i < len(running) and budget > 0:
+            req = running[i]
+            left = req.prompt + req.output - req.computed
+            num_new = left if left < budget else budget
+            need = -(-(req.computed + num_new) // bs) - req.blocks
+            self_preempted = False
+            while need > pool.num_blocks - pool.used:
+                victim = running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    self_preempted = True
+                    break
+            if self_preempted:
+                break
+            pool.used += need
+            req.blocks += need
+            items.append((req, num_new))
+            budget -= num_new
+            i += 1
+        if out.preempted:
+            out.num_tokens = self.max_num_batched_tokens - budget
+            return out
+        waiting = self.waiting
+        while waiting and len(running) < self.max_num_seqs:
+            if budget <= 0:
+                out.waiting_blocked = False
+                break
+            req = waiting[0]
+            num_new = min(req.prompt + req.output - req.computed, budget)
+            need = blocks_for(req.computed + num_new, bs) - req.blocks
+            if not pool.allocate(need):
+                break
+            req.blocks += need
+            waiting.popleft()
+            running.append(req)
+            if req.first_scheduled < 0:
+                req.first_scheduled = now
+            items.append((req, num_new))
+            budget -= num_new
+        out.num_tokens = self.max_num_batched_tokens - budget
+        return out
+
+    def shrink_to_fit(self) -> list[Request]:
+        """Preempt the youngest running requests until the pool's used blocks fit its (new) size."""
+        preempted: list[Request] = []
+        while self.pool.used > self.pool.num_blocks and self.running:
+            victim = self.running.pop()
+            self._preempt(victim)
+            preempted.append(victim)
+        return preempted
+
+    def remove(self, rid: str) -> Request | None:
+        """Take a request out wherever it is (an abort), freeing its blocks."""
+        for queue in (self.running, self.waiting):
+            for req in queue:
+                if req.rid == rid:
+                    queue.remove(req)
+                    self.pool.release(req.blocks)
+                    req.blocks = 0
+                    return req
+        return None

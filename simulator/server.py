@@ -1,0 +1,290 @@
+"""The simulator's HTTP face (aiohttp): runs an :class:`EngineCore` in real time, scaled by ``speed``.
+
+One background task steps the core: it asks for one iteration at the current simulated time, waits the
+iteration's duration (divided by ``speed``), then hands the emitted tokens to the waiting requests, so
+SSE chunks leave at the pace the model computes them. Time comes from an injected ``clock`` (wall seconds,
+default :func:`time.time`) and waits go through an injected ``sleep``: tests pass a fake clock and a
+sleep that advances it, so nothing in a test really sleeps. Leases run on the clock, not on simulated
+time, because the sidecar that renews them lives in real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from simulator import openai_api
+from simulator.control import ControlError, ControlPlane
+from simulator.engine import EngineCore, StepResult
+from simulator.faults import FaultError
+from simulator.metrics import ProbeCollector, VllmCollector, registry_with, render
+from simulator.telemetry import NvmlView
+
+#: How often an idle engine loop wakes to check the lease (wall seconds).
+IDLE_POLL_S = 0.5
+
+Sleep = Callable[[float], Awaitable[Any]]
+
+
+def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
+    return web.json_response(openai_api.ApiError(status, message, kind).body(), status=status)
+
+
+class SimServer:
+    """Routes and the engine loop around one core."""
+
+    def __init__(
+        self,
+        core: EngineCore,
+        *,
+        speed: float = 1.0,
+        clock: Callable[[], float] = time.time,
+        sleep: Sleep = asyncio.sleep,
+        seed: int = 0,
+        pid: int | None = None,
+    ) -> None:
+        if speed <= 0:
+            raise ValueError(f"speed must be > 0, got {speed}")
+        self.core = core
+        self.model_name = core.model.served_name
+        self.speed = speed
+        self.clock = clock
+        self.sleep = sleep
+        self.control = ControlPlane(core, core.settings)
+        self.pid = os.getpid() if pid is None else pid
+        self._wall0 = clock()
+        self._sim0 = core.time
+        self._rng = np.random.default_rng(seed)
+        self._streams: dict[str, asyncio.Queue[tuple[str, Any]]] = {}
+        self._wake = asyncio.Event()
+        self.nvml = NvmlView(core, seed=seed, pid=self.pid)
+        self.registry = registry_with(VllmCollector(core, self.model_name))
+        self.probe_registry = registry_with(ProbeCollector(core, self.sim_now, self.pid))
+
+    def sim_now(self) -> float:
+        """Simulated seconds now: the clock's progress since start, times ``speed``."""
+        return self._sim0 + (self.clock() - self._wall0) * self.speed
+
+    # -- engine loop --------------------------------------------------------------------------------
+    async def run_engine(self) -> None:
+        """Step the core forever; tokens are released when their iteration ends."""
+        core = self.core
+        while True:
+            self.control.expire(self.clock())
+            if not core.has_work():
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=IDLE_POLL_S)
+                continue
+            result = core.step(self.sim_now())
+            if result.steps == 0:
+                await self.sleep(0.001)
+                continue
+            wait = (result.end - self.sim_now()) / self.speed
+            if wait > 0:
+                await self.sleep(wait)
+            self._dispatch(result)
+
+    def _dispatch(self, result: StepResult) -> None:
+        streams = self._streams
+        for rid, count in result.tokens.items():
+            queue = streams.get(rid)
+            if queue is not None:
+                queue.put_nowait(("tokens", count))
+        for done in result.finished:
+            queue = streams.get(done.request_id)
+            if queue is not None:
+                queue.put_nowait(("finish", done.reason))
+
+    async def _engine_ctx(self, app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(self.run_engine())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.cleanup_ctx.append(self._engine_ctx)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/v1/control/state", self.control_state)
+        app.router.add_post("/v1/control/apply", self.control_apply)
+        app.router.add_post("/v1/control/lease", self.control_lease)
+        app.router.add_get("/sim/nvml", self.nvml_json)
+        app.router.add_get("/sim/probe/metrics", self.probe_metrics)
+        app.router.add_get("/sim/faults", self.faults_get)
+        app.router.add_post("/sim/faults", self.faults_post)
+        return app
+
+    # -- OpenAI API ---------------------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        model = {
+            "id": self.model_name,
+            "object": "model",
+            "created": int(self._wall0),
+            "owned_by": "servepilot",
+            "root": self.model_name,
+            "max_model_len": self.core.model.max_model_len,
+        }
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completion")
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
+        faults = self.core.faults
+        if faults.error_rate > 0 and self._rng.random() < faults.error_rate:
+            return _error(faults.error_status, "injected fault: engine unavailable", "InternalServerError")
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "request body is not valid JSON")
+        try:
+            parsed = openai_api.parse(kind, body, self.model_name)
+        except openai_api.ApiError as error:
+            return web.json_response(error.body(), status=error.status)
+        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:16]
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        try:
+            self.core.submit(rid, parsed.prompt_tokens, parsed.max_tokens, self.sim_now())
+        except ValueError as error:
+            return _error(400, str(error))
+        self._streams[rid] = queue
+        self._wake.set()
+        try:
+            if parsed.stream:
+                return await self._stream(request, parsed, rid, queue)
+            return await self._collect(parsed, rid, queue)
+        finally:
+            self._streams.pop(rid, None)
+            self.core.abort(rid, self.sim_now())  # a no-op unless the client went away mid-request
+
+    async def _stream(
+        self,
+        request: web.Request,
+        parsed: openai_api.ParsedRequest,
+        rid: str,
+        queue: asyncio.Queue[tuple[str, Any]],
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        created = int(time.time())
+        kind, model = parsed.kind, self.model_name
+
+        async def send(payload: Any) -> None:
+            await response.write(f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode())
+
+        if kind == "chat":
+            await send(openai_api.chunk(kind, rid, model, created, None, role=True))
+        emitted = 0
+        while True:
+            what, value = await queue.get()
+            if what == "tokens":
+                for _ in range(value):
+                    await send(openai_api.chunk(kind, rid, model, created, openai_api.token_text(emitted)))
+                    emitted += 1
+                continue
+            await send(openai_api.chunk(kind, rid, model, created, None if kind == "chat" else "", value))
+            break
+        if parsed.include_usage:
+            tail = openai_api.chunk(kind, rid, model, created, None)
+            tail["choices"] = []
+            tail["usage"] = openai_api.usage(parsed.prompt_tokens, emitted)
+            await send(tail)
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def _collect(
+        self, parsed: openai_api.ParsedRequest, rid: str, queue: asyncio.Queue[tuple[str, Any]]
+    ) -> web.Response:
+        pieces: list[str] = []
+        while True:
+            what, value = await queue.get()
+            if what == "tokens":
+                pieces.extend(openai_api.token_text(len(pieces) + i) for i in range(value))
+                continue
+            body = openai_api.full_response(
+                parsed.kind,
+                rid,
+                self.model_name,
+                int(time.time()),
+                "".join(pieces),
+                value,
+                parsed.prompt_tokens,
+                len(pieces),
+            )
+            return web.json_response(body)
+
+    # -- metrics, telemetry, faults -----------------------------------------------------------------
+    async def metrics(self, request: web.Request) -> web.Response:
+        delay = self.core.faults.metrics_delay_s
+        if delay > 0:
+            await self.sleep(delay)
+        self.core.idle_until(self.sim_now())
+        return web.Response(body=render(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def probe_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=render(self.probe_registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def nvml_json(self, request: web.Request) -> web.Response:
+        return web.json_response(self.nvml.read(self.sim_now()))
+
+    async def faults_get(self, request: web.Request) -> web.Response:
+        return web.json_response(self.core.faults.to_json())
+
+    async def faults_post(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            faults = self.core.faults.updated(body)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "request body is not valid JSON")
+        except FaultError as error:
+            return _error(422, str(error), "UnprocessableEntityError")
+        self.core.set_faults(faults, max(self.sim_now(), self.core.time))
+        return web.json_response(faults.to_json())
+
+    # -- control API --------------------------------------------------------------------------------
+    async def control_state(self, request: web.Request) -> web.Response:
+        return web.json_response(self.control.state(self.clock()))
+
+    async def control_apply(self, request: web.Request) -> web.Response:
+        return await self._control(request, self.control.apply)
+
+    async def control_lease(self, request: web.Request) -> web.Response:
+        return await self._control(request, self.control.renew, allow_empty=True)
+
+    async def _control(
+        self, request: web.Request, action: Callable[[Any, float], dict[str, Any]], allow_empty: bool = False
+    ) -> web.Response:
+        try:
+            raw = await request.text()
+            body = json.loads(raw) if raw.strip() or not allow_empty else None
+            answer = action(body, self.clock())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "request body is not valid JSON")
+        except ControlError as error:
+            return _error(error.status, str(error), "ControlError")
+        return web.json_response(answer)

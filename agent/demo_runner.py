@@ -17,6 +17,7 @@ from importlib import resources
 from typing import Any
 
 import numpy as np
+from aiohttp import web
 
 from agent import config
 from agent.loadgen import LoadGenerator
@@ -35,14 +36,33 @@ def bundled_trace() -> np.ndarray:
         return read_requests(path)
 
 
-async def _start_simulator(args: argparse.Namespace, faults: dict[str, float]) -> Any:
-    from simulator.server import SimulatorServer
+class _Simulator:
+    """The simulated engine on its own aiohttp runner, so the demo can stop it cleanly."""
 
-    sim = SimulatorServer.from_options(gpu=args.gpu, model=args.model, seed=0)
-    if faults:
-        sim.set_faults(faults)
-    await sim.start("127.0.0.1", args.engine_port)
-    return sim
+    def __init__(self, args: argparse.Namespace, faults: dict[str, float]) -> None:
+        from agent.cli import UsageError
+        from simulator.engine import make_core
+        from simulator.faults import FaultError
+        from simulator.server import SimServer
+
+        try:
+            core = make_core(args.gpu, args.model)
+            core.set_faults(core.faults.updated(faults), core.time)
+        except (ValueError, KeyError, FaultError) as error:
+            raise UsageError(str(error).strip("'\"")) from None
+        self.server = SimServer(core)
+        self.model_name = self.server.model_name
+        self.description = f"{core.model.served_name} on {core.gpu.name}"
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        self._runner = web.AppRunner(self.server.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
 
 
 def _status_line(sidecar: Sidecar, gen: LoadGenerator, elapsed: float) -> str:
@@ -57,7 +77,8 @@ def _status_line(sidecar: Sidecar, gen: LoadGenerator, elapsed: float) -> str:
         f"[{elapsed:5.0f} s] sent {gen.stats.sent} ok {gen.stats.ok} failed {gen.stats.failed} | "
         f"running {fmt('engine.requests_running')} waiting {fmt('engine.requests_waiting')} "
         f"kv {fmt('engine.kv_cache_usage_ratio', 100)}% gen {fmt('engine.generation_tokens_per_second')} tok/s "
-        f"ttft p99 {fmt('engine.ttft_seconds.p99', 1000)} ms | gpu0 util {fmt('nvml.gpu0.utilization_ratio.mean', 100)}% "
+        f"ttft p99 {fmt('engine.ttft_seconds.p99', 1000)} ms | "
+        f"gpu0 util {fmt('nvml.gpu0.utilization_ratio.mean', 100)}% "
         f"{fmt('nvml.gpu0.power_watts.mean')} W | findings {len(sidecar.loop.state.findings)}"
     )
 
@@ -69,7 +90,8 @@ async def _main(args: argparse.Namespace, faults: dict[str, float], cfg_data: di
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    sim = await _start_simulator(args, faults)
+    sim = _Simulator(args, faults)
+    await sim.start("127.0.0.1", args.engine_port)
     sidecar = Sidecar(cfg)
     gen = LoadGenerator(
         cfg.engine.url, bundled_trace(), model=sim.model_name, speed=args.speed, rate_scale=args.rate_scale
@@ -89,15 +111,20 @@ async def _main(args: argparse.Namespace, faults: dict[str, float], cfg_data: di
         await sidecar.stop()
         await sim.stop()
     print(
-        f"servepilot demo: stopped after {time.monotonic() - started:.0f} s; {gen.stats.ok} requests completed, "
-        f"{gen.stats.failed} failed; the sidecar ran {sidecar.loop.state.stats.ticks} ticks",
+        f"servepilot demo: stopped after {time.monotonic() - started:.0f} s; "
+        f"{gen.stats.ok} requests completed, {gen.stats.failed} failed; the sidecar ran {sidecar.loop.state.stats.ticks} ticks",
         file=sys.stderr,
     )
     return 0
 
 
 async def _show(
-    args: argparse.Namespace, sidecar: Sidecar, gen: LoadGenerator, started: float, url: str, stop: asyncio.Event
+    args: argparse.Namespace,
+    sidecar: Sidecar,
+    gen: LoadGenerator,
+    started: float,
+    url: str,
+    stop: asyncio.Event,
 ) -> None:
     deadline = started + args.duration if args.duration > 0 else float("inf")
     live_view = not args.no_view and sys.stdout.isatty()

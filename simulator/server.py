@@ -196,25 +196,30 @@ class SimServer:
         async def send(payload: Any) -> None:
             await response.write(f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode())
 
-        if kind == "chat":
-            await send(openai_api.chunk(kind, rid, model, created, None, role=True))
-        emitted = 0
-        while True:
-            what, value = await queue.get()
-            if what == "tokens":
-                for _ in range(value):
-                    await send(openai_api.chunk(kind, rid, model, created, openai_api.token_text(emitted)))
-                    emitted += 1
-                continue
-            await send(openai_api.chunk(kind, rid, model, created, None if kind == "chat" else "", value))
-            break
-        if parsed.include_usage:
-            tail = openai_api.chunk(kind, rid, model, created, None)
-            tail["choices"] = []
-            tail["usage"] = openai_api.usage(parsed.prompt_tokens, emitted)
-            await send(tail)
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+        try:
+            if kind == "chat":
+                await send(openai_api.chunk(kind, rid, model, created, None, role=True))
+            emitted = 0
+            while True:
+                what, value = await queue.get()
+                if what == "tokens":
+                    for _ in range(value):
+                        await send(
+                            openai_api.chunk(kind, rid, model, created, openai_api.token_text(emitted))
+                        )
+                        emitted += 1
+                    continue
+                await send(openai_api.chunk(kind, rid, model, created, None if kind == "chat" else "", value))
+                break
+            if parsed.include_usage:
+                tail = openai_api.chunk(kind, rid, model, created, None)
+                tail["choices"] = []
+                tail["usage"] = openai_api.usage(parsed.prompt_tokens, emitted)
+                await send(tail)
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the client went away: _generate's finally aborts the request in the core
         return response
 
     async def _collect(

@@ -22,12 +22,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Start the calibrated engine simulator, the servepilot sidecar and a load generator "
         "replaying the Azure LLM 2023 conversation trace; show what the sidecar sees. Ctrl-C stops.",
     )
-    parser.add_argument("--duration", type=float, default=0.0, help="stop after S seconds (default: run until Ctrl-C)")
+    parser.add_argument(
+        "--duration", type=float, default=0.0, help="stop after S seconds (default: run until Ctrl-C)"
+    )
     parser.add_argument("--port", type=int, default=9400, help="agent API and /metrics port (default 9400)")
     parser.add_argument("--engine-port", type=int, default=8000, help="simulated engine port (default 8000)")
     parser.add_argument("--gpu", default=DEFAULT_GPU, help=f"simulated GPU profile (default {DEFAULT_GPU})")
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"simulated model (default {DEFAULT_MODEL})")
-    parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate")
+    parser.add_argument(
+        "--rate-scale", type=float, default=3.0, help="multiply the trace's request rate (default 3)"
+    )
     parser.add_argument("--speed", type=float, default=1.0, help="replay the trace this many times faster")
     parser.add_argument(
         "--fault",
@@ -36,7 +40,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="NAME=VALUE",
         help="simulator fault switch to set at start, e.g. memory_leak_bytes_per_hour=2e9 (repeatable)",
     )
-    parser.add_argument("--no-view", action="store_true", help="print a status line every 5 s instead of the live view")
+    parser.add_argument(
+        "--no-view", action="store_true", help="print a status line every 5 s instead of the live view"
+    )
     parser.set_defaults(func=run)
 
 
@@ -54,7 +60,11 @@ def demo_config(port: int, engine_port: int) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from agent.cli import UsageError
 
-    for name, value in (("--duration", args.duration), ("--rate-scale", args.rate_scale), ("--speed", args.speed)):
+    for name, value in (
+        ("--duration", args.duration),
+        ("--rate-scale", args.rate_scale),
+        ("--speed", args.speed),
+    ):
         if value < 0 or (name != "--duration" and value == 0):
             raise UsageError(f"{name} must be positive, got {value:g}")
     faults: dict[str, float] = {}

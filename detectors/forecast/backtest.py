@@ -60,6 +60,29 @@ class BacktestResult:
         ratio = np.divide(2 * np.abs(y - f), denominator, out=np.zeros_like(y), where=denominator > 0)
         return float(np.mean(ratio))
 
+    def window(
+        self, first: int | None = None, stop: int | None = None, name: str | None = None
+    ) -> BacktestResult:
+        """The same backtest restricted to origins in ``[first, stop)`` (series indices). Selection uses
+        an earlier window than the one reported, so the winner is not scored on the data that chose it."""
+        keep = np.ones(self.origins.shape, dtype=np.bool_)
+        if first is not None:
+            keep &= self.origins >= first
+        if stop is not None:
+            keep &= self.origins < stop
+        return BacktestResult(
+            name or self.name,
+            self.step_s,
+            self.origins[keep],
+            self.actual[keep],
+            self.mean[keep],
+            {q: v[keep] for q, v in self.quantiles.items()},
+            self.scale,
+            self.fit_s,
+            self.forecast_s,
+            self.error,
+        )
+
     def coverage(self, steps: int, low: float = 0.1, high: float = 0.9) -> float:
         """Share of actual values inside the [low, high] quantile band over steps 1..``steps``."""
         y = self.actual[:, :steps]

@@ -25,6 +25,7 @@ from detectors.forecast.ensemble import Ensemble
 from detectors.forecast.ets import Arima, HoltWinters
 from detectors.forecast.lstm import LSTMForecaster
 from detectors.forecast.naive import DAY_S, WEEK_S, LastValue, SeasonalNaive
+from detectors.forecast.profile import LevelShape
 
 BASELINES: tuple[str, ...] = ("last_value", "seasonal_naive_1d", "seasonal_naive_1w", "holt_winters")
 LEARNED: tuple[str, ...] = ("lstm",)
@@ -41,6 +42,7 @@ def default_factories(
         "seasonal_naive_1w": lambda: SeasonalNaive(WEEK_S, log=log),
         "holt_winters": lambda: HoltWinters(DAY_S, log=log),
     }
+    factories["level_shape"] = lambda: LevelShape(horizon=max(horizon_steps, 1))
     if arima:
         factories["arima"] = lambda: Arima(log=log)
     if lstm:

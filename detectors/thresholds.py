@@ -1,0 +1,95 @@
+"""Turning anomaly scores into alarms: a separate, testable wrapper (river's thresholders).
+
+A scorer says *how unusual* each point is; an alarm is a decision to bother a human. Three rules sit
+between them, applied per signal:
+
+* **Threshold**: a point is a *hit* when ``score >= threshold``.
+* **Persistence (k-of-n)**: the alarm condition holds while at least ``k`` of the last ``n`` points are
+  hits, so one stray spike does not page anyone (``k = n = 1`` disables it).
+* **False-alarm budget**: each new alarm (a rising edge of the condition) spends one token from a
+  bucket that refills at ``max_alarms_per_day / 86400`` tokens per second up to ``burst``. With the
+  defaults a signal raises at most one alarm per day on average, however noisy its scores; an edge that
+  finds the bucket empty is *suppressed* (counted, not raised).
+
+Time comes in as ``t`` (seconds); it may repeat or step back, which refills nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+SECONDS_PER_DAY = 86_400.0
+
+
+@dataclass(frozen=True)
+class AlarmEvent:
+    """The outcome of one :meth:`Thresholder.update`.
+
+    ``raised`` is true only on the point where a new alarm starts; ``firing`` stays true while the
+    k-of-n condition holds; ``suppressed`` marks a rising edge dropped because the budget was spent.
+    """
+
+    t: float
+    score: float
+    raised: bool
+    firing: bool
+    suppressed: bool = False
+
+
+class Thresholder:
+    """Threshold + k-of-n persistence + per-signal false-alarm budget (see the module docstring)."""
+
+    def __init__(
+        self,
+        threshold: float = 0.9,
+        k: int = 2,
+        n: int = 3,
+        max_alarms_per_day: float = 1.0,
+        burst: float = 1.0,
+    ) -> None:
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"threshold must be in [0, 1], got {threshold}")
+        if not 1 <= k <= n:
+            raise ValueError(f"persistence needs 1 <= k <= n, got k={k}, n={n}")
+        if max_alarms_per_day < 0 or burst < 1:
+            raise ValueError(
+                f"budget needs max_alarms_per_day >= 0 and burst >= 1, got {max_alarms_per_day}, {burst}"
+            )
+        self.threshold = threshold
+        self.k = k
+        self.n = n
+        self.max_alarms_per_day = max_alarms_per_day
+        self.burst = burst
+        self.hits_: deque[bool] = deque(maxlen=n)
+        self.tokens_ = burst
+        self.last_t_: float | None = None
+        self.firing_ = False
+        self.raised_total_ = 0
+        self.suppressed_total_ = 0
+
+    def _refill(self, t: float) -> None:
+        if self.last_t_ is not None and t > self.last_t_:
+            rate = self.max_alarms_per_day / SECONDS_PER_DAY
+            self.tokens_ = min(self.burst, self.tokens_ + (t - self.last_t_) * rate)
+        if self.last_t_ is None or t > self.last_t_:
+            self.last_t_ = t
+
+    def update(self, t: float, score: float) -> AlarmEvent:
+        """Feed the score observed at ``t``; a non-finite score counts as no hit."""
+        if math.isfinite(t):
+            self._refill(t)
+        self.hits_.append(math.isfinite(score) and score >= self.threshold)
+        condition = sum(self.hits_) >= self.k
+        raised = suppressed = False
+        if condition and not self.firing_:
+            if self.tokens_ >= 1.0:
+                self.tokens_ -= 1.0
+                raised = True
+                self.raised_total_ += 1
+            else:
+                suppressed = True
+                self.suppressed_total_ += 1
+        self.firing_ = condition
+        return AlarmEvent(t, score, raised, condition, suppressed)

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from detectors.thresholds import Thresholder
+
+DAY = 86_400.0
+
+
+def feed(th: Thresholder, scores: list[float], start: float = 0.0, step: float = 60.0) -> list[bool]:
+    return [th.update(start + i * step, s).raised for i, s in enumerate(scores)]
+
+
+def test_single_spike_does_not_raise_with_k_of_n() -> None:
+    assert not any(feed(Thresholder(k=2, n=3), [0.1, 0.99, 0.1, 0.1]))
+
+
+def test_persistent_hits_raise_exactly_once() -> None:
+    raised = feed(Thresholder(k=2, n=3), [0.1, 0.95, 0.95, 0.97, 0.99])
+    assert raised == [False, False, True, False, False]
+
+
+def test_second_incident_same_day_is_suppressed_by_budget() -> None:
+    th = Thresholder(k=1, n=1)
+    raised = feed(th, [0.95, 0.1, 0.95])
+    assert raised == [True, False, False]
+    assert th.suppressed_total_ == 1
+
+
+def test_budget_refills_after_a_day() -> None:
+    th = Thresholder(k=1, n=1)
+    assert th.update(0.0, 0.95).raised
+    th.update(60.0, 0.0)
+    assert th.update(DAY + 60.0, 0.95).raised
+
+
+def test_time_stepping_back_refills_nothing() -> None:
+    th = Thresholder(k=1, n=1)
+    th.update(DAY, 0.95)
+    th.update(DAY + 1, 0.0)
+    assert not th.update(10.0, 0.95).raised
+
+
+def test_nan_score_is_not_a_hit() -> None:
+    assert not Thresholder(k=1, n=1).update(0.0, math.nan).firing
+
+
+def test_at_most_one_alarm_per_day_on_noise() -> None:
+    import numpy as np
+
+    th = Thresholder(threshold=0.5, k=1, n=1)
+    scores = np.random.default_rng(0).uniform(0, 1, 10 * 288).tolist()  # ten days at 5 min, half hits
+    assert sum(feed(th, scores, step=300.0)) <= 10
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"), [({"threshold": 1.5}, "threshold"), ({"k": 4, "n": 3}, "k <= n")]
+)
+def test_bad_parameters_are_one_line_errors(kwargs: dict[str, float], needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        Thresholder(**kwargs)  # type: ignore[arg-type]

@@ -161,3 +161,38 @@ def test_wanted_keeps_only_the_named_families() -> None:
     assert set(expo.gauges) == {"vllm:num_requests_running"}
     assert set(expo.counters) == {"vllm:prompt_tokens_total"}
     assert set(expo.histograms) == {"vllm:e2e_request_latency_seconds"}
+
+
+@pytest.mark.parametrize("path", ALL, ids=[f"{p.parent.name}/{p.name}" for p in ALL])
+def test_memoised_parse_equals_the_library_plain_parse(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The series-key memo is an optimisation only: same series, values and errors as the plain path."""
+    from agent.collectors import exposition
+
+    text = path.read_text(encoding="utf-8")
+    monkeypatch.setattr(exposition, "USE_MEMO", False)
+    plain = parse_exposition(text, 5.0)
+    monkeypatch.setattr(exposition, "USE_MEMO", True)
+    first = parse_exposition(text, 5.0)  # fills the memo
+    again = parse_exposition(text, 5.0)  # served from it
+    for result in (first, again):
+        assert result.counters == plain.counters
+        assert result.gauges == plain.gauges
+        assert result.histograms == plain.histograms
+        assert result.errors == plain.errors
+        assert result.dropped == plain.dropped
+
+
+def test_memo_follows_new_values_for_known_series() -> None:
+    before = parse_exposition('# TYPE x_total counter\nx_total{a="1"} 5\n', 1.0)
+    after = parse_exposition('# TYPE x_total counter\nx_total{a="1"} 7\n', 2.0)
+    assert before.counters["x_total"][0].value == 5.0
+    assert after.counters["x_total"][0].value == 7.0
+
+
+def test_memo_is_bounded() -> None:
+    from agent.collectors.exposition import _Memo
+
+    memo = _Memo(limit=10)
+    for i in range(50):
+        memo.family(["# TYPE g gauge", f'g{{i="{i}"}} 1'])
+    assert len(memo.series) + len(memo.headers) <= 11

@@ -104,12 +104,14 @@ class Loop:
 
     async def tick(self, now: float) -> AgentState:
         """One full tick at time ``now``."""
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         readings = await self.collect(now)
+        collected = time.perf_counter()
         snapshot = Snapshot.from_readings(now, readings)
         self.store.append(snapshot)
         findings, proposals = self.think(snapshot)
-        duration = time.perf_counter() - started
+        finished = time.perf_counter()
+        duration = finished - started
         self.state = AgentState(
             snapshot=snapshot,
             findings=findings,
@@ -118,6 +120,9 @@ class Loop:
             stats=TickStats(
                 ticks=self.state.stats.ticks + 1,
                 last_duration_s=duration,
+                last_collect_s=collected - started,
+                last_think_s=finished - collected,
+                last_cpu_s=time.thread_time() - cpu_started,
                 overruns=self._overruns,
                 detector_errors=dict(self._detector_errors),
                 policy_errors=dict(self._policy_errors),

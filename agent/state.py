@@ -17,6 +17,9 @@ class TickStats:
 
     ticks: int = 0
     last_duration_s: float = 0.0
+    last_collect_s: float = 0.0
+    last_think_s: float = 0.0
+    last_cpu_s: float = 0.0
     overruns: int = 0
     detector_errors: Mapping[str, int] = field(default_factory=dict)
     policy_errors: Mapping[str, int] = field(default_factory=dict)

@@ -6,7 +6,17 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: demo test lint bench clean
+.PHONY: help demo test lint bench clean system-deps
+.DEFAULT_GOAL := help
+
+help:
+	@echo 'make demo   - set up .venv and run servepilot demo (simulated engine + sidecar + load); ARGS="--duration 60"'
+	@echo 'make test   - set up .venv and system packages, run every test (ARGS="-k name" to select)'
+	@echo 'make lint   - ruff, import layers, mypy --strict on detectors/ and policies/'
+	@echo 'make bench  - print the tick benchmark figures'
+
+system-deps:
+	bash scripts/system-deps.sh
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,6 +28,7 @@ demo: $(STAMP)
 	$(BIN)/servepilot demo $(ARGS)
 
 test: $(STAMP)
+	bash scripts/system-deps.sh
 	$(BIN)/pytest $(ARGS)
 
 lint: $(STAMP)

@@ -16,6 +16,7 @@ COMMANDS: tuple[str, ...] = (
     "agent.commands.run",
     "agent.commands.demo",
     "agent.commands.sim",
+    "agent.commands.gate",
     "agent.commands.detect",
     "agent.commands.forecast",
     "agent.commands.validate_config",

@@ -238,7 +238,9 @@ class WebhookConfig(_Section):
     backoff_max_s: float = Field(60.0, gt=0, le=3600, description="longest retry delay")
     max_age_s: float = Field(86400.0, ge=60, le=30 * 86400, description="undelivered messages expire after")
     max_pending: int = Field(10_000, ge=10, le=10_000_000, description="queued messages kept per sink")
-    resend_s: float = Field(60.0, ge=1, le=3600, description="re-post firing alerts to Alertmanager this often")
+    resend_s: float = Field(
+        60.0, ge=1, le=3600, description="re-post firing alerts to Alertmanager this often"
+    )
     min_severity: Literal["info", "warning", "critical"] = Field("warning", description="findings sent")
     source_down_after_s: float = Field(30.0, ge=0, le=3600, description="a failing source alerts after")
     group_by: tuple[str, ...] = Field(("alertname",), description="labels grouping generic messages")
@@ -249,6 +251,44 @@ class WebhookConfig(_Section):
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
         return None if value is None else _check_http_url(value)
+
+
+class ForecastConfig(_Section):
+    """Traffic forecasting (issue 5): 1-minute request and token rates, forecast 5-60 minutes ahead,
+    the model chosen by a rolling-origin backtest, and a replica recommendation. Off by default."""
+
+    enabled: bool = Field(False, description="forecast request and token rates")
+    horizons_min: tuple[int, ...] = Field((5, 15, 30, 60), description="published horizons, minutes")
+    quantiles: tuple[float, ...] = Field((0.1, 0.5, 0.9), description="published quantiles")
+    selection_horizon_min: int = Field(30, ge=1, le=240, description="horizon the backtest selects at")
+    models: tuple[str, ...] = Field(
+        ("last_value", "seasonal_naive_1d", "holt_winters", "arima", "level_shape", "lstm"),
+        description="candidate forecasters (the LSTM is used only once it beats the baselines)",
+    )
+    refit_interval_s: float = Field(21600.0, ge=60, le=7 * 86400, description="backtest + refit period")
+    history_days: float = Field(14.0, ge=1, le=60, description="1-minute history kept for refits")
+    backtest_days: float = Field(2.0, ge=0.25, le=14, description="span the selection backtest scores")
+    state_path: str | None = Field("servepilot-forecast.json", description="saved state; null: memory only")
+    save_interval_s: float = Field(300.0, ge=10, le=86400, description="state is saved this often")
+    ttft_slo_s: float = Field(2.0, gt=0, le=600, description="p99 TTFT within which load counts as served")
+    replica_quantile: float = Field(0.9, gt=0, lt=1, description="forecast quantile replicas are sized for")
+    target_utilization: float = Field(0.8, gt=0, le=1, description="share of learned capacity to plan for")
+    min_replicas: int = Field(1, ge=0, le=10_000, description="smallest recommended replica count")
+    max_replicas: int = Field(64, ge=1, le=10_000, description="largest recommended replica count")
+
+    @field_validator("horizons_min")
+    @classmethod
+    def _horizons(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or min(value) < 1 or max(value) > 240:
+            raise ValueError("must be minutes in [1, 240]")
+        return tuple(sorted(set(value)))
+
+    @field_validator("quantiles")
+    @classmethod
+    def _quantiles(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if not value or any(not 0 < q < 1 for q in value):
+            raise ValueError("must be levels in (0, 1)")
+        return tuple(sorted(set(value)))
 
 
 class Config(_Section):
@@ -263,6 +303,7 @@ class Config(_Section):
     actuators: ActuatorConfig = ActuatorConfig()
     audit: AuditConfig = AuditConfig()
     webhooks: WebhookConfig = WebhookConfig()
+    forecast: ForecastConfig = ForecastConfig()
 
 
 class ConfigError(ValueError):

@@ -1,0 +1,156 @@
+"""The GPU actuator: one knob, either a power limit (W) or a locked SM clock ceiling (MHz), on every GPU.
+
+Safety, in order of what can go wrong:
+
+* **Permission.** NVML's set calls need root or ``CAP_SYS_ADMIN``. The check runs at construction; when it
+  fails, ``servepilot_actuator_permitted{actuator}`` is 0, ``set`` raises one clear line, and nothing
+  else breaks (observe/advise modes keep working).
+* **Bounds.** Values are clamped to what the GPU reports (``min(max, max(min, value))``).
+* **The agent stops renewing.** Every ``set``/``renew`` extends a lease of ``lease_s``; a watchdog thread
+  (independent of the event loop, so a wedged loop still counts as "stopped") restores the defaults
+  when it lapses.
+* **SIGTERM.** ``close()`` restores the defaults; the sidecar calls it on shutdown, and
+  :meth:`install_signal_restore` covers processes that do not.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from agent.actuators.gpu_backend import GpuBackend, GpuControlError, permission_problem
+from agent.config import ActuatorConfig
+
+log = logging.getLogger(__name__)
+
+
+class GpuActuator:
+    """Drives ``cfg.gpu`` (``power_limit`` or ``locked_clocks``) on ``cfg.gpus`` (empty = all)."""
+
+    def __init__(
+        self,
+        cfg: ActuatorConfig,
+        backend: GpuBackend,
+        registry: CollectorRegistry,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        permission: Callable[[], str | None] = permission_problem,
+        watchdog: bool = True,
+    ) -> None:
+        if cfg.gpu == "off":
+            raise ValueError("actuators.gpu is off: there is no GPU knob to drive")
+        self.kind = cfg.gpu
+        self.knob = "gpu_power_limit_w" if cfg.gpu == "power_limit" else "gpu_max_clock_mhz"
+        self.backend = backend
+        self.clock = clock
+        self.lease_s = cfg.gpu_lease_s
+        self.indices = list(cfg.gpus) or backend.gpu_indices()
+        self.problem = permission()
+        self._changed = False
+        self._lease_until = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        gauge = Gauge(
+            "servepilot_actuator_permitted", "1 when the actuator may act.", ["actuator"], registry=registry
+        )
+        gauge.labels(self.knob).set(0.0 if self.problem else 1.0)
+        if self.problem:
+            log.error("GPU actuator cannot act: %s", self.problem)
+        self._thread: threading.Thread | None = None
+        if watchdog:
+            self._thread = threading.Thread(target=self._watch, name="servepilot-gpu-lease", daemon=True)
+            self._thread.start()
+
+    @property
+    def permitted(self) -> bool:
+        return self.problem is None
+
+    def bounds(self) -> tuple[float, float]:
+        index = self.indices[0]
+        if self.kind == "power_limit":
+            return self.backend.power_limit_bounds_w(index)
+        return self.backend.clock_bounds_mhz(index)
+
+    def current(self) -> float | None:
+        """The knob's value on the first GPU (None: clocks not locked)."""
+        index = self.indices[0]
+        if self.kind == "power_limit":
+            return self.backend.power_limit_w(index)
+        return self.backend.locked_max_clock_mhz(index)
+
+    def set(self, value: float) -> float:
+        """Set the knob (absolute) on every GPU, clamped to its bounds; returns the value applied."""
+        if self.problem:
+            raise GpuControlError(self.problem)
+        with self._lock:
+            lo, hi = self.bounds()
+            applied = min(hi, max(lo, float(value)))
+            for index in self.indices:
+                if self.kind == "power_limit":
+                    self.backend.set_power_limit_w(index, applied)
+                else:
+                    self.backend.lock_clocks_mhz(index, self.backend.clock_bounds_mhz(index)[0], applied)
+            self._changed = True
+            self._lease_until = self.clock() + self.lease_s
+        return applied
+
+    def renew(self) -> None:
+        """The agent is alive and still wants its setting: extend the lease."""
+        with self._lock:
+            self._lease_until = self.clock() + self.lease_s
+
+    def check(self) -> bool:
+        """Restore the defaults if the lease lapsed; True when it restored now. The watchdog calls it."""
+        with self._lock:
+            lapsed = self._changed and self.clock() >= self._lease_until
+        if lapsed:
+            log.warning("GPU lease lapsed (no renewal for %g s): restoring defaults", self.lease_s)
+            self.restore()
+        return lapsed
+
+    def restore(self) -> None:
+        """Put every driven GPU back to its default power limit / unlocked clocks. Never raises."""
+        with self._lock:
+            if not self._changed:
+                return
+            for index in self.indices:
+                try:
+                    if self.kind == "power_limit":
+                        self.backend.set_power_limit_w(index, self.backend.default_power_limit_w(index))
+                    else:
+                        self.backend.reset_clocks(index)
+                except GpuControlError as error:
+                    log.error("restoring gpu%d failed: %s", index, error)
+            self._changed = False
+
+    def _watch(self) -> None:
+        period = max(0.05, min(1.0, self.lease_s / 4))
+        while not self._stop.wait(period):
+            self.check()
+
+    def close(self) -> None:
+        """Stop the watchdog and restore the defaults (the sidecar's shutdown path, e.g. on SIGTERM)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        self.restore()
+
+    def install_signal_restore(self, signals: tuple[int, ...] = (signal.SIGTERM,)) -> None:
+        """For processes that do not route SIGTERM to a clean shutdown: restore, then the old handler."""
+        for sig in signals:
+            previous = signal.getsignal(sig)
+
+            def handler(signum: int, frame: FrameType | None, previous: object = previous) -> None:
+                self.close()
+                if callable(previous):
+                    previous(signum, frame)
+                else:
+                    raise SystemExit(128 + signum)
+
+            signal.signal(sig, handler)

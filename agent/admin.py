@@ -1,0 +1,136 @@
+"""Operator override routes on the agent API: pause/resume actuation, pin a knob, force a breaker level.
+
+Mount with :func:`add_admin_routes` on the agent's aiohttp app (it listens on loopback by default).
+Writes need ``Authorization: Bearer <token>``; the token is read once from a file
+(:func:`load_token`) and compared in constant time (``hmac.compare_digest``), so response timing says
+nothing about how much of a guess was right. Without a token file the write routes answer 503: an
+override nobody can authenticate is an override anybody could use. ``GET /api/actions`` is read-only
+and open, like ``/api/state``.
+
+Routes::
+
+    GET  /api/actions?limit=N          recent actions, newest first
+    GET  /api/admin/state              mode, paused, pins, forced values, bound knobs
+    POST /api/admin/pause              stop writing knobs (decisions are still audited as "paused")
+    POST /api/admin/resume
+    POST /api/admin/pin                {"knob": "gate.limit", "value": 32}
+    DELETE /api/admin/pin/{knob}
+    POST /api/admin/breaker            {"level": 2}   or {"level": null} to release
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from agent.audit import AuditLog
+from agent.modes import Actuation
+
+
+def load_token(path: str | Path) -> str:
+    """The bearer token in ``path``, whitespace stripped; ValueError with one line if unusable."""
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as error:
+        raise ValueError(f"cannot read admin token file {str(path)!r}: {error.strerror or error}") from None
+    if len(token) < 16:
+        raise ValueError(f"admin token in {str(path)!r} is shorter than 16 characters")
+    return token
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def add_admin_routes(app: web.Application, actuation: Actuation, audit: AuditLog, token: str | None) -> None:
+    """Add the override routes and ``GET /api/actions`` to ``app`` (before it starts)."""
+    expected = token.encode() if token else None
+
+    def authorized(request: web.Request) -> web.Response | None:
+        if expected is None:
+            return _error(503, "admin routes are disabled: set actuators.admin_token_file")
+        header = request.headers.get("Authorization", "")
+        presented = header[7:].strip().encode() if header[:7].lower() == "bearer " else b""
+        if not hmac.compare_digest(presented, expected):
+            return web.json_response(
+                {"error": "missing or wrong bearer token"}, status=401, headers={"WWW-Authenticate": "Bearer"}
+            )
+        return None
+
+    async def body(request: web.Request) -> dict[str, Any]:
+        try:
+            doc = json.loads(await request.text() or "{}")
+        except ValueError:
+            raise web.HTTPBadRequest(
+                text=json.dumps({"error": "body is not valid JSON"}), content_type="application/json"
+            ) from None
+        if not isinstance(doc, dict):
+            raise web.HTTPBadRequest(
+                text=json.dumps({"error": "body must be a JSON object"}), content_type="application/json"
+            )
+        return doc
+
+    async def actions(request: web.Request) -> web.Response:
+        try:
+            limit = max(1, min(10_000, int(request.query.get("limit", "100"))))
+        except ValueError:
+            return _error(400, "limit must be an integer")
+        return web.json_response({"actions": audit.recent(limit)})
+
+    async def state(request: web.Request) -> web.Response:
+        return authorized(request) or web.json_response(actuation.state())
+
+    async def pause(request: web.Request) -> web.Response:
+        if (denied := authorized(request)) is not None:
+            return denied
+        actuation.paused = True
+        return web.json_response(actuation.state())
+
+    async def resume(request: web.Request) -> web.Response:
+        if (denied := authorized(request)) is not None:
+            return denied
+        actuation.paused = False
+        return web.json_response(actuation.state())
+
+    async def pin(request: web.Request) -> web.Response:
+        if (denied := authorized(request)) is not None:
+            return denied
+        doc = await body(request)
+        knob, value = doc.get("knob"), doc.get("value")
+        if not isinstance(knob, str) or not knob:
+            return _error(400, "knob must be a non-empty string")
+        if value is None or isinstance(value, dict | list):
+            return _error(400, "value must be a number, string or boolean")
+        actuation.pins[knob] = value
+        return web.json_response(actuation.state())
+
+    async def unpin(request: web.Request) -> web.Response:
+        if (denied := authorized(request)) is not None:
+            return denied
+        if actuation.pins.pop(request.match_info["knob"], None) is None:
+            return _error(404, f"knob {request.match_info['knob']!r} is not pinned")
+        return web.json_response(actuation.state())
+
+    async def breaker(request: web.Request) -> web.Response:
+        if (denied := authorized(request)) is not None:
+            return denied
+        level = (await body(request)).get("level", "missing")
+        if level is None:
+            actuation.forced.pop("breaker.level", None)
+        elif isinstance(level, int) and not isinstance(level, bool) and 0 <= level <= 10:
+            actuation.forced["breaker.level"] = level
+        else:
+            return _error(400, f"level must be an integer in [0, 10] or null, got {level!r}")
+        return web.json_response(actuation.state())
+
+    app.router.add_get("/api/actions", actions)
+    app.router.add_get("/api/admin/state", state)
+    app.router.add_post("/api/admin/pause", pause)
+    app.router.add_post("/api/admin/resume", resume)
+    app.router.add_post("/api/admin/pin", pin)
+    app.router.add_delete("/api/admin/pin/{knob}", unpin)
+    app.router.add_post("/api/admin/breaker", breaker)

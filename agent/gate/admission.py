@@ -1,0 +1,229 @@
+"""The admission core: an in-flight limit with a bounded priority queue. Pure; time is passed in.
+
+The gate's proxy layer (:mod:`agent.gate.proxy`) is a thin aiohttp shell over :class:`AdmissionQueue`,
+so the virtual-time tests drive exactly the code that serves traffic.
+
+Rules, for a limit ``L`` and a reserve ``R = min(L - 1, ceil(r L))`` (``r`` = ``high_reserved_ratio``):
+
+* a request whose *original* class is ``high`` may run while ``in_flight < L``; any other request only
+  while ``in_flight < L - R``. The reserve keeps room for high traffic during a flood of lower classes,
+  and is not open to promoted requests, so aging cannot drain it;
+* a request that has waited ``aging_s`` is promoted one class (once: low -> normal, normal -> high);
+* when capacity frees, waiting requests are ranked by (effective class, arrival order) and the first
+  that fits is admitted. A lower effective class is never admitted ahead of a higher one that fits
+  (no inversion), and a promoted request keeps its original arrival order within its new class;
+* a full queue sheds the newest request of the lowest class present when a higher class arrives, and
+  otherwise rejects the arrival (429); a request that waits ``max_wait_s`` expires (503).
+
+Each original class has its own FIFO deque. Within one deque arrival order equals age, so the effective
+class is monotone along it and the best waiting request is always one of the (at most three) heads:
+dispatch is O(1) per admitted request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+
+
+class Priority(IntEnum):
+    """Priority classes; larger is more important."""
+
+    LOW = 0
+    NORMAL = 1
+    HIGH = 2
+
+    @classmethod
+    def parse(cls, text: str | None, default: Priority) -> Priority:
+        """``"high"``/``"normal"``/``"low"`` (any case) or ``default`` for anything else."""
+        if text:
+            try:
+                return cls[text.strip().upper()]
+            except KeyError:
+                return default
+        return default
+
+
+class TicketState(StrEnum):
+    WAITING = "waiting"
+    ADMITTED = "admitted"
+    REJECTED = "rejected"  # queue full, or shed for a higher class: 429
+    EXPIRED = "expired"  # waited max_wait_s: 503
+    CANCELLED = "cancelled"  # the client went away while waiting
+    DONE = "done"
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    """One request's place in the gate. Identity, not value, equality: two tickets are never equal."""
+
+    seq: int
+    priority: Priority
+    arrived: float
+    state: TicketState = TicketState.WAITING
+    admitted_at: float | None = None
+    promoted: bool = False
+    reason: str = field(default="")
+
+    def effective(self, now: float, aging_s: float) -> Priority:
+        if self.priority < Priority.HIGH and now - self.arrived >= aging_s:
+            return Priority(self.priority + 1)
+        return self.priority
+
+    @property
+    def queue_wait_s(self) -> float:
+        return 0.0 if self.admitted_at is None else self.admitted_at - self.arrived
+
+
+class AdmissionQueue:
+    """In-flight limit + bounded priority queue with reservation and aging (see the module docstring).
+
+    Methods that can admit, shed or expire waiting requests return the tickets whose state they
+    changed, so the caller can wake whoever waits on them.
+    """
+
+    def __init__(
+        self,
+        limit: int,
+        queue_size: int,
+        *,
+        high_reserved_ratio: float = 0.2,
+        aging_s: float = 0.2,
+        max_wait_s: float = 10.0,
+    ) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        self.queue_size = queue_size
+        self.high_reserved_ratio = high_reserved_ratio
+        self.aging_s = aging_s
+        self.max_wait_s = max_wait_s
+        self._limit = limit
+        self._queues: dict[Priority, deque[Ticket]] = {p: deque() for p in Priority}
+        self._depth = 0
+        self._in_flight = 0
+        self._seq = 0
+        self.promotions = 0
+
+    # --- observation -------------------------------------------------------------------------------
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def queue_depth(self) -> int:
+        return self._depth
+
+    @property
+    def reserved(self) -> int:
+        """Slots only original-high requests may use."""
+        return min(self._limit - 1, math.ceil(self._limit * self.high_reserved_ratio))
+
+    def depth_by_class(self) -> dict[Priority, int]:
+        return {p: len(q) for p, q in self._queues.items()}
+
+    # --- transitions -------------------------------------------------------------------------------
+    def offer(self, priority: Priority, now: float) -> tuple[Ticket, list[Ticket]]:
+        """A request arrives. Returns its ticket and the other tickets whose state changed (shed)."""
+        self._seq += 1
+        ticket = Ticket(self._seq, priority, now)
+        self._queues[priority].append(ticket)
+        self._depth += 1
+        changed = self._dispatch(now)
+        if ticket.state is TicketState.WAITING and self._depth > self.queue_size:
+            victim = self._shed_for(ticket)
+            if victim is not ticket:
+                changed.append(victim)
+        return ticket, [t for t in changed if t is not ticket]
+
+    def release(self, ticket: Ticket, now: float) -> list[Ticket]:
+        """An admitted request finished (any outcome); admit whoever is next."""
+        if ticket.state is not TicketState.ADMITTED:
+            raise ValueError(f"release of a ticket in state {ticket.state.value}")
+        ticket.state = TicketState.DONE
+        self._in_flight -= 1
+        return self._dispatch(now)
+
+    def cancel(self, ticket: Ticket) -> bool:
+        """Withdraw a waiting request (client gone). True when it was still waiting."""
+        if ticket.state is not TicketState.WAITING:
+            return False
+        self._remove(ticket, TicketState.CANCELLED)
+        return True
+
+    def expire(self, now: float) -> list[Ticket]:
+        """Expire every request that has waited ``max_wait_s`` or more; returns them."""
+        expired = []
+        for queue in self._queues.values():
+            while queue and now - queue[0].arrived >= self.max_wait_s:
+                ticket = queue.popleft()
+                self._depth -= 1
+                ticket.state = TicketState.EXPIRED
+                expired.append(ticket)
+        return expired
+
+    def expire_ticket(self, ticket: Ticket) -> bool:
+        """Expire one waiting request (its own timer fired). True when it was still waiting."""
+        if ticket.state is not TicketState.WAITING:
+            return False
+        self._remove(ticket, TicketState.EXPIRED)
+        return True
+
+    def set_limit(self, limit: int, now: float) -> list[Ticket]:
+        """Change the in-flight limit. Lowering it admits nobody until enough requests finish; nothing
+        running is interrupted, so ``in_flight`` may exceed a just-lowered limit but never grows past it."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        self._limit = int(limit)
+        return self._dispatch(now)
+
+    def poll(self, now: float) -> list[Ticket]:
+        """Admit what fits now (after promotions, say); normally release/offer do this."""
+        return self._dispatch(now)
+
+    # --- internals ---------------------------------------------------------------------------------
+    def _fits(self, ticket: Ticket) -> bool:
+        cap = self._limit if ticket.priority is Priority.HIGH else self._limit - self.reserved
+        return self._in_flight < cap
+
+    def _dispatch(self, now: float) -> list[Ticket]:
+        admitted: list[Ticket] = []
+        while self._depth and self._in_flight < self._limit:
+            heads = [(q[0].effective(now, self.aging_s), -q[0].seq, q[0]) for q in self._queues.values() if q]
+            heads.sort(key=lambda h: (h[0], h[1]), reverse=True)
+            chosen = next((h for h in heads if self._fits(h[2])), None)
+            if chosen is None:
+                break
+            effective, _, ticket = chosen
+            self._queues[ticket.priority].popleft()
+            self._depth -= 1
+            self._in_flight += 1
+            if effective > ticket.priority:
+                ticket.promoted = True
+                self.promotions += 1
+            ticket.state = TicketState.ADMITTED
+            ticket.admitted_at = now
+            admitted.append(ticket)
+        return admitted
+
+    def _shed_for(self, arrival: Ticket) -> Ticket:
+        """The queue is one over its size: shed the newest of the lowest class (maybe the arrival)."""
+        lowest = next(p for p in Priority if self._queues[p])
+        victim = arrival if lowest >= arrival.priority else self._queues[lowest][-1]
+        self._remove(victim, TicketState.REJECTED)
+        victim.reason = "queue full" if victim is arrival else "shed for a higher-priority request"
+        return victim
+
+    def _remove(self, ticket: Ticket, state: TicketState) -> None:
+        queue = self._queues[ticket.priority]
+        if queue and queue[-1] is ticket:
+            queue.pop()
+        else:
+            queue.remove(ticket)
+        self._depth -= 1
+        ticket.state = state

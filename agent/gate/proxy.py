@@ -1,0 +1,389 @@
+"""The admission gate's HTTP face: an aiohttp reverse proxy over :class:`AdmissionQueue`.
+
+Request path: size limit (413) -> business line and priority -> the line's token buckets (429) ->
+admission (queue; 429 when full, 503 after ``max_queue_wait_s``) -> an upstream chosen by the split,
+failing over to the next on a connection error (502 when every one fails, 503 when none is usable) ->
+the response relayed chunk by chunk (SSE stays streaming) -> a :class:`RequestRecord`.
+
+A client that disconnects cancels its handler (the runner is created with ``handler_cancellation``),
+which closes the upstream connection, so the engine aborts the request instead of generating for nobody.
+Every refusal is an OpenAI-style JSON error with ``Retry-After`` where waiting helps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from prometheus_client import CollectorRegistry, Gauge
+
+from agent.config import GateConfig
+from agent.gate.admission import AdmissionQueue, Priority, Ticket, TicketState
+from agent.gate.openai import (
+    ADMITTED_PATHS,
+    BadRequest,
+    RequestInfo,
+    error_body,
+    parse_request,
+    usage_from_json,
+    usage_from_sse_tail,
+)
+from agent.gate.ratelimit import LineLimits, LineResolver, retry_after_header
+from agent.gate.records import GateStats, LengthBuckets, RequestRecord
+from agent.gate.upstreams import UpstreamPool, health_loop
+
+log = logging.getLogger(__name__)
+
+#: RFC 9110 hop-by-hop headers, plus those aiohttp recomputes for the new connection.
+HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailer",
+        "Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Content-Encoding",
+    )
+)  # fmt: skip
+
+
+def _forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
+
+
+def _json_error(
+    status: int, message: str, kind: str, code: str, retry_after_s: float | None = None
+) -> web.Response:
+    headers = {"Retry-After": retry_after_header(retry_after_s)} if retry_after_s is not None else None
+    return web.json_response(error_body(message, kind, code), status=status, headers=headers)
+
+
+class Gate:
+    """The gate: build with a config and the agent's registry, ``await start()``, turn its knobs.
+
+    Knobs: :meth:`set_limit` (effective batch), :meth:`set_split` (traffic split). Signals:
+    :meth:`snapshot_values`. Time for latencies and windows comes from ``clock`` (monotonic).
+    """
+
+    def __init__(
+        self,
+        cfg: GateConfig,
+        registry: CollectorRegistry,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        now = clock()
+        self.admission = AdmissionQueue(
+            cfg.max_in_flight,
+            cfg.queue_size,
+            high_reserved_ratio=cfg.high_reserved_ratio,
+            aging_s=cfg.aging_s,
+            max_wait_s=cfg.max_queue_wait_s,
+        )
+        self.lines = LineLimits(cfg, now)
+        self.resolver = LineResolver(cfg)
+        self.pool = UpstreamPool(cfg.upstreams, cfg.split)
+        self.stats = GateStats(registry, LengthBuckets(cfg.length_edges), cfg.stats_window_s, start=now)
+        self._rng = rng or random.Random()
+        self._waiters: dict[Ticket, asyncio.Future[None]] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self._health_stop = asyncio.Event()
+        self._health_task: asyncio.Task[None] | None = None
+        self.port: int | None = None
+        self._g_in_flight = Gauge("servepilot_gate_in_flight", "Requests upstream now.", registry=registry)
+        self._g_queue = Gauge(
+            "servepilot_gate_queue_depth", "Requests waiting for admission.", registry=registry
+        )
+        self._g_limit = Gauge(
+            "servepilot_gate_limit", "In-flight limit (effective batch).", registry=registry
+        )
+        self._g_up = Gauge(
+            "servepilot_gate_upstream_up", "Upstream health (1 up).", ["upstream"], registry=registry
+        )
+        self._g_split = Gauge(
+            "servepilot_gate_split_ratio", "Traffic share.", ["upstream"], registry=registry
+        )
+        self._g_in_flight.set_function(lambda: self.admission.in_flight)
+        self._g_queue.set_function(lambda: self.admission.queue_depth)
+        self._g_limit.set_function(lambda: self.admission.limit)
+        for name in self.pool.upstreams:
+            self._g_up.labels(name).set_function(functools.partial(self._upstream_up, name))
+            self._g_split.labels(name).set_function(functools.partial(self._split_of, name))
+        self.app = web.Application(client_max_size=cfg.max_body_bytes)
+        self.app.router.add_route("*", "/{tail:.*}", self._handle)
+
+    def _upstream_up(self, name: str) -> float:
+        return float(self.pool.upstreams[name].healthy)
+
+    def _split_of(self, name: str) -> float:
+        return self.pool.weights[name]
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    async def start(self, host: str | None = None, port: int | None = None) -> int:
+        """Listen on ``host:port`` (config defaults; port 0 picks a free one) and return the port."""
+        self._session = self._new_session()
+        self._runner = web.AppRunner(
+            self.app, access_log=None, handle_signals=False, handler_cancellation=True
+        )
+        await self._runner.setup()
+        site = web.TCPSite(
+            self._runner, host or self.cfg.listen_host, self.cfg.listen_port if port is None else port
+        )
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        cfg = self.cfg
+        checker = health_loop(
+            self.pool, self._session, cfg.health_path, cfg.health_interval_s, self.clock, self._health_stop
+        )
+        self._health_task = asyncio.create_task(checker, name="servepilot-gate-health")
+        log.info(
+            "gate on http://%s:%s -> %s", host or self.cfg.listen_host, self.port, dict(self.cfg.upstreams)
+        )
+        return self.port
+
+    async def stop(self) -> None:
+        self._health_stop.set()
+        if self._health_task is not None:
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._health_task, timeout=2.0)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    def _new_session(self) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self.cfg.connect_timeout_s, sock_read=self.cfg.read_timeout_s
+        )
+        return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+
+    # --- knobs and signals -------------------------------------------------------------------------
+    @property
+    def limit(self) -> int:
+        return self.admission.limit
+
+    def set_limit(self, limit: int) -> None:
+        """Set the in-flight limit (absolute). Raising it admits waiters at once."""
+        self._wake(self.admission.set_limit(int(limit), self.clock()))
+
+    def set_split(self, split: Mapping[str, float]) -> None:
+        """Set the traffic split (absolute weights per upstream name); ValueError on a bad split."""
+        self.pool.set_split(split)
+
+    def snapshot_values(self) -> dict[str, float]:
+        """The gate's signals for the Snapshot (see :meth:`GateStats.values`) plus the admission state."""
+        values = self.stats.values(self.clock())
+        values["gate.in_flight"] = float(self.admission.in_flight)
+        values["gate.queue_depth"] = float(self.admission.queue_depth)
+        values["gate.limit"] = float(self.admission.limit)
+        values["gate.upstreams_healthy"] = float(sum(up.healthy for up in self.pool.upstreams.values()))
+        return values
+
+    # --- the request path --------------------------------------------------------------------------
+    def _wake(self, tickets: list[Ticket]) -> None:
+        for ticket in tickets:
+            future = self._waiters.pop(ticket, None)
+            if future is not None and not future.done():
+                future.set_result(None)
+
+    async def _read_body(self, request: web.Request) -> bytes | None:
+        """The body, or None when it exceeds ``max_body_bytes`` (declared or actual)."""
+        limit = self.cfg.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return None
+        chunks, size = [], 0
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        arrived = self.clock()
+        body = await self._read_body(request)
+        if body is None:
+            message = f"request body exceeds the gate's limit of {self.cfg.max_body_bytes} bytes"
+            return _json_error(413, message, "invalid_request_error", "request_too_large")
+        path = request.rel_url.path
+        if path not in ADMITTED_PATHS:
+            return await self._forward(request, body, None, RequestInfo())
+        try:
+            info = parse_request(path, body)
+        except BadRequest as error:
+            return _json_error(400, str(error), "invalid_request_error", "bad_request")
+        line = self.resolver.resolve(request.headers)
+        limiter = self.lines.get(line, arrived)
+        priority = Priority.parse(
+            request.headers.get(self.cfg.priority_header), Priority[limiter.priority.upper()]
+        )
+        record = RequestRecord(line, priority.name.lower(), path, info.prompt_tokens, arrived)
+        est_tokens = info.prompt_tokens + info.max_tokens
+        verdict = limiter.admit(est_tokens, arrived)
+        if not verdict.granted:
+            return self._refuse(record, 429, verdict.reason, "rate_limit_exceeded", verdict.retry_after_s)
+        ticket, changed = self.admission.offer(priority, arrived)
+        self._wake(changed)
+        if ticket.state is TicketState.WAITING:
+            refusal = await self._wait(ticket, record)
+            if refusal is not None:
+                limiter.refund(est_tokens)
+                return refusal
+        elif ticket.state is TicketState.REJECTED:
+            limiter.refund(est_tokens)
+            return self._refuse(record, 429, "the gate's queue is full", "queue_full", self.cfg.aging_s)
+        record.queue_wait_s = ticket.queue_wait_s
+        try:
+            return await self._forward(request, body, record, info)
+        finally:
+            self._wake(self.admission.release(ticket, self.clock()))
+
+    async def _wait(self, ticket: Ticket, record: RequestRecord) -> web.Response | None:
+        """Wait for admission; a refusal response if the ticket was shed or expired instead."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[ticket] = future
+        try:
+            await asyncio.wait_for(future, timeout=self.cfg.max_queue_wait_s)
+        except TimeoutError:
+            self.admission.expire_ticket(ticket)
+        except asyncio.CancelledError:  # the client went away while queued
+            self._waiters.pop(ticket, None)
+            if not self.admission.cancel(ticket) and ticket.state is TicketState.ADMITTED:
+                self._wake(self.admission.release(ticket, self.clock()))
+            raise
+        finally:
+            self._waiters.pop(ticket, None)
+        if ticket.state is TicketState.ADMITTED:
+            return None
+        if ticket.state is TicketState.REJECTED:
+            return self._refuse(record, 429, f"the gate's queue is full ({ticket.reason})", "queue_full", 1.0)
+        message = (
+            f"no capacity within {self.cfg.max_queue_wait_s:g} s (in-flight limit {self.admission.limit})"
+        )
+        return self._refuse(
+            record, 503, message, "queue_timeout", self.cfg.max_queue_wait_s, outcome="expired"
+        )
+
+    def _refuse(
+        self,
+        record: RequestRecord,
+        status: int,
+        message: str,
+        code: str,
+        retry_s: float,
+        outcome: str = "rejected",
+    ) -> web.Response:
+        record.outcome, record.status = outcome, status
+        self.stats.record(record, self.clock())
+        return _json_error(
+            status, message, "rate_limit_error" if status == 429 else "overloaded_error", code, retry_s
+        )
+
+    async def _forward(
+        self, request: web.Request, body: bytes, record: RequestRecord | None, info: RequestInfo
+    ) -> web.StreamResponse:
+        assert self._session is not None, "Gate.start() was not called"
+        headers = _forward_headers(request.headers)
+        candidates = self.pool.candidates(self._rng.random())
+        errors: list[str] = []
+        for upstream in candidates:
+            url = upstream.url + request.rel_url.path_qs
+            try:
+                up = await self._session.request(request.method, url, data=body or None, headers=headers)
+            except (aiohttp.ClientConnectionError, TimeoutError, OSError) as error:
+                self.pool.mark(upstream.name, False, self.clock(), f"{type(error).__name__}: {error}")
+                errors.append(f"{upstream.name}: {type(error).__name__}")
+                continue
+            if record is not None:
+                record.upstream = upstream.name
+            try:
+                return await self._relay(request, up, record, info)
+            finally:
+                up.release()
+        message = "no upstream reachable (" + "; ".join(errors) + ")" if errors else "no upstream configured"
+        if record is not None:
+            record.outcome, record.status, record.e2e_s = "upstream_error", 502, self.clock() - record.arrived
+            self.stats.record(record, self.clock())
+        return _json_error(502, message, "upstream_error", "bad_gateway")
+
+    async def _relay(
+        self,
+        request: web.Request,
+        up: aiohttp.ClientResponse,
+        record: RequestRecord | None,
+        info: RequestInfo,
+    ) -> web.StreamResponse:
+        clock = self.clock
+        streaming = up.headers.get("Content-Type", "").startswith("text/event-stream")
+        if not streaming:
+            payload = await up.read()
+            if record is not None:
+                now = clock()
+                record.status, record.e2e_s = up.status, now - record.arrived
+                record.ttft_s = record.e2e_s
+                usage = usage_from_json(payload) if up.status < 300 else None
+                if usage is not None:
+                    record.prompt_tokens, record.output_tokens = usage
+                record.outcome = (
+                    "ok" if up.status < 400 else "client_error" if up.status < 500 else "upstream_error"
+                )
+                self.stats.record(record, now)
+            return web.Response(status=up.status, body=payload, headers=_forward_headers(up.headers))
+        resp = web.StreamResponse(status=up.status, headers=_forward_headers(up.headers))
+        await resp.prepare(request)
+        last: float | None = None
+        events = 0
+        tail = b""
+        itl = record.itl_s if record is not None else []
+        try:
+            async for chunk in up.content.iter_any():
+                now = clock()
+                if last is None:
+                    if record is not None:
+                        record.ttft_s = now - record.arrived
+                else:
+                    itl.append(now - last)
+                last = now
+                events += chunk.count(b"data:")
+                tail = chunk if len(chunk) > 256 else (tail + chunk)[-4096:]
+                await resp.write(chunk)
+            await resp.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            up.close()  # the client is gone: drop the upstream connection so the engine aborts
+            if record is not None:
+                record.outcome, record.status = "disconnected", 499
+                record.e2e_s = clock() - record.arrived
+                self.stats.record(record, clock())
+            raise
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as error:
+            up.close()
+            log.warning("upstream stream broke: %s", error)
+            if record is not None:
+                record.outcome, record.status = "upstream_error", up.status
+                record.e2e_s = clock() - record.arrived
+                self.stats.record(record, clock())
+            with contextlib.suppress(ConnectionResetError):
+                await resp.write_eof()
+            return resp
+        if record is not None:
+            record.status, record.e2e_s = up.status, clock() - record.arrived
+            usage = usage_from_sse_tail(tail)
+            if usage is not None:
+                record.prompt_tokens, record.output_tokens = usage
+            else:  # one token per event is the norm; "[DONE]" is not a token
+                record.output_tokens = float(max(0, events - 1))
+            record.outcome = (
+                "ok" if up.status < 400 else "client_error" if up.status < 500 else "upstream_error"
+            )
+            self.stats.record(record, clock())
+        return resp

@@ -1,0 +1,140 @@
+"""Token buckets per business line, and how a request is mapped to its line. Pure; time is passed in.
+
+A bucket of capacity ``b`` refills at ``r`` per second (golang's ``rate.Limiter``: ``AllowN(now, n)``)::
+
+    tokens(t) = min(b, tokens(t0) + r (t - t0))
+
+A request takes 1 from the line's request bucket and, when a tokens-per-minute budget is set, its
+estimated prompt + output tokens from the token bucket. A token charge larger than the whole bucket is
+allowed from a full bucket and leaves it in debt (negative), so one huge request is served and then pays
+for itself, instead of being refused forever.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from agent.config import GateConfig, GateLineConfig
+
+
+class TokenBucket:
+    """A token bucket with the clock passed in. ``take`` returns 0 when granted, else the wait in seconds."""
+
+    def __init__(self, rate_per_s: float, capacity: float, now: float) -> None:
+        if rate_per_s <= 0 or capacity <= 0:
+            raise ValueError("rate and capacity must be > 0")
+        self.rate_per_s = rate_per_s
+        self.capacity = capacity
+        self._tokens = capacity
+        self._t = now
+
+    def _refill(self, now: float) -> None:
+        if now > self._t:  # a clock that steps back refills nothing rather than draining
+            self._tokens = min(self.capacity, self._tokens + (now - self._t) * self.rate_per_s)
+            self._t = now
+
+    def tokens(self, now: float) -> float:
+        self._refill(now)
+        return self._tokens
+
+    def wait_for(self, n: float, now: float) -> float:
+        """Seconds until ``n`` could be taken (0 when it can be now); does not take."""
+        self._refill(now)
+        need = min(n, self.capacity) - self._tokens
+        return 0.0 if need <= 0 else need / self.rate_per_s
+
+    def take(self, n: float, now: float) -> float:
+        """Take ``n`` if available (see the module docstring for debt); else the wait in seconds."""
+        wait = self.wait_for(n, now)
+        if wait == 0.0:
+            self._tokens -= n
+        return wait
+
+    def refund(self, n: float) -> None:
+        """Give back tokens charged for a request that was not served after all (shed, expired)."""
+        self._tokens = min(self.capacity, self._tokens + n)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The line limiter's answer: granted, or refused with a ``retry_after_s`` and a reason."""
+
+    granted: bool
+    retry_after_s: float = 0.0
+    reason: str = ""
+
+
+class LineLimiter:
+    """The request (and optional token) buckets of one business line."""
+
+    def __init__(self, name: str, cfg: GateLineConfig, now: float) -> None:
+        self.name = name
+        self.priority = cfg.priority
+        per_s = cfg.requests_per_min / 60.0
+        self.requests = TokenBucket(per_s, cfg.requests_per_min * cfg.burst_ratio, now)
+        self.tokens: TokenBucket | None = None
+        if cfg.tokens_per_min is not None:
+            self.tokens = TokenBucket(cfg.tokens_per_min / 60.0, cfg.tokens_per_min * cfg.burst_ratio, now)
+
+    def admit(self, est_tokens: float, now: float) -> Verdict:
+        wait_tokens = 0.0 if self.tokens is None else self.tokens.wait_for(est_tokens, now)
+        wait_requests = self.requests.wait_for(1.0, now)
+        if wait_requests > 0:
+            return Verdict(False, wait_requests, f"business line {self.name!r} is over its request rate")
+        if wait_tokens > 0:
+            return Verdict(False, wait_tokens, f"business line {self.name!r} is over its token rate")
+        self.requests.take(1.0, now)
+        if self.tokens is not None:
+            self.tokens.take(est_tokens, now)
+        return Verdict(True)
+
+    def refund(self, est_tokens: float) -> None:
+        self.requests.refund(1.0)
+        if self.tokens is not None:
+            self.tokens.refund(est_tokens)
+
+
+class LineResolver:
+    """Maps a request to its business line: API key map first (it cannot be spoofed by a header), then
+    the line header when it names a configured line, else the default line."""
+
+    def __init__(self, cfg: GateConfig) -> None:
+        self.header = cfg.line_header
+        self.default = cfg.default_line
+        self.known = set(cfg.lines) | {cfg.default_line}
+        self._keys = [(key.encode(), line) for key, line in cfg.api_keys.items()]
+
+    def resolve(self, headers: Mapping[str, str]) -> str:
+        auth = headers.get("Authorization") or headers.get("authorization") or ""
+        if self._keys and auth[:7].lower() == "bearer ":
+            presented = auth[7:].strip().encode()
+            for key, line in self._keys:  # constant-time per key: no timing oracle on key prefixes
+                if hmac.compare_digest(presented, key):
+                    return line
+        named = headers.get(self.header)
+        if named is not None and named.strip() in self.known:
+            return named.strip()
+        return self.default
+
+
+class LineLimits:
+    """Every line's limiter, created on first use for lines the config does not list."""
+
+    def __init__(self, cfg: GateConfig, now: float) -> None:
+        self._default = GateLineConfig(requests_per_min=cfg.default_requests_per_min)
+        self._cfg = cfg
+        self._lines = {name: LineLimiter(name, line, now) for name, line in cfg.lines.items()}
+
+    def get(self, name: str, now: float) -> LineLimiter:
+        limiter = self._lines.get(name)
+        if limiter is None:
+            limiter = self._lines[name] = LineLimiter(name, self._default, now)
+        return limiter
+
+
+def retry_after_header(seconds: float) -> str:
+    """``Retry-After`` takes whole seconds; round up, at least 1."""
+    return str(max(1, math.ceil(seconds)))

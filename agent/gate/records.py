@@ -1,0 +1,162 @@
+"""Per-request records, request-length buckets, the gate's Prometheus histograms and its signals.
+
+Each finished request becomes a :class:`RequestRecord`. :class:`GateStats` turns records into
+
+* Prometheus series in the registry it is given (the agent's own, never the global one), labelled by
+  request-length bucket: ``servepilot_gate_{ttft,itl,e2e}_seconds{bucket}``, queue wait by priority,
+  ``servepilot_gate_requests_total{line,priority,outcome}`` and ``servepilot_gate_tokens_total{line,kind}``;
+* flat signals for the brain (:meth:`GateStats.values`): ``gate.<bucket>.ttft_seconds.p50`` and friends,
+  computed over a sliding window of ``window_s`` with numpy, so a detector sees recent behaviour rather
+  than the life-long histogram.
+
+Buckets are named by their upper edge in tokens: edges ``(256, 1024, 4096)`` give ``le256``, ``le1k``,
+``le4k`` and ``gt4k``. A quantile is absent when its bucket had no request in the window (absence, never
+NaN, is "no data").
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+#: Latency buckets (seconds) from 1 ms to 2 min: TTFT spans both ends, ITL sits in the low tens of ms.
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+QUANTILES = (("p50", 50.0), ("p95", 95.0), ("p99", 99.0))
+OUTCOMES = ("ok", "upstream_error", "rejected", "expired", "disconnected", "client_error")
+
+
+def _edge_name(edge: int) -> str:
+    return f"{edge // 1024}k" if edge >= 1024 and edge % 1024 == 0 else str(edge)
+
+
+class LengthBuckets:
+    """Maps a prompt length in tokens to a bucket name (``le256``, ``le1k``, ``le4k``, ``gt4k``)."""
+
+    def __init__(self, edges: Sequence[int] = (256, 1024, 4096)) -> None:
+        self.edges = tuple(edges)
+        last = f"gt{_edge_name(self.edges[-1])}"
+        self.names = (*(f"le{_edge_name(e)}" for e in self.edges), last)
+
+    def name(self, prompt_tokens: float) -> str:
+        return self.names[bisect.bisect_left(self.edges, prompt_tokens)]
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What the gate saw of one request. Times in seconds; ``ttft_s`` is None when no token came back."""
+
+    line: str
+    priority: str
+    path: str
+    prompt_tokens: float
+    arrived: float
+    upstream: str = ""
+    output_tokens: float = 0.0
+    queue_wait_s: float = 0.0
+    ttft_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    e2e_s: float = 0.0
+    outcome: str = "ok"
+    status: int = 0
+
+
+class _Window:
+    """(time, values) pairs of the last ``window_s`` seconds, bounded in count as well as in time."""
+
+    def __init__(self, window_s: float, max_items: int = 20_000) -> None:
+        self.window_s = window_s
+        self.items: deque[tuple[float, float]] = deque(maxlen=max_items)
+
+    def add(self, t: float, value: float) -> None:
+        self.items.append((t, value))
+
+    def trim(self, now: float) -> None:
+        cutoff = now - self.window_s
+        while self.items and self.items[0][0] < cutoff:
+            self.items.popleft()
+
+    def values(self) -> np.ndarray:
+        return np.fromiter((v for _, v in self.items), dtype=float, count=len(self.items))
+
+
+class GateStats:
+    """Records -> Prometheus histograms + windowed signals. ``now`` comes from the caller's clock."""
+
+    def __init__(
+        self, registry: CollectorRegistry, buckets: LengthBuckets, window_s: float = 60.0, start: float = 0.0
+    ) -> None:
+        self.buckets = buckets
+        self.window_s = window_s
+        self._start = start
+
+        def hist(name: str, doc: str, label: str) -> Histogram:
+            return Histogram(name, doc, [label], registry=registry, buckets=LATENCY_BUCKETS)
+
+        self.ttft = hist("servepilot_gate_ttft_seconds", "Time to first token, queue included.", "bucket")
+        self.itl = hist("servepilot_gate_itl_seconds", "Gap between streamed chunks.", "bucket")
+        self.e2e = hist("servepilot_gate_e2e_seconds", "Request time end to end.", "bucket")
+        self.queue_wait = hist("servepilot_gate_queue_wait_seconds", "Wait for admission.", "priority")
+        self.requests = Counter(
+            "servepilot_gate_requests",
+            "Requests by outcome.",
+            ["line", "priority", "outcome"],
+            registry=registry,
+        )
+        self.tokens = Counter(
+            "servepilot_gate_tokens", "Tokens relayed.", ["line", "kind"], registry=registry
+        )
+        self._win = {
+            (b, kind): _Window(window_s) for b in buckets.names for kind in ("ttft", "itl", "e2e", "done")
+        }
+        self._rejected = _Window(window_s)
+
+    def record(self, rec: RequestRecord, now: float) -> None:
+        """Account one finished (or refused) request."""
+        self.requests.labels(rec.line, rec.priority, rec.outcome).inc()
+        if rec.outcome in ("rejected", "expired"):
+            self._rejected.add(now, 1.0)
+            return
+        bucket = self.buckets.name(rec.prompt_tokens)
+        self.queue_wait.labels(rec.priority).observe(rec.queue_wait_s)
+        self.tokens.labels(rec.line, "prompt").inc(rec.prompt_tokens)
+        self.tokens.labels(rec.line, "output").inc(rec.output_tokens)
+        self._win[(bucket, "done")].add(now, 1.0)
+        if rec.outcome != "ok":
+            return
+        self.e2e.labels(bucket).observe(rec.e2e_s)
+        self._win[(bucket, "e2e")].add(now, rec.e2e_s)
+        if rec.ttft_s is not None:
+            self.ttft.labels(bucket).observe(rec.ttft_s)
+            self._win[(bucket, "ttft")].add(now, rec.ttft_s)
+        if rec.itl_s:
+            itl_hist = self.itl.labels(bucket)
+            itl_win = self._win[(bucket, "itl")]
+            for gap in rec.itl_s:
+                itl_hist.observe(gap)
+                itl_win.add(now, gap)
+
+    def values(self, now: float) -> dict[str, float]:
+        """``gate.<bucket>.{ttft,itl,e2e}_seconds.{p50,p95,p99}``, ``gate.<bucket>.requests_per_second``
+        and ``gate.rejected_per_second`` over the window (shorter while the gate is young)."""
+        span = max(1e-9, min(self.window_s, now - self._start)) if now > self._start else self.window_s
+        out: dict[str, float] = {}
+        for (bucket, kind), win in self._win.items():
+            win.trim(now)
+            if kind == "done":
+                out[f"gate.{bucket}.requests_per_second"] = len(win.items) / span
+                continue
+            if win.items:
+                pct = np.percentile(win.values(), [q for _, q in QUANTILES])
+                for (qname, _), value in zip(QUANTILES, pct, strict=True):
+                    out[f"gate.{bucket}.{kind}_seconds.{qname}"] = float(value)
+        self._rejected.trim(now)
+        out["gate.rejected_per_second"] = len(self._rejected.items) / span
+        return out

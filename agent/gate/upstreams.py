@@ -1,0 +1,115 @@
+"""Named upstreams, the traffic split the policies set, and health-based failover.
+
+The split is a weight per upstream (``{"primary": 0.9, "fp8": 0.1}`` for a canary; ``{"fp8": 1}`` when
+the breaker degrades). :meth:`UpstreamPool.candidates` turns one uniform draw ``u`` into an ordered list:
+the weighted pick among healthy upstreams first, then the other healthy ones with weight > 0, then
+healthy ones with weight 0 (failover may use any healthy deployment), and finally, when nothing is
+healthy, every upstream anyway (a health check can be wrong; a refused request is certainly wrong).
+Health is passive (a connection error marks the upstream down) and active (:func:`health_loop`
+re-checks every ``interval_s`` and brings it back). The choice is pure; only :func:`health_loop` does I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Upstream:
+    name: str
+    url: str
+    healthy: bool = True
+    last_error: str = ""
+    checked_at: float = 0.0
+
+
+class UpstreamPool:
+    """Upstreams by name, their split weights and health."""
+
+    def __init__(self, urls: Mapping[str, str], split: Mapping[str, float]) -> None:
+        if not urls:
+            raise ValueError("at least one upstream is required")
+        self.upstreams = {name: Upstream(name, url.rstrip("/")) for name, url in urls.items()}
+        self.weights: dict[str, float] = {}
+        self.set_split(split)
+
+    def set_split(self, split: Mapping[str, float]) -> None:
+        """Set the traffic split (absolute weights, normalised here). Unknown names or weights that are
+        negative, non-finite or all zero raise ``ValueError`` and leave the old split in place."""
+        unknown = sorted(set(split) - set(self.upstreams))
+        if unknown:
+            raise ValueError(f"unknown upstream(s) {', '.join(unknown)}; known: {', '.join(self.upstreams)}")
+        if any(not math.isfinite(w) or w < 0 for w in split.values()):
+            raise ValueError("split weights must be finite and >= 0")
+        total = sum(split.values())
+        if total <= 0:
+            raise ValueError("split weights must not all be zero")
+        self.weights = {name: split.get(name, 0.0) / total for name in self.upstreams}
+
+    def mark(self, name: str, healthy: bool, now: float, error: str = "") -> bool:
+        """Record a health observation; True when it changed the upstream's state."""
+        upstream = self.upstreams[name]
+        changed = upstream.healthy != healthy
+        upstream.healthy, upstream.checked_at = healthy, now
+        upstream.last_error = "" if healthy else error
+        if changed:
+            log.warning(
+                "upstream %s is %s%s", name, "up" if healthy else "down", f": {error}" if error else ""
+            )
+        return changed
+
+    def candidates(self, u: float) -> list[Upstream]:
+        """Upstreams to try in order for one request, given a uniform draw ``u`` in [0, 1)."""
+        healthy = [up for up in self.upstreams.values() if up.healthy]
+        weighted = [up for up in healthy if self.weights[up.name] > 0]
+        first: Upstream | None = None
+        total = sum(self.weights[up.name] for up in weighted)
+        if weighted:
+            acc, target = 0.0, u * total
+            for up in weighted:
+                acc += self.weights[up.name]
+                if target < acc:
+                    first = up
+                    break
+            first = first or weighted[-1]
+        rest = sorted((up for up in healthy if up is not first), key=lambda up: -self.weights[up.name])
+        ordered = ([first] if first else []) + rest
+        if not ordered:
+            ordered = sorted(self.upstreams.values(), key=lambda up: -self.weights[up.name])
+        return ordered
+
+
+async def health_loop(
+    pool: UpstreamPool,
+    session: aiohttp.ClientSession,
+    path: str,
+    interval_s: float,
+    clock: Callable[[], float],
+    stop: asyncio.Event,
+    timeout_s: float = 2.0,
+) -> None:
+    """Probe every upstream's ``path`` each ``interval_s`` until ``stop`` is set; 2xx means healthy."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def probe(up: Upstream) -> None:
+        try:
+            async with session.get(up.url + path, timeout=timeout) as resp:
+                await resp.read()
+                ok = 200 <= resp.status < 300
+                pool.mark(up.name, ok, clock(), "" if ok else f"health check returned HTTP {resp.status}")
+        except (TimeoutError, aiohttp.ClientError, OSError) as error:
+            pool.mark(up.name, False, clock(), f"health check failed: {type(error).__name__}: {error}")
+
+    while not stop.is_set():
+        await asyncio.gather(*(probe(up) for up in pool.upstreams.values()))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=interval_s)

@@ -1,0 +1,156 @@
+"""Knob wiring: the gate, the engine control client and the GPU actuator bound to one :class:`Actuation`.
+
+Built from the config; each part exists only when configured (the gate when ``gate.enabled``, engine
+control when ``control.enabled``, the GPU knob when ``actuators.gpu`` is not ``off``). Knob names:
+
+* ``gate.limit`` — the effective batch (the gate's in-flight limit);
+* ``gate.upstream`` — route all traffic to one named upstream (breaker levels L2/L3);
+* ``engine.<knob>`` — whatever the engine's control API offers (e.g. ``engine.max_num_seqs``);
+* ``gpu_power_limit_w`` or ``gpu_max_clock_mhz`` — the GPU actuator's knob.
+
+Every write goes through :meth:`Actuation.execute` (mode, pause, pins, audit), never around it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from agent.audit import AuditLog
+from agent.collectors.base import Collector
+from agent.config import Config, ConfigError
+from agent.modes import Actuation
+
+log = logging.getLogger(__name__)
+
+
+class Knobs:
+    """Owns the actuators' lifetimes; ``values()`` reports what each knob is set to now."""
+
+    def __init__(self, cfg: Config, registry: CollectorRegistry) -> None:
+        self.cfg = cfg
+        self.audit = AuditLog(cfg.audit, registry)
+        self.actuation = Actuation(cfg.actuators.mode, self.audit)
+        self.gate: Any = None
+        self.control: Any = None
+        self.gpu: Any = None
+        self.collectors: list[Collector] = []
+        if cfg.gate.enabled:
+            from agent.gate import Gate
+            from agent.gate.collector import GateCollector
+
+            self.gate = Gate(cfg.gate, registry)
+            self.collectors.append(GateCollector(self.gate))
+            self.actuation.bind("gate.limit", self._gate_limit, self._set_gate_limit)
+            self.actuation.bind("gate.upstream", self._gate_upstream, self._set_gate_upstream)
+        if cfg.actuators.gpu != "off":
+            from agent.actuators.gpu import GpuActuator
+            from agent.actuators.gpu_backend import NvmlGpuBackend, SimulatedGpuBackend
+
+            backend = (
+                SimulatedGpuBackend(state_file=cfg.actuators.gpu_state_file)
+                if cfg.actuators.gpu_backend == "simulated"
+                else NvmlGpuBackend()
+            )
+            self.gpu = GpuActuator(cfg.actuators, backend, registry)
+            self.actuation.bind(self.gpu.knob, self._gpu_value, self._set_gpu_value)
+        self.token = self._admin_token()
+
+    def _admin_token(self) -> str | None:
+        path = self.cfg.actuators.admin_token_file
+        if not path:
+            return None
+        from agent.admin import load_token
+
+        try:
+            return load_token(path)
+        except ValueError as error:
+            raise ConfigError("actuators.admin_token_file", str(error)) from None
+
+    # -- knob bindings ---------------------------------------------------------------------------
+    async def _gate_limit(self) -> Any:
+        return self.gate.limit
+
+    async def _set_gate_limit(self, value: Any) -> Any:
+        self.gate.set_limit(int(value))
+        return self.gate.limit
+
+    async def _gate_upstream(self) -> Any:
+        split = getattr(self.gate, "split", None)
+        if isinstance(split, dict) and len(split) == 1:
+            return next(iter(split))
+        return None
+
+    async def _set_gate_upstream(self, value: Any) -> Any:
+        self.gate.set_split({str(value): 1.0})
+        return str(value)
+
+    async def _gpu_value(self) -> Any:
+        return self.gpu.current()
+
+    async def _set_gpu_value(self, value: Any) -> Any:
+        return self.gpu.set(float(value))
+
+    def _bind_engine_knobs(self) -> None:
+        caps = self.control.capabilities
+        for name in caps.knobs:
+
+            async def read(name: str = name) -> Any:
+                return (await self.control.read()).get(name)
+
+            async def write(value: Any, name: str = name) -> Any:
+                result = await self.control.apply({name: value})
+                return result.read_back.get(name, value)
+
+            self.actuation.bind(f"engine.{name}", read, write)
+
+    # -- lifetime --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self.gate is not None:
+            port = await self.gate.start()
+            log.info("admission gate on %s:%d", self.cfg.gate.listen_host, port)
+        if self.cfg.control.enabled:
+            from agent.control.base import ControlError
+            from agent.control.client import ControlClient
+
+            client = ControlClient(self.cfg.control)
+            try:
+                await client.start()
+            except ControlError as error:  # the engine may come up later; observation goes on
+                log.error("engine control unavailable: %s", error)
+                await client.close()
+            else:
+                self.control = client
+                self._bind_engine_knobs()
+
+    def renew(self) -> None:
+        """Called every tick: keeps the GPU setting's lease alive while the agent is healthy."""
+        if self.gpu is not None:
+            self.gpu.renew()
+
+    def values(self) -> dict[str, float | str]:
+        out: dict[str, float | str] = {}
+        if self.gate is not None:
+            out["gate.limit"] = float(self.gate.limit)
+        if self.gpu is not None:
+            current = self.gpu.current()
+            if current is not None:
+                out[self.gpu.knob] = float(current)
+        return out
+
+    async def stop(self) -> None:
+        """Restore safe defaults: GPU settings back, engine lease released, gate drained."""
+        if self.gpu is not None:
+            with contextlib.suppress(Exception):
+                self.gpu.close()
+        if self.control is not None:
+            with contextlib.suppress(Exception):
+                await self.control.close()
+        if self.gate is not None:
+            with contextlib.suppress(Exception):
+                await self.gate.stop()
+        with contextlib.suppress(Exception):
+            self.audit.close()

@@ -1,0 +1,114 @@
+"""Modes and the actuation step: observe (no actions), advise (log what it would do), act.
+
+:class:`Actuation` is where a policy's :class:`~policies.base.Proposal` meets a knob. It is level-based
+(controller-runtime's reconcile): read the knob, do nothing when it already has the desired value, else
+write the absolute value. Operator overrides apply here: while paused nothing is written; a pinned knob
+gets its pinned value whatever the policies say; a forced value (say ``breaker.level``) is published for
+the policies to read. Every non-trivial decision in advise and act becomes an :class:`~agent.audit.Action`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from agent.audit import Action, AuditLog
+from policies.base import Proposal
+
+Reader = Callable[[], Awaitable[Any]]
+Writer = Callable[[Any], Awaitable[Any]]
+
+
+class Mode(StrEnum):
+    OBSERVE = "observe"
+    ADVISE = "advise"
+    ACT = "act"
+
+
+@dataclass(frozen=True)
+class KnobBinding:
+    """How to read and write one knob (``read`` returns None when unknown). ``write`` returns the value
+    actually applied (after clamping), which is what the audit log records."""
+
+    name: str
+    read: Reader
+    write: Writer
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
+        return abs(float(a) - float(b)) <= 1e-9 * max(1.0, abs(float(b)))
+    return bool(a == b)
+
+
+def _one_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".replace("\n", " ")[:300]
+
+
+class Actuation:
+    """Applies proposals to bound knobs under the mode and the operator's overrides."""
+
+    def __init__(self, mode: Mode | str, audit: AuditLog, *, clock: Callable[[], float] = time.time) -> None:
+        self.mode = Mode(mode)
+        self.audit = audit
+        self.clock = clock
+        self.paused = False
+        self.pins: dict[str, Any] = {}
+        self.forced: dict[str, Any] = {}
+        self._knobs: dict[str, KnobBinding] = {}
+
+    def bind(self, name: str, read: Reader, write: Writer) -> None:
+        self._knobs[name] = KnobBinding(name, read, write)
+
+    @property
+    def knobs(self) -> list[str]:
+        return sorted(self._knobs)
+
+    async def execute(self, proposal: Proposal) -> Action | None:
+        """Carry out (or advise) one proposal; the audited action, or None when nothing was to be done."""
+        if self.mode is Mode.OBSERVE:
+            return None
+        knob, reason, target = proposal.knob, proposal.reason, proposal.value
+        if knob in self.pins:
+            target, reason = self.pins[knob], f"pinned by operator (policy wanted {proposal.value!r})"
+        binding = self._knobs.get(knob)
+        current = None
+        if binding is not None:
+            try:
+                current = await binding.read()
+            except Exception as error:
+                return self._audit(
+                    knob, None, target, reason, proposal.policy, f"error: read: {_one_line(error)}"
+                )
+        if binding is not None and _same(current, target):
+            return None  # level-based: already there
+        if self.mode is Mode.ADVISE:
+            result = "advised"
+        elif binding is None:
+            result = f"error: no actuator is bound to knob {knob!r}"
+        elif self.paused:
+            result = "paused"
+        else:
+            try:
+                target = await binding.write(target)
+                result = "ok"
+            except Exception as error:  # an actuator failure is audited, never raised into the loop
+                result = f"error: {_one_line(error)}"
+        return self._audit(knob, current, target, reason, proposal.policy, result)
+
+    def _audit(self, knob: str, current: Any, target: Any, reason: str, policy: str, result: str) -> Action:
+        action = Action(self.clock(), knob, current, target, reason, policy, self.mode.value, result)
+        self.audit.record(action)
+        return action
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode.value,
+            "paused": self.paused,
+            "pins": dict(self.pins),
+            "forced": dict(self.forced),
+            "knobs": self.knobs,
+        }

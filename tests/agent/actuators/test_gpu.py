@@ -1,0 +1,108 @@
+"""The GPU actuator on the simulated backend: permission, clamping, lease lapse, SIGTERM restore."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agent.actuators.gpu import GpuActuator
+from agent.actuators.gpu_backend import GpuControlError, SimulatedGpuBackend, permission_problem
+from agent.config import ActuatorConfig
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _actuator(
+    kind: str = "power_limit", problem: str | None = None, registry: CollectorRegistry | None = None
+) -> tuple[GpuActuator, SimulatedGpuBackend, Clock]:
+    backend, clock = SimulatedGpuBackend(count=2), Clock()
+    cfg = ActuatorConfig(mode="act", gpu=kind, gpu_backend="simulated", gpu_lease_s=10)  # type: ignore[arg-type]
+    actuator = GpuActuator(
+        cfg, backend, registry or CollectorRegistry(), clock=clock, permission=lambda: problem, watchdog=False
+    )
+    return actuator, backend, clock
+
+
+def test_power_limit_is_set_on_every_gpu() -> None:
+    actuator, backend, _ = _actuator()
+    assert actuator.set(300) == 300
+    assert [backend.power_limit_w(i) for i in (0, 1)] == [300, 300]
+
+
+def test_values_are_clamped_to_the_gpu_bounds() -> None:
+    actuator, backend, _ = _actuator()
+    assert actuator.set(20) == 100 and backend.power_limit_w(0) == 100
+
+
+def test_without_permission_set_raises_one_line_and_the_gauge_is_0() -> None:
+    registry = CollectorRegistry()
+    actuator, backend, _ = _actuator(problem="needs root or CAP_SYS_ADMIN", registry=registry)
+    with pytest.raises(GpuControlError, match="CAP_SYS_ADMIN"):
+        actuator.set(300)
+    assert backend.power_limit_w(0) == 400
+    labels = {"actuator": "gpu_power_limit_w"}
+    assert registry.get_sample_value("servepilot_actuator_permitted", labels) == 0
+
+
+def test_permission_check_reads_cap_sys_admin() -> None:
+    assert permission_problem(euid=0) is None
+    assert permission_problem(euid=1000, status_text="CapEff:\t0000000000200000\n") is None
+    assert "CAP_SYS_ADMIN" in (permission_problem(euid=1000, status_text="CapEff:\t0000000000000000\n") or "")
+
+
+def test_lapsed_lease_restores_the_default() -> None:
+    actuator, backend, clock = _actuator()
+    actuator.set(250)
+    clock.t += 9.9
+    assert not actuator.check() and backend.power_limit_w(0) == 250
+    clock.t += 0.1
+    assert actuator.check() and backend.power_limit_w(0) == 400
+
+
+def test_renewal_keeps_the_setting() -> None:
+    actuator, backend, clock = _actuator()
+    actuator.set(250)
+    for _ in range(5):
+        clock.t += 6
+        actuator.renew()
+        assert not actuator.check()
+    assert backend.power_limit_w(1) == 250
+
+
+def test_locked_clocks_are_set_and_reset() -> None:
+    actuator, backend, _ = _actuator("locked_clocks")
+    actuator.set(1005)
+    assert backend.locked_max_clock_mhz(0) == 1005
+    actuator.close()
+    assert backend.locked_max_clock_mhz(0) is None
+
+
+def test_sigterm_restores_the_simulated_gpus_power_limit(tmp_path: Path) -> None:
+    state = tmp_path / "gpu.json"
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("gpu_holder.py")), str(state)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "set"
+        assert [g["power_limit_w"] for g in SimulatedGpuBackend.read_state(state)] == [250, 250]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 128 + signal.SIGTERM
+        assert [g["power_limit_w"] for g in SimulatedGpuBackend.read_state(state)] == [400, 400]
+    finally:
+        if proc.poll() is None:
+            proc.kill()

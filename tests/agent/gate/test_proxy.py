@@ -1,0 +1,273 @@
+"""The gate as an HTTP proxy on loopback, in front of a small aiohttp upstream written here.
+
+Nothing sleeps: the upstream parks on events the test sets, and waits are bounded by ``wait_for``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from agent.config import GateConfig, GateLineConfig
+from agent.gate.proxy import Gate
+
+TIMEOUT = 5.0
+
+
+class Upstream:
+    """An OpenAI-ish upstream whose requests park until ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.release.set()
+        self.next_chunk = asyncio.Semaphore(0)
+        self.chunked = False
+        self.running = 0
+        self.peak = 0
+        self.seen = 0
+        self.aborted: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.seen += 1
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        try:
+            await self.release.wait()
+            if not body.get("stream"):
+                usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+                return web.json_response({"choices": [{"text": "abc"}], "usage": usage})
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for i in range(3):
+                await resp.write(f'data: {{"choices":[{{"text":"t{i}"}}]}}\n\n'.encode())
+                if self.chunked:
+                    await self.next_chunk.acquire()
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
+        except (asyncio.CancelledError, ConnectionResetError) as error:
+            if not self.aborted.done():
+                self.aborted.set_result(type(error).__name__)
+            raise
+        finally:
+            self.running -= 1
+
+    async def models(self, _: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m"}]})
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.models)
+        self.runner = web.AppRunner(app, handler_cancellation=True)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        return self.url
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    up = Upstream()
+    await up.start()
+    yield up
+    up.release.set()  # a failed test must not leave handlers parked through cleanup
+    assert up.runner is not None
+    await up.runner.cleanup()
+
+
+async def _gate(upstreams: dict[str, str], **overrides: Any) -> Gate:
+    split = overrides.pop("split", {next(iter(upstreams)): 1.0})
+    cfg = GateConfig(enabled=True, upstreams=upstreams, split=split, health_interval_s=600, **overrides)
+    gate = Gate(cfg, CollectorRegistry())
+    await gate.start("127.0.0.1", 0)
+    return gate
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as session:
+        yield session
+
+
+def _body(stream: bool = False, prompt: str = "hello", **extra: Any) -> dict[str, Any]:
+    return {"model": "m", "prompt": prompt, "max_tokens": 3, "stream": stream, **extra}
+
+
+async def _post(client: aiohttp.ClientSession, gate: Gate, body: Any, **kw: Any) -> aiohttp.ClientResponse:
+    return await client.post(f"http://127.0.0.1:{gate.port}/v1/completions", json=body, **kw)
+
+
+async def test_sse_is_relayed_chunk_by_chunk(upstream: Upstream, client: aiohttp.ClientSession) -> None:
+    upstream.chunked = True
+    gate = await _gate({"primary": upstream.url})
+    try:
+        resp = await _post(client, gate, _body(stream=True))
+        first = await asyncio.wait_for(resp.content.readuntil(b"\n\n"), TIMEOUT)
+        assert b"t0" in first  # arrived while the upstream still holds t1 back
+        for _ in range(3):
+            upstream.next_chunk.release()
+        rest = await asyncio.wait_for(resp.read(), TIMEOUT)
+        assert rest.count(b"data:") == 3 and rest.endswith(b"data: [DONE]\n\n")
+        values = gate.snapshot_values()
+        assert "gate.le256.ttft_seconds.p50" in values and "gate.le256.itl_seconds.p99" in values
+        assert values["gate.in_flight"] == 0
+    finally:
+        await gate.stop()
+
+
+async def test_client_disconnect_aborts_the_upstream_request(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    upstream.chunked = True
+    gate = await _gate({"primary": upstream.url})
+    try:
+        resp = await _post(client, gate, _body(stream=True))
+        await asyncio.wait_for(resp.content.readuntil(b"\n\n"), TIMEOUT)
+        resp.close()  # the client goes away mid-stream
+        assert await asyncio.wait_for(upstream.aborted, TIMEOUT) in ("CancelledError", "ConnectionResetError")
+        await asyncio.wait_for(_until(lambda: gate.admission.in_flight == 0), TIMEOUT)
+    finally:
+        await gate.stop()
+
+
+async def _until(predicate: Any) -> None:
+    while not predicate():
+        await asyncio.sleep(0)  # yield to the loop; bounded by the caller's wait_for
+
+
+async def test_oversized_body_gets_413_json(upstream: Upstream, client: aiohttp.ClientSession) -> None:
+    gate = await _gate({"primary": upstream.url}, max_body_bytes=1024)
+    try:
+        resp = await _post(client, gate, _body(prompt="x" * 5000))
+        assert resp.status == 413
+        assert (await resp.json())["error"]["code"] == "request_too_large" and upstream.seen == 0
+    finally:
+        await gate.stop()
+
+
+async def test_line_over_its_rate_gets_429_with_retry_after(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    lines = {"default": GateLineConfig(requests_per_min=1, burst_ratio=1)}
+    gate = await _gate({"primary": upstream.url}, lines=lines)
+    try:
+        assert (await _post(client, gate, _body())).status == 200
+        resp = await _post(client, gate, _body())
+        assert resp.status == 429 and int(resp.headers["Retry-After"]) >= 59
+        error = (await resp.json())["error"]
+        assert error["code"] == "rate_limit_exceeded" and "default" in error["message"]
+    finally:
+        await gate.stop()
+
+
+async def test_full_queue_gets_429_and_a_long_wait_503(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    upstream.release.clear()
+    gate = await _gate({"primary": upstream.url}, max_in_flight=1, queue_size=1, max_queue_wait_s=0.02)
+    try:
+        held = asyncio.create_task(_post(client, gate, _body()))
+        await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
+        queued = asyncio.create_task(_post(client, gate, _body()))
+        await asyncio.wait_for(_until(lambda: gate.admission.queue_depth == 1), TIMEOUT)
+        full = await _post(client, gate, _body())
+        assert full.status == 429 and (await full.json())["error"]["code"] == "queue_full"
+        timed_out = await queued
+        assert timed_out.status == 503 and "Retry-After" in timed_out.headers
+        assert (await timed_out.json())["error"]["code"] == "queue_timeout"
+        upstream.release.set()
+        assert (await held).status == 200
+    finally:
+        await gate.stop()
+
+
+async def test_dead_upstream_gets_502_json(client: aiohttp.ClientSession) -> None:
+    gate = await _gate({"primary": "http://127.0.0.1:9"})  # discard port: nothing listens
+    try:
+        resp = await _post(client, gate, _body())
+        assert resp.status == 502
+        assert (await resp.json())["error"]["code"] == "bad_gateway"
+        assert not gate.pool.upstreams["primary"].healthy
+    finally:
+        await gate.stop()
+
+
+async def test_connection_failure_fails_over_to_the_next_upstream(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    gate = await _gate({"primary": "http://127.0.0.1:9", "fp8": upstream.url}, split={"primary": 1.0})
+    try:
+        resp = await _post(client, gate, _body())
+        assert resp.status == 200 and upstream.seen == 1
+    finally:
+        await gate.stop()
+
+
+async def test_in_flight_never_exceeds_the_limit_at_the_proxy(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    upstream.release.clear()
+    gate = await _gate({"primary": upstream.url}, max_in_flight=2, high_reserved_ratio=0.0)
+    try:
+        tasks = [asyncio.create_task(_post(client, gate, _body())) for _ in range(6)]
+        await asyncio.wait_for(
+            _until(lambda: gate.admission.queue_depth == 4 and upstream.running == 2), TIMEOUT
+        )
+        gate.set_limit(3)
+        await asyncio.wait_for(_until(lambda: upstream.running == 3), TIMEOUT)
+        upstream.release.set()
+        assert [r.status for r in await asyncio.gather(*tasks)] == [200] * 6
+        assert upstream.peak == 3
+    finally:
+        await gate.stop()
+
+
+async def test_usage_of_a_plain_response_lands_in_the_token_counter(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    registry = CollectorRegistry()
+    cfg = GateConfig(enabled=True, upstreams={"primary": upstream.url}, health_interval_s=600)
+    gate = Gate(cfg, registry)
+    await gate.start("127.0.0.1", 0)
+    try:
+        await (await _post(client, gate, _body())).read()
+        labels = {"line": "default", "kind": "output"}
+        assert registry.get_sample_value("servepilot_gate_tokens_total", labels) == 3
+    finally:
+        await gate.stop()
+
+
+async def test_other_paths_pass_through_without_admission(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    gate = await _gate({"primary": upstream.url}, max_in_flight=1)
+    try:
+        resp = await client.get(f"http://127.0.0.1:{gate.port}/v1/models")
+        assert resp.status == 200 and (await resp.json())["data"][0]["id"] == "m"
+    finally:
+        await gate.stop()
+
+
+async def test_invalid_json_gets_400_without_reaching_the_upstream(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    gate = await _gate({"primary": upstream.url})
+    try:
+        resp = await client.post(f"http://127.0.0.1:{gate.port}/v1/completions", data=b"{nope")
+        assert resp.status == 400 and "JSON" in json.loads(await resp.read())["error"]["message"]
+        assert upstream.seen == 0
+    finally:
+        await gate.stop()

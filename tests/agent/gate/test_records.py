@@ -1,0 +1,64 @@
+"""Length buckets, per-request records, Prometheus histograms in a passed registry, windowed signals."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from agent.gate.records import GateStats, LengthBuckets, RequestRecord
+
+
+def test_default_bucket_names_and_edges() -> None:
+    buckets = LengthBuckets()
+    assert buckets.names == ("le256", "le1k", "le4k", "gt4k")
+    assert [buckets.name(n) for n in (1, 256, 257, 1024, 4096, 4097)] == [
+        "le256", "le256", "le1k", "le1k", "le4k", "gt4k",
+    ]  # fmt: skip
+
+
+def test_custom_edges_name_their_buckets() -> None:
+    assert LengthBuckets((100, 2048)).names == ("le100", "le2k", "gt2k")
+
+
+def _record(prompt: float, ttft: float, **kw: object) -> RequestRecord:
+    rec = RequestRecord(
+        "default", "normal", "/v1/completions", prompt, arrived=0.0, ttft_s=ttft, e2e_s=ttft * 4
+    )
+    for key, value in kw.items():
+        setattr(rec, key, value)
+    return rec
+
+
+def test_quantiles_per_bucket_over_the_window() -> None:
+    stats = GateStats(CollectorRegistry(), LengthBuckets(), window_s=60, start=0.0)
+    for i in range(100):
+        stats.record(_record(100, ttft=(i + 1) / 100, itl_s=[0.01, 0.03]), now=10.0)
+    values = stats.values(30.0)
+    assert values["gate.le256.ttft_seconds.p50"] == pytest.approx(0.505)
+    assert values["gate.le256.ttft_seconds.p99"] == pytest.approx(0.9901)
+    assert values["gate.le256.itl_seconds.p95"] == pytest.approx(0.03)
+    assert values["gate.le256.requests_per_second"] == pytest.approx(100 / 30)
+    assert "gate.gt4k.ttft_seconds.p50" not in values  # no data is absence, never NaN
+
+
+def test_old_samples_leave_the_window() -> None:
+    stats = GateStats(CollectorRegistry(), LengthBuckets(), window_s=60, start=0.0)
+    stats.record(_record(5000, ttft=1.0), now=10.0)
+    values = stats.values(71.0)
+    assert "gate.gt4k.ttft_seconds.p50" not in values and values["gate.gt4k.requests_per_second"] == 0
+
+
+def test_rejections_count_towards_the_rejected_rate_only() -> None:
+    stats = GateStats(CollectorRegistry(), LengthBuckets(), window_s=10, start=0.0)
+    for _ in range(5):
+        stats.record(_record(10, ttft=0.1, outcome="rejected"), now=20.0)
+    values = stats.values(20.0)
+    assert values["gate.rejected_per_second"] == pytest.approx(0.5)
+    assert values["gate.le256.requests_per_second"] == 0
+
+
+def test_histograms_go_to_the_passed_registry_not_the_global_one() -> None:
+    registry = CollectorRegistry()
+    GateStats(registry, LengthBuckets()).record(_record(2000, ttft=0.2), now=1.0)
+    assert registry.get_sample_value("servepilot_gate_ttft_seconds_count", {"bucket": "le4k"}) == 1
+    assert REGISTRY.get_sample_value("servepilot_gate_ttft_seconds_count", {"bucket": "le4k"}) is None

@@ -1,0 +1,108 @@
+"""Operator override routes: bearer token from a file, constant-time check, pause/pin/breaker, actions."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from agent.admin import add_admin_routes, load_token
+from agent.audit import Action, AuditLog
+from agent.config import AuditConfig
+from agent.modes import Actuation
+
+TOKEN = "s3cret-token-0123456789"
+
+
+@pytest.fixture
+async def admin() -> AsyncIterator[tuple[str, Actuation, AuditLog]]:
+    audit = AuditLog(AuditConfig(path=None), CollectorRegistry())
+    actuation = Actuation("act", audit)
+    app = web.Application()
+    add_admin_routes(app, actuation, audit, TOKEN)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}", actuation, audit
+    await runner.cleanup()
+
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+async def test_writes_without_the_token_get_401(admin: tuple[str, Actuation, AuditLog]) -> None:
+    url, actuation, _ = admin
+    async with aiohttp.ClientSession() as s:
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            resp = await s.post(url + "/api/admin/pause", headers=headers)
+            assert resp.status == 401 and "bearer token" in (await resp.json())["error"]
+    assert not actuation.paused
+
+
+async def test_pause_and_resume(admin: tuple[str, Actuation, AuditLog]) -> None:
+    url, actuation, _ = admin
+    async with aiohttp.ClientSession() as s:
+        assert (await (await s.post(url + "/api/admin/pause", headers=AUTH)).json())["paused"] is True
+        assert actuation.paused
+        await s.post(url + "/api/admin/resume", headers=AUTH)
+    assert not actuation.paused
+
+
+async def test_pin_and_unpin_a_knob(admin: tuple[str, Actuation, AuditLog]) -> None:
+    url, actuation, _ = admin
+    async with aiohttp.ClientSession() as s:
+        await s.post(url + "/api/admin/pin", headers=AUTH, json={"knob": "gate.limit", "value": 32})
+        assert actuation.pins == {"gate.limit": 32}
+        assert (await s.delete(url + "/api/admin/pin/gate.limit", headers=AUTH)).status == 200
+        assert (await s.delete(url + "/api/admin/pin/gate.limit", headers=AUTH)).status == 404
+    assert actuation.pins == {}
+
+
+async def test_force_and_release_a_breaker_level(admin: tuple[str, Actuation, AuditLog]) -> None:
+    url, actuation, _ = admin
+    async with aiohttp.ClientSession() as s:
+        await s.post(url + "/api/admin/breaker", headers=AUTH, json={"level": 2})
+        assert actuation.forced == {"breaker.level": 2}
+        bad = await s.post(url + "/api/admin/breaker", headers=AUTH, json={"level": "high"})
+        assert bad.status == 400
+        await s.post(url + "/api/admin/breaker", headers=AUTH, json={"level": None})
+    assert actuation.forced == {}
+
+
+async def test_actions_are_listed_newest_first(admin: tuple[str, Actuation, AuditLog]) -> None:
+    url, _, audit = admin
+    for i in range(3):
+        audit.record(Action(float(i), "gate.limit", 64, 60 - i, "r", "batch", "act", "ok"))
+    async with aiohttp.ClientSession() as s:
+        doc = await (await s.get(url + "/api/actions?limit=2")).json()
+    assert [a["to"] for a in doc["actions"]] == [58, 59]
+
+
+async def test_without_a_token_the_write_routes_are_disabled() -> None:
+    audit = AuditLog(AuditConfig(path=None), CollectorRegistry())
+    app = web.Application()
+    add_admin_routes(app, Actuation("act", audit), audit, None)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        async with aiohttp.ClientSession() as s:
+            resp = await s.post(f"http://127.0.0.1:{runner.addresses[0][1]}/api/admin/pause")
+            assert resp.status == 503 and "admin_token_file" in (await resp.json())["error"]
+    finally:
+        await runner.cleanup()
+
+
+def test_token_file_is_read_and_short_tokens_refused(tmp_path: Path) -> None:
+    good, short = tmp_path / "good", tmp_path / "short"
+    good.write_text(TOKEN + "\n")
+    short.write_text("abc")
+    assert load_token(good) == TOKEN
+    with pytest.raises(ValueError, match="shorter than 16"):
+        load_token(short)
+    with pytest.raises(ValueError, match="cannot read admin token file"):
+        load_token(tmp_path / "missing")

@@ -1,0 +1,88 @@
+"""Observe, advise and act; level-based writes; pause and pins; errors audited, never raised."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from agent.audit import AuditLog
+from agent.config import AuditConfig
+from agent.modes import Actuation, Mode
+from policies.base import Proposal
+
+
+class Knob:
+    def __init__(self, value: Any = 64, fail: bool = False) -> None:
+        self.value, self.fail, self.writes = value, fail, 0
+
+    async def read(self) -> Any:
+        return self.value
+
+    async def write(self, value: Any) -> Any:
+        if self.fail:
+            raise RuntimeError("engine said no")
+        self.writes += 1
+        self.value = value
+        return value
+
+
+def _actuation(mode: str, knob: Knob) -> Actuation:
+    act = Actuation(mode, AuditLog(AuditConfig(path=None), CollectorRegistry()), clock=lambda: 5.0)
+    act.bind("gate.limit", knob.read, knob.write)
+    return act
+
+
+PROPOSAL = Proposal("batch", "gate.limit", 48, "ttft p99 over SLO")
+
+
+async def test_observe_does_nothing_and_audits_nothing() -> None:
+    knob = Knob()
+    act = _actuation("observe", knob)
+    assert await act.execute(PROPOSAL) is None and knob.writes == 0 and act.audit.recent() == []
+
+
+async def test_advise_audits_what_it_would_do_and_changes_nothing() -> None:
+    knob = Knob()
+    action = await _actuation("advise", knob).execute(PROPOSAL)
+    assert (
+        action is not None and action.result == "advised" and (action.from_value, action.to_value) == (64, 48)
+    )
+    assert knob.writes == 0
+
+
+async def test_act_writes_the_absolute_value_and_audits_it() -> None:
+    knob = Knob()
+    action = await _actuation(Mode.ACT, knob).execute(PROPOSAL)
+    assert action is not None and action.result == "ok" and knob.value == 48
+
+
+async def test_a_knob_already_at_the_value_is_not_written() -> None:
+    knob = Knob(48)
+    assert await _actuation("act", knob).execute(PROPOSAL) is None and knob.writes == 0
+
+
+async def test_paused_actuation_audits_but_does_not_write() -> None:
+    knob = Knob()
+    act = _actuation("act", knob)
+    act.paused = True
+    action = await act.execute(PROPOSAL)
+    assert action is not None and action.result == "paused" and knob.value == 64
+
+
+async def test_a_pinned_knob_gets_the_pinned_value() -> None:
+    knob = Knob()
+    act = _actuation("act", knob)
+    act.pins["gate.limit"] = 32
+    action = await act.execute(PROPOSAL)
+    assert knob.value == 32 and action is not None and "pinned by operator" in action.reason
+
+
+async def test_a_failing_actuator_is_audited_as_an_error_not_raised() -> None:
+    action = await _actuation("act", Knob(fail=True)).execute(PROPOSAL)
+    assert action is not None and action.result == "error: RuntimeError: engine said no"
+
+
+async def test_an_unbound_knob_is_an_audited_error() -> None:
+    action = await _actuation("act", Knob()).execute(Proposal("p", "gpu_power_limit_w", 300, "r"))
+    assert action is not None and action.result.startswith("error: no actuator")

@@ -1,0 +1,146 @@
+"""Alerts the agent sends: what is firing, derived each tick from findings and source health.
+
+Pure (no I/O, time passed in). :class:`AlertTracker` turns the stream of :class:`AgentState` into
+*transitions* — an alert is emitted once when it starts firing and once when it resolves — which is the
+first half of dedup: a finding that stays active for an hour produces two messages, not 3,600. Two kinds:
+
+* ``ServepilotFinding``: one per active finding at or above ``min_severity``, identified by
+  (detector, signal, severity); a change of severity resolves the old alert and fires a new one, the way
+  Alertmanager treats a change of labels;
+* ``ServepilotSourceDown``: a collector (engine, nvml, probe) that has not returned OK for
+  ``source_down_after_s`` seconds; a single failed scrape is not worth a page.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from agent.state import AgentState
+from detectors.base import Severity
+from detectors.snapshot import SourceStatus
+
+_RANK = {Severity.INFO.value: 0, Severity.WARNING.value: 1, Severity.CRITICAL.value: 2}
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert instance. ``ends_at`` is None while it fires and the resolve time once resolved."""
+
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    starts_at: float
+    ends_at: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "labels", MappingProxyType(dict(sorted(self.labels.items()))))
+        object.__setattr__(self, "annotations", MappingProxyType(dict(self.annotations)))
+
+    @property
+    def status(self) -> str:
+        return "firing" if self.ends_at is None else "resolved"
+
+    @property
+    def fingerprint(self) -> str:
+        """Stable identity of the condition: a hash of the label set, as Alertmanager computes one."""
+        text = "\x00".join(f"{k}\x01{v}" for k, v in self.labels.items())
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+    def resolved(self, now: float) -> Alert:
+        return replace(self, ends_at=now)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "fingerprint": self.fingerprint,
+            "labels": dict(self.labels),
+            "annotations": dict(self.annotations),
+            "starts_at": self.starts_at,
+            "ends_at": self.ends_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Alert:
+        ends = data.get("ends_at")
+        return cls(
+            {str(k): str(v) for k, v in data["labels"].items()},
+            {str(k): str(v) for k, v in data.get("annotations", {}).items()},
+            float(data["starts_at"]),
+            None if ends is None else float(ends),
+        )
+
+
+@dataclass
+class AlertTracker:
+    """Keeps the set of firing alerts and reports what changed at each tick."""
+
+    min_severity: str = "warning"
+    source_down_after_s: float = 30.0
+    static_labels: Mapping[str, str] = field(default_factory=dict)
+    active: dict[str, Alert] = field(default_factory=dict)
+    _failing_since: dict[str, float] = field(default_factory=dict)
+
+    def restore(self, alerts: Iterable[Alert]) -> None:
+        """Resume with alerts that were firing before a restart, so their resolution is still sent."""
+        self.active = {a.fingerprint: a for a in alerts if a.ends_at is None}
+
+    def _desired(self, state: AgentState, now: float) -> dict[str, Alert]:
+        floor = _RANK[self.min_severity]
+        out: dict[str, Alert] = {}
+        for finding in state.findings:
+            if _RANK[finding.severity.value] < floor:
+                continue
+            labels = {
+                **self.static_labels,
+                "alertname": "ServepilotFinding",
+                "detector": finding.detector,
+                "signal": finding.signal,
+                "severity": finding.severity.value,
+            }
+            notes = {"summary": finding.summary, "description": _describe(finding.evidence, finding.score)}
+            if finding.hint:
+                notes["hint"] = finding.hint
+            alert = Alert(labels, notes, min(finding.since, now))
+            out[alert.fingerprint] = alert
+        snapshot = state.snapshot
+        if snapshot is None:
+            return out
+        for name, reading in snapshot.readings.items():
+            if reading.status is SourceStatus.OK:
+                self._failing_since.pop(name, None)
+                continue
+            since = self._failing_since.setdefault(name, now)
+            if now - since < self.source_down_after_s:
+                continue
+            labels = {**self.static_labels, "alertname": "ServepilotSourceDown", "source": name}
+            labels["severity"] = "critical" if name == "engine" else "warning"
+            why = reading.error or "no data"
+            notes = {
+                "summary": f"servepilot cannot read its {name} source",
+                "description": f"{reading.status.value} for {now - since:.0f} s: {why}",
+            }
+            alert = Alert(labels, notes, since)
+            out[alert.fingerprint] = alert
+        return out
+
+    def update(self, state: AgentState, now: float) -> list[Alert]:
+        """Transitions at ``now``: newly firing alerts, then newly resolved ones."""
+        desired = self._desired(state, now)
+        changes: list[Alert] = []
+        for key, alert in desired.items():
+            if key not in self.active:
+                self.active[key] = alert
+                changes.append(alert)
+        for key in [k for k in self.active if k not in desired]:
+            changes.append(self.active.pop(key).resolved(now))
+        return changes
+
+
+def _describe(evidence: Mapping[str, float | str], score: float) -> str:
+    parts = [f"score {score:.2f}"]
+    for key, value in sorted(evidence.items())[:8]:
+        parts.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
+    return "; ".join(parts)

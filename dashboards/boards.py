@@ -1,0 +1,300 @@
+"""The three servepilot dashboards: overview, per-GPU and energy.
+
+Panels prefer the agent's ``servepilot_`` series (engine-agnostic: the agent maps vLLM, SGLang and
+llama.cpp names to one table) and use the engine's own histograms where Prometheus must do the math
+over its own windows (SLO miss ratios, quantiles per model). Series not exported yet are listed as
+planned in :mod:`dashboards.series`; their panels stay empty until the feature lands.
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard
+
+from dashboards.panels import DS, base, expand, q, single, tab, ts, variables
+
+
+def overview() -> dashboard.Dashboard:
+    board = variables(
+        base("servepilot-overview", "servepilot / overview", "What servepilot sees and does, per engine pod.")
+    )
+    board = board.annotation(
+        dashboard.AnnotationQuery()
+        .name("Knob changes")
+        .datasource(DS)
+        .enable(True)
+        .icon_color("orange")
+        .expr(expand("changes(servepilot_knob_value{@POD}[2m]) > 0"))
+    ).annotation(
+        dashboard.AnnotationQuery()
+        .name("Actions")
+        .datasource(DS)
+        .enable(True)
+        .icon_color("purple")
+        .expr(expand("increase(servepilot_actions_total{@POD}[2m]) > 0"))
+    )
+    board = (
+        board.with_row(dashboard.Row("Health"))
+        .with_panel(single("Engine up", "none", q("min(servepilot_engine_up{@POD})")))
+        .with_panel(single("GPU telemetry up", "none", q("min(servepilot_nvml_up{@POD})")))
+        .with_panel(
+            single("Active findings", "none", q("count(servepilot_finding_active{@POD}) or vector(0)"), 1)
+        )
+        .with_panel(single("Breaker level", "none", q("max(servepilot_breaker_level{@POD})"), 2))
+        .with_panel(
+            single(
+                "TTFT SLO miss (1 h)",
+                "percentunit",
+                q("max(namespace_pod:engine_ttft_slo_miss:ratio_rate1h{@POD})"),
+                0.01,
+            )
+        )
+        .with_panel(
+            single(
+                "Tick p99",
+                "s",
+                q(
+                    "histogram_quantile(0.99, sum by (le) "
+                    "(rate(servepilot_tick_duration_seconds_bucket{@POD}[$__rate_interval])))"
+                ),
+            )
+        )
+        .with_panel(
+            ts(
+                "Collectors",
+                "s",
+                q("servepilot_collector_data_age_seconds{@POD}", "{{pod}} {{collector}} data age"),
+                q("servepilot_collector_success{@POD}", "{{pod}} {{collector}} ok", "B"),
+                desc="Staleness of each source and whether its last fetch succeeded (1).",
+                w=24,
+            )
+        )
+        .with_row(dashboard.Row("Engine"))
+        .with_panel(
+            ts(
+                "Requests running and waiting",
+                "short",
+                q("servepilot_engine_requests_running{@POD}", "{{pod}} running"),
+                q("servepilot_engine_requests_waiting{@POD}", "{{pod}} waiting", "B"),
+            )
+        )
+        .with_panel(
+            ts("KV cache usage", "percentunit", q("servepilot_engine_kv_cache_usage_ratio{@POD}", "{{pod}}"))
+        )
+        .with_panel(
+            ts(
+                "Tokens per second",
+                "short",
+                q("servepilot_engine_generation_tokens_per_second{@POD}", "{{pod}} generated"),
+                q("servepilot_engine_prompt_tokens_per_second{@POD}", "{{pod}} prompt", "B"),
+            )
+        )
+        .with_panel(
+            ts(
+                "Effective batch",
+                "short",
+                q('servepilot_knob_value{@POD, knob=~"max_in_flight|max_num_seqs"}', "{{pod}} {{knob}}"),
+                q("servepilot_gate_limit{@POD}", "{{pod}} gate limit", "B"),
+                q("servepilot_engine_requests_running{@POD}", "{{pod}} running", "C"),
+                desc="The in-flight limit servepilot sets against what the engine runs.",
+            )
+        )
+        .with_row(dashboard.Row("Latency vs SLO"))
+        .with_panel(
+            ts(
+                "TTFT quantiles (agent window)",
+                "s",
+                q("servepilot_engine_ttft_seconds{@POD}", "{{pod}} p{{quantile}}"),
+                q("servepilot_slo_ttft_seconds{@POD}", "SLO", "B"),
+            )
+        )
+        .with_panel(
+            ts(
+                "TTFT p99 per model (engine histogram)",
+                "s",
+                q(
+                    "histogram_quantile(0.99, sum by (le, model_name) "
+                    "(rate(vllm:time_to_first_token_seconds_bucket{@MODEL}[$__rate_interval])))\n"
+                    "or histogram_quantile(0.99, sum by (le, model_name) "
+                    "(rate(sglang:time_to_first_token_seconds_bucket{@MODEL}[$__rate_interval])))",
+                    "{{model_name}}",
+                ),
+            )
+        )
+        .with_panel(
+            ts(
+                "TTFT p99 per request-length bucket (gate)",
+                "s",
+                q(
+                    "histogram_quantile(0.99, sum by (le, bucket) "
+                    "(rate(servepilot_gate_ttft_seconds_bucket{@POD}[$__rate_interval])))",
+                    "{{bucket}}",
+                ),
+                q("servepilot_slo_ttft_seconds{@POD}", "SLO", "B"),
+            )
+        )
+        .with_panel(
+            ts("Inter-token latency", "s", q("servepilot_engine_itl_seconds{@POD}", "{{pod}} p{{quantile}}"))
+        )
+        .with_panel(
+            ts(
+                "End-to-end latency p99 per model (engine histogram)",
+                "s",
+                q(
+                    "histogram_quantile(0.99, sum by (le, model_name) "
+                    "(rate(vllm:e2e_request_latency_seconds_bucket{@MODEL}[$__rate_interval])))\n"
+                    "or histogram_quantile(0.99, sum by (le, model_name) "
+                    "(rate(sglang:e2e_request_latency_seconds_bucket{@MODEL}[$__rate_interval])))",
+                    "{{model_name}}",
+                ),
+                w=24,
+            )
+        )
+        .with_row(dashboard.Row("Forecast and findings"))
+        .with_panel(
+            ts(
+                "Request rate: forecast vs actual",
+                "reqps",
+                q(
+                    "sum by (pod) (rate(vllm:request_success_total{@MODEL}[$__rate_interval]))",
+                    "{{pod}} actual",
+                ),
+                q('servepilot_forecast_requests_per_second{@POD, quantile="0.5"}', "{{pod}} forecast", "B"),
+                q('servepilot_forecast_requests_per_second{@POD, quantile="0.1"}', "{{pod}} 10 %", "C"),
+                q('servepilot_forecast_requests_per_second{@POD, quantile="0.9"}', "{{pod}} 90 %", "D"),
+                q("servepilot_capacity_requests_per_second{@POD}", "{{pod}} capacity", "E"),
+                w=24,
+            )
+        )
+        .with_panel(tab("Active findings", q("servepilot_finding_score{@POD}")))
+    )
+    return board
+
+
+def per_gpu() -> dashboard.Dashboard:
+    board = variables(
+        base("servepilot-gpu", "servepilot / per GPU", "NVML telemetry sampled every 100 ms by servepilot."),
+        with_model=False,
+    )
+    return (
+        board.with_panel(
+            ts(
+                "Utilisation",
+                "percentunit",
+                q('servepilot_gpu_utilization_ratio{@POD, agg="mean"}', "{{pod}} gpu{{gpu}}"),
+            )
+        )
+        .with_panel(
+            ts(
+                "Memory bandwidth utilisation",
+                "percentunit",
+                q(
+                    'servepilot_gpu_memory_bandwidth_utilization_ratio{@POD, agg="mean"}',
+                    "{{pod}} gpu{{gpu}}",
+                ),
+            )
+        )
+        .with_panel(
+            ts(
+                "Clocks",
+                "hertz",
+                q('servepilot_gpu_sm_clock_hz{@POD, agg="mean"}', "{{pod}} gpu{{gpu}} SM"),
+                q('servepilot_gpu_memory_clock_hz{@POD, agg="mean"}', "{{pod}} gpu{{gpu}} memory", "B"),
+            )
+        )
+        .with_panel(
+            ts(
+                "Power vs limit",
+                "watt",
+                q('servepilot_gpu_power_watts{@POD, agg="mean"}', "{{pod}} gpu{{gpu}} mean"),
+                q('servepilot_gpu_power_watts{@POD, agg="max"}', "{{pod}} gpu{{gpu}} max", "B"),
+                q("servepilot_gpu_power_limit_watts{@POD}", "{{pod}} gpu{{gpu}} limit", "C"),
+            )
+        )
+        .with_panel(
+            ts(
+                "Temperature",
+                "celsius",
+                q('servepilot_gpu_temperature_celsius{@POD, agg="max"}', "{{pod}} gpu{{gpu}}"),
+            )
+        )
+        .with_panel(
+            ts(
+                "Throttle reasons active",
+                "short",
+                q("servepilot_gpu_throttle_active{@POD} > 0", "{{pod}} gpu{{gpu}} {{reason}}"),
+                desc="Clock-event reasons seen during the tick (power cap, thermal, ...).",
+            )
+        )
+        .with_panel(
+            ts(
+                "Memory",
+                "bytes",
+                q("servepilot_gpu_memory_used_bytes{@POD}", "{{pod}} gpu{{gpu}} used"),
+                q("servepilot_gpu_memory_total_bytes{@POD}", "{{pod}} gpu{{gpu}} total", "B"),
+                q(
+                    'servepilot_allocator_reserved_bytes{@POD, device!="all"}',
+                    "{{pod}} dev{{device}} torch reserved",
+                    "C",
+                ),
+                w=24,
+            )
+        )
+    )
+
+
+def energy() -> dashboard.Dashboard:
+    board = variables(
+        base(
+            "servepilot-energy",
+            "servepilot / energy",
+            "Joules per token and the clock/power settings behind them.",
+        )
+    )
+    return (
+        board.with_panel(
+            ts(
+                "Energy per generated token",
+                "J",
+                q("namespace_pod:servepilot_energy_joules_per_token:ratio_rate5m{@POD}", "{{pod}}"),
+                desc="GPU energy (NVML counter) divided by generated tokens, both over 5 minutes.",
+            )
+        )
+        .with_panel(
+            ts(
+                "Energy per token (live)",
+                "J",
+                q(
+                    "sum by (pod) (rate(servepilot_gpu_energy_joules{@POD}[$__rate_interval]))\n"
+                    "  / sum by (pod) (servepilot_engine_generation_tokens_per_second{@POD} > 0)",
+                    "{{pod}}",
+                ),
+            )
+        )
+        .with_panel(
+            ts(
+                "GPU power",
+                "watt",
+                q("namespace_pod:servepilot_gpu_power_watts:sum{@POD}", "{{pod}} total"),
+                q("sum by (pod) (servepilot_gpu_power_limit_watts{@POD})", "{{pod}} limit", "B"),
+            )
+        )
+        .with_panel(
+            ts(
+                "Settings: clocks and power limits",
+                "short",
+                q('servepilot_knob_value{@POD, knob=~".*clock.*|.*power.*"}', "{{pod}} {{knob}}"),
+                q('servepilot_gpu_sm_clock_hz{@POD, agg="last"} / 1e6', "{{pod}} gpu{{gpu}} SM MHz", "B"),
+            )
+        )
+        .with_panel(
+            ts(
+                "Energy used",
+                "joule",
+                q("sum by (pod) (increase(servepilot_gpu_energy_joules{@POD}[$__range]))", "{{pod}}"),
+                w=24,
+            )
+        )
+    )
+
+
+ALL = {"overview": overview, "gpu": per_gpu, "energy": energy}

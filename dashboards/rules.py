@@ -1,0 +1,297 @@
+"""Prometheus recording and alerting rules for servepilot, as code.
+
+Recording rules follow the ``level:metric:operations`` convention (level = the labels kept, e.g.
+``namespace_pod``). Every alert has a ``for``, a ``severity`` label, ``summary`` and ``description``
+annotations and a ``runbook_url`` pointing at its section of ``docs/alerts.md``.
+
+The TTFT SLO alerts are the multi-window, multi-burn-rate alerts of the Google SRE workbook (ch. 5):
+with an objective of ``1 - budget`` of requests whose first token arrives within the SLO, the error
+ratio over a window is ``1 - rate(bucket{le=SLO}) / rate(count)``; a *fast* burn pages when both the
+1 h and 5 min ratios exceed 14.4 x budget (2 % of a 30-day budget gone in an hour), a *slow* burn
+warns when the 6 h and 30 min ratios exceed 6 x budget (5 % in 6 h). The short window makes the alert
+stop soon after the burn stops. The latency threshold must be one of the engine's histogram bounds
+(vLLM and SGLang both have ``le="1.0"``).
+
+:func:`build` takes a :class:`Profile` so the end-to-end test can load the same rules with seconds
+instead of minutes; ``python -m dashboards.rules`` writes the production file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+RULES_FILE = Path(__file__).resolve().parent / "rules" / "servepilot.rules.yaml"
+OPERATOR_FILE = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / "prometheusrule.yaml"
+RUNBOOK = "https://github.com/servepilot/servepilot/blob/main/docs/alerts.md"
+BY = "namespace, pod"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Durations used by the rules. ``windows`` maps the nominal window to the one used."""
+
+    for_scale: float = 1.0
+    windows: tuple[tuple[str, str], ...] = (("5m", "5m"), ("30m", "30m"), ("1h", "1h"), ("6h", "6h"))
+    ttft_slo_le: str = "1.0"
+    error_budget: float = 0.01
+    agent_job: str = "servepilot"
+
+    def w(self, nominal: str) -> str:
+        return dict(self.windows)[nominal]
+
+    def for_(self, seconds: int) -> str:
+        scaled = max(1, round(seconds * self.for_scale))
+        return f"{scaled // 60}m" if scaled % 60 == 0 else f"{scaled}s"
+
+
+PRODUCTION = Profile()
+#: The end-to-end test's profile: same expressions, windows of seconds, ``for`` of about a second.
+FAST = replace(
+    PRODUCTION,
+    for_scale=1 / 120,
+    windows=(("5m", "15s"), ("30m", "30s"), ("1h", "1m"), ("6h", "2m")),
+)
+
+ENGINES = {
+    "vllm": ("vllm:time_to_first_token_seconds", "vllm:generation_tokens_total"),
+    "sglang": ("sglang:time_to_first_token_seconds", "sglang:generation_tokens_total"),
+}
+
+
+def recording(p: Profile) -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = [
+        {
+            "record": "namespace_pod:servepilot_gpu_utilization_ratio:avg",
+            "expr": f'avg by ({BY}) (servepilot_gpu_utilization_ratio{{agg="mean"}})',
+        },
+        {
+            "record": "namespace_pod:servepilot_gpu_power_watts:sum",
+            "expr": f'sum by ({BY}) (servepilot_gpu_power_watts{{agg="mean"}})',
+        },
+        {
+            "record": "namespace_pod:servepilot_gpu_energy_joules:rate5m",
+            "expr": f"sum by ({BY}) (rate(servepilot_gpu_energy_joules[{p.w('5m')}]))",
+        },
+    ]
+    for engine, (ttft, tokens) in ENGINES.items():
+        rules.append(
+            {
+                "record": "namespace_pod:engine_generation_tokens:rate5m",
+                "expr": f"sum by ({BY}) (rate({tokens}[{p.w('5m')}]))",
+                "labels": {"engine": engine},
+            }
+        )
+        for window in ("5m", "30m", "1h", "6h"):
+            w = p.w(window)
+            rules.append(
+                {
+                    "record": f"namespace_pod:engine_ttft_slo_miss:ratio_rate{window}",
+                    "expr": (
+                        f'1 - sum by ({BY}) (rate({ttft}_bucket{{le="{p.ttft_slo_le}"}}[{w}]))\n'
+                        f"  / (sum by ({BY}) (rate({ttft}_count[{w}])) > 0)"
+                    ),
+                    "labels": {"engine": engine},
+                }
+            )
+    rules.append(
+        {
+            "record": "namespace_pod:servepilot_energy_joules_per_token:ratio_rate5m",
+            "expr": (
+                "namespace_pod:servepilot_gpu_energy_joules:rate5m\n"
+                f"  / on ({BY}) (namespace_pod:engine_generation_tokens:rate5m > 0)"
+            ),
+        }
+    )
+    return rules
+
+
+def _alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str) -> dict[str, Any]:
+    return {
+        "alert": name,
+        "expr": expr,
+        "for": for_,
+        "labels": {"severity": severity},
+        "annotations": {
+            "summary": summary,
+            "description": description,
+            "runbook_url": f"{RUNBOOK}#{name.lower()}",
+        },
+    }
+
+
+def alerts(p: Profile) -> list[dict[str, Any]]:
+    fast, slow = 14.4 * p.error_budget, 6.0 * p.error_budget
+    return [
+        _alert(
+            "ServepilotAgentDown",
+            f'up{{job="{p.agent_job}"}} == 0',
+            p.for_(300),
+            "critical",
+            "servepilot agent {{ $labels.pod }} is not being scraped",
+            "Prometheus has failed to scrape the servepilot sidecar at {{ $labels.instance }} for 5 minutes; "
+            "nothing is watching or tuning this engine.",
+        ),
+        _alert(
+            "ServepilotEngineDown",
+            "servepilot_engine_up == 0",
+            p.for_(120),
+            "critical",
+            "engine in {{ $labels.pod }} does not answer its /metrics",
+            "The servepilot sidecar cannot scrape the inference engine's /metrics in {{ $labels.namespace }}/"
+            "{{ $labels.pod }}; the engine is down, hung or overloaded.",
+        ),
+        _alert(
+            "ServepilotTTFTBudgetBurnFast",
+            f"namespace_pod:engine_ttft_slo_miss:ratio_rate1h > {fast:g}\n"
+            f"and namespace_pod:engine_ttft_slo_miss:ratio_rate5m > {fast:g}",
+            p.for_(120),
+            "critical",
+            "TTFT error budget of {{ $labels.pod }} burns 14x too fast",
+            f"More than {fast:.1%} of requests missed the {p.ttft_slo_le} s time-to-first-token SLO over "
+            "both the last hour and the last 5 minutes ({{ $value | humanizePercentage }} now). At this rate "
+            "the 30-day budget is gone in about two days.",
+        ),
+        _alert(
+            "ServepilotTTFTBudgetBurnSlow",
+            f"namespace_pod:engine_ttft_slo_miss:ratio_rate6h > {slow:g}\n"
+            f"and namespace_pod:engine_ttft_slo_miss:ratio_rate30m > {slow:g}",
+            p.for_(900),
+            "warning",
+            "TTFT error budget of {{ $labels.pod }} burns 6x too fast",
+            f"More than {slow:.1%} of requests missed the {p.ttft_slo_le} s TTFT SLO over the last 6 hours "
+            "and the last 30 minutes ({{ $value | humanizePercentage }}).",
+        ),
+        _alert(
+            "ServepilotBreakerDegraded",
+            "servepilot_breaker_level >= 2",
+            p.for_(900),
+            "warning",
+            "circuit breaker of {{ $labels.pod }} at level {{ $value }} for 15 minutes",
+            "servepilot has been shedding load or routing to the fallback model for 15 minutes; "
+            "capacity is short of demand for longer than a burst.",
+        ),
+        _alert(
+            "ServepilotMemoryLeak",
+            f'max by ({BY}, signal) (servepilot_finding_active{{detector="memory_leak"}}) == 1',
+            p.for_(600),
+            "warning",
+            "memory leak suspected in {{ $labels.pod }} ({{ $labels.signal }})",
+            "The leak detector has seen {{ $labels.signal }} grow steadily for 10 minutes beyond what the "
+            "load explains; the engine will run out of GPU memory if nothing changes.",
+        ),
+        _alert(
+            "ServepilotFragmentation",
+            f'max by ({BY}, signal) (servepilot_finding_active{{detector="fragmentation"}}) == 1',
+            p.for_(900),
+            "warning",
+            "allocator fragmentation in {{ $labels.pod }}",
+            "A large share of the memory reserved by the torch caching allocator has been free but unusable "
+            "for 15 minutes; large allocations may fail although memory looks available.",
+        ),
+        _alert(
+            "ServepilotForecastAboveCapacity",
+            f'max by ({BY}) (servepilot_forecast_requests_per_second{{quantile="0.9"}})\n'
+            f"> on ({BY}) max by ({BY}) (servepilot_capacity_requests_per_second)",
+            p.for_(600),
+            "warning",
+            "forecast demand of {{ $labels.pod }} exceeds its capacity",
+            "The upper (90 %) forecast of the request rate has been above the sustainable rate for 10 "
+            "minutes; add replicas before the peak arrives.",
+        ),
+        _alert(
+            "ServepilotActuationFailing",
+            f"sum by ({BY}, knob) "
+            f'(increase(servepilot_actions_total{{outcome="failed"}}[{p.w("30m")}])) >= 3',
+            p.for_(60),
+            "warning",
+            "servepilot cannot change {{ $labels.knob }} in {{ $labels.pod }}",
+            "At least 3 actions on {{ $labels.knob }} failed in 30 minutes; the knob is stuck at its last "
+            "value and servepilot cannot react.",
+        ),
+        _alert(
+            "ServepilotWebhookDeliveryFailing",
+            f"max by ({BY}, sink) (servepilot_webhook_oldest_pending_age_seconds) > 300\n"
+            f"or sum by ({BY}, sink) (increase(servepilot_webhook_deliveries_total"
+            f'{{outcome=~"dropped|expired|evicted"}}[{p.w("30m")}])) > 0',
+            p.for_(300),
+            "warning",
+            "servepilot webhooks to {{ $labels.sink }} are failing",
+            "Alert messages from {{ $labels.pod }} to {{ $labels.sink }} are waiting for more than 5 minutes "
+            "or were dropped; the receiver may miss servepilot's own alerts.",
+        ),
+    ]
+
+
+def build(p: Profile = PRODUCTION) -> dict[str, Any]:
+    """The rules file as a mapping, ready for ``yaml.safe_dump``."""
+    return {
+        "groups": [
+            {"name": "servepilot.recording", "rules": recording(p)},
+            {"name": "servepilot.alerts", "rules": alerts(p)},
+        ]
+    }
+
+
+class _Dumper(yaml.SafeDumper):
+    """Writes multi-line PromQL as literal blocks, so the file reads like hand-written rules."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def render(p: Profile = PRODUCTION) -> str:
+    header = "# Generated by `python -m dashboards.rules`; edit dashboards/rules.py, not this file.\n"
+    return header + yaml.dump(build(p), Dumper=_Dumper, sort_keys=False, width=110, allow_unicode=True)
+
+
+def render_operator(p: Profile = PRODUCTION) -> str:
+    """The same groups as a Prometheus Operator ``PrometheusRule`` resource."""
+    resource = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {
+            "name": "servepilot",
+            "labels": {"app.kubernetes.io/name": "servepilot", "release": "prometheus"},
+        },
+        "spec": build(p),
+    }
+    header = "# Generated by `python -m dashboards.rules`; edit dashboards/rules.py, not this file.\n"
+    return header + yaml.dump(resource, Dumper=_Dumper, sort_keys=False, width=110, allow_unicode=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write (or check) servepilot's Prometheus rules file.")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the committed file is stale")
+    parser.add_argument("--output", type=Path, default=RULES_FILE)
+    parser.add_argument("--operator-output", type=Path, default=OPERATOR_FILE)
+    args = parser.parse_args(argv)
+    outputs = {args.output: render(), args.operator_output: render_operator()}
+    if args.check:
+        stale = [
+            str(path)
+            for path, text in outputs.items()
+            if not path.exists() or path.read_text("utf-8") != text
+        ]
+        if stale:
+            print(f"stale (run python -m dashboards.rules): {', '.join(stale)}", file=sys.stderr)
+            return 1
+        return 0
+    for path, text in outputs.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

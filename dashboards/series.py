@@ -1,0 +1,93 @@
+"""Every series a dashboard or a rule queries, and which component exports it.
+
+One list, so "does this series exist?" has one answer. ``tests/dashboards/test_series.py`` checks it
+three ways: series marked ``agent`` must be in the golden ``/metrics`` of the agent, ``vllm``/``sglang``
+ones in the real engine scrapes under ``tests/fixtures/expo/``, and the rest must be marked *planned*
+with the component that will export them (:data:`PLANNED`, reported so the list shrinks as features
+land). Every metric name found in a PromQL expression (parsed with ``promql_parser``) must be listed
+here or be produced by one of our recording rules.
+
+Names are sample names as PromQL sees them (``_total``, ``_bucket`` included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Source = Literal["agent", "vllm", "sglang", "prometheus", "planned"]
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    source: Source
+    note: str = ""
+
+
+def _agent(*names: str) -> list[Series]:
+    return [Series(n, "agent") for n in names]
+
+
+AGENT: list[Series] = _agent(
+    "servepilot_collector_success",
+    "servepilot_collector_data_age_seconds",
+    "servepilot_engine_up",
+    "servepilot_nvml_up",
+    "servepilot_gpu_utilization_ratio",
+    "servepilot_gpu_memory_bandwidth_utilization_ratio",
+    "servepilot_gpu_sm_clock_hz",
+    "servepilot_gpu_memory_clock_hz",
+    "servepilot_gpu_temperature_celsius",
+    "servepilot_gpu_power_watts",
+    "servepilot_gpu_power_limit_watts",
+    "servepilot_gpu_energy_joules",
+    "servepilot_gpu_memory_used_bytes",
+    "servepilot_gpu_memory_total_bytes",
+    "servepilot_gpu_throttle_active",
+    "servepilot_engine_ttft_seconds",
+    "servepilot_engine_itl_seconds",
+    "servepilot_engine_requests_running",
+    "servepilot_engine_requests_waiting",
+    "servepilot_engine_kv_cache_usage_ratio",
+    "servepilot_engine_generation_tokens_per_second",
+    "servepilot_engine_prompt_tokens_per_second",
+    "servepilot_allocator_reserved_bytes",
+    "servepilot_finding_active",
+    "servepilot_finding_score",
+    "servepilot_knob_value",
+    "servepilot_tick_duration_seconds_bucket",
+    "servepilot_webhook_deliveries_total",
+    "servepilot_webhook_oldest_pending_age_seconds",
+)
+
+ENGINE: list[Series] = [
+    Series("vllm:num_requests_running", "vllm"),
+    Series("vllm:generation_tokens_total", "vllm"),
+    Series("vllm:request_success_total", "vllm"),
+    Series("vllm:time_to_first_token_seconds_bucket", "vllm"),
+    Series("vllm:time_to_first_token_seconds_count", "vllm"),
+    Series("vllm:e2e_request_latency_seconds_bucket", "vllm"),
+    Series("sglang:generation_tokens_total", "sglang"),
+    Series("sglang:time_to_first_token_seconds_bucket", "sglang"),
+    Series("sglang:time_to_first_token_seconds_count", "sglang"),
+    Series("sglang:e2e_request_latency_seconds_bucket", "sglang"),
+]
+
+PROMETHEUS: list[Series] = [Series("up", "prometheus", "scrape health, added by Prometheus to every target")]
+
+#: Series that components still being built will export. Shrinks as features land.
+PLANNED: list[Series] = [
+    Series("servepilot_forecast_requests_per_second", "planned", "detectors/forecast: {horizon,quantile}"),
+    Series("servepilot_capacity_requests_per_second", "planned", "policies batch sizing: sustainable rate"),
+    Series("servepilot_breaker_level", "planned", "policies/breaker: 0 closed .. 3 fallback"),
+    Series("servepilot_actions_total", "planned", "arbiter/actuators: {knob,outcome=ok|failed|advised}"),
+    Series("servepilot_gate_ttft_seconds_bucket", "planned", "agent/gate when gate.enabled: {bucket,le}"),
+    Series("servepilot_gate_limit", "planned", "agent/gate: in-flight limit (effective batch)"),
+    Series("servepilot_slo_ttft_seconds", "planned", "config-driven SLO target exported by the agent"),
+]
+
+ALL: dict[str, Series] = {s.name: s for s in [*AGENT, *ENGINE, *PROMETHEUS, *PLANNED]}
+
+#: Labels Prometheus attaches to every scraped series (target labels), usable in any selector.
+TARGET_LABELS = frozenset({"job", "instance", "namespace", "pod", "container"})

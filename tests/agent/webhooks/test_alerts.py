@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+from agent.state import AgentState
+from agent.webhooks.alerts import Alert, AlertTracker
+from detectors.base import Finding, Severity
+from detectors.snapshot import Reading, Snapshot, SourceStatus
+
+
+def _state(now: float, findings: tuple[Finding, ...] = (), engine_ok: bool = True) -> AgentState:
+    engine = (
+        Reading("engine", now, SourceStatus.OK, {"engine.requests_running": 1.0})
+        if engine_ok
+        else Reading.failed("engine", now, "HTTP 503")
+    )
+    return AgentState(snapshot=Snapshot.from_readings(now, {"engine": engine}), findings=findings)
+
+
+LEAK = Finding(
+    "memory_leak", "probe.reserved_bytes", Severity.CRITICAL, 0.9, "reserved grows", 90.0, {"slope": 2.0}
+)
+
+
+def test_a_new_finding_fires_once() -> None:
+    tracker = AlertTracker()
+    first = tracker.update(_state(100.0, (LEAK,)), 100.0)
+    again = tracker.update(_state(101.0, (LEAK,)), 101.0)
+    assert [a.status for a in first] == ["firing"] and again == []
+    assert first[0].labels["alertname"] == "ServepilotFinding"
+    assert first[0].labels["detector"] == "memory_leak" and first[0].starts_at == 90.0
+
+
+def test_a_finding_that_disappears_resolves_at_that_tick() -> None:
+    tracker = AlertTracker()
+    tracker.update(_state(100.0, (LEAK,)), 100.0)
+    out = tracker.update(_state(105.0), 105.0)
+    assert [(a.status, a.ends_at) for a in out] == [("resolved", 105.0)]
+    assert tracker.active == {}
+
+
+def test_findings_below_min_severity_are_not_sent() -> None:
+    info = Finding("thermal", "nvml.gpu0.temperature_celsius", Severity.INFO, 0.2, "warm", 1.0)
+    assert AlertTracker(min_severity="warning").update(_state(2.0, (info,)), 2.0) == []
+
+
+def test_a_severity_change_resolves_the_old_alert_and_fires_a_new_one() -> None:
+    tracker = AlertTracker()
+    warn = Finding("memory_leak", "probe.reserved_bytes", Severity.WARNING, 0.5, "x", 1.0)
+    tracker.update(_state(1.0, (warn,)), 1.0)
+    out = tracker.update(_state(2.0, (LEAK,)), 2.0)
+    assert sorted((a.labels["severity"], a.status) for a in out) == [
+        ("critical", "firing"),
+        ("warning", "resolved"),
+    ]
+
+
+def test_a_failing_source_alerts_only_after_the_grace_period() -> None:
+    tracker = AlertTracker(source_down_after_s=30.0)
+    assert tracker.update(_state(0.0, engine_ok=False), 0.0) == []
+    assert tracker.update(_state(29.0, engine_ok=False), 29.0) == []
+    fired = tracker.update(_state(30.0, engine_ok=False), 30.0)
+    assert [(a.labels["alertname"], a.labels["source"], a.labels["severity"]) for a in fired] == [
+        ("ServepilotSourceDown", "engine", "critical")
+    ]
+    assert "HTTP 503" in fired[0].annotations["description"]
+
+
+def test_a_source_that_recovers_before_the_grace_period_never_alerts() -> None:
+    tracker = AlertTracker(source_down_after_s=30.0)
+    tracker.update(_state(0.0, engine_ok=False), 0.0)
+    tracker.update(_state(10.0), 10.0)
+    assert tracker.update(_state(45.0, engine_ok=False), 45.0) == []
+
+
+def test_static_labels_are_on_every_alert() -> None:
+    tracker = AlertTracker(static_labels={"namespace": "prod", "pod": "llm-0"})
+    alert = tracker.update(_state(1.0, (LEAK,)), 1.0)[0]
+    assert alert.labels["namespace"] == "prod" and alert.labels["pod"] == "llm-0"
+
+
+def test_restored_alerts_are_resolved_when_no_longer_active() -> None:
+    before = AlertTracker()
+    fired = before.update(_state(1.0, (LEAK,)), 1.0)
+    after_restart = AlertTracker()
+    after_restart.restore(fired)
+    out = after_restart.update(_state(50.0), 50.0)
+    assert [(a.fingerprint, a.status) for a in out] == [(fired[0].fingerprint, "resolved")]
+
+
+def test_alert_json_round_trips() -> None:
+    alert = Alert({"alertname": "X", "a": "1"}, {"summary": "s"}, 1.5, 2.5)
+    assert Alert.from_json(alert.to_json()) == alert

@@ -1,0 +1,259 @@
+from __future__ import annotations
+
+import json
+import random
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from agent.config import WebhookConfig
+from agent.state import AgentState
+from agent.webhooks.dispatcher import WebhookDispatcher, sinks_from_config
+from agent.webhooks.outbox import Outbox
+from agent.webhooks.receiver import build_receiver_app
+from agent.webhooks.sinks import AlertmanagerSink, GenericSink
+from detectors.base import Finding, Severity
+from detectors.snapshot import Reading, Snapshot, SourceStatus
+
+SECRET = b"k" * 32
+LEAK = Finding("memory_leak", "probe.reserved_bytes", Severity.CRITICAL, 0.9, "reserved grows", 0.0)
+
+
+class Clock:
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _state(now: float, *findings: Finding) -> AgentState:
+    reading = Reading("engine", now, SourceStatus.OK, {"engine.requests_running": 1.0})
+    return AgentState(snapshot=Snapshot.from_readings(now, {"engine": reading}), findings=findings)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _dispatcher(
+    tmp_path: Path, url: str, clock: Clock, registry: CollectorRegistry | None = None, **cfg: Any
+) -> WebhookDispatcher:
+    config = WebhookConfig(enabled=True, queue_path=str(tmp_path / "outbox.sqlite"), **cfg)
+    return WebhookDispatcher(
+        config,
+        registry or CollectorRegistry(),
+        sinks=[GenericSink(url, SECRET)],
+        clock=clock,
+        rng=random.Random(0),
+    )
+
+
+async def _serve(app: web.Application, port: int = 0) -> TestServer:
+    server = TestServer(app, host="127.0.0.1", port=port)
+    await server.start_server()
+    return server
+
+
+async def test_a_finding_reaches_a_verifying_receiver(tmp_path: Path) -> None:
+    clock = Clock()
+    app, log = build_receiver_app(SECRET, clock=clock)
+    server = await _serve(app)
+    disp = _dispatcher(tmp_path, str(server.make_url("/hook")), clock)
+    try:
+        disp.observe(_state(clock.now, LEAK))
+        assert await disp.deliver_due() == 1
+    finally:
+        await disp.stop()
+        await server.close()
+    [msg] = log.messages
+    assert msg["status"] == "firing" and msg["alerts"][0]["labels"]["detector"] == "memory_leak"
+    assert log.rejected == []
+
+
+async def test_a_resolution_follows_the_firing_message(tmp_path: Path) -> None:
+    clock = Clock()
+    app, log = build_receiver_app(SECRET, clock=clock)
+    server = await _serve(app)
+    disp = _dispatcher(tmp_path, str(server.make_url("/hook")), clock)
+    try:
+        disp.observe(_state(clock.now, LEAK))
+        clock.now += 10
+        disp.observe(_state(clock.now))
+        assert await disp.deliver_due() == 2
+    finally:
+        await disp.stop()
+        await server.close()
+    assert [m["status"] for m in log.messages] == ["firing", "resolved"]
+
+
+async def test_nothing_is_lost_across_a_15_minute_outage_and_a_restart(tmp_path: Path) -> None:
+    clock = Clock()
+    port = _free_port()  # nothing listens: connection refused, as when the receiver's pod is gone
+    url = f"http://127.0.0.1:{port}/hook"
+    disp = _dispatcher(tmp_path, url, clock, backoff_max_s=60.0)
+    disp.observe(_state(clock.now, LEAK))
+    for _ in range(15):  # 15 minutes of failing attempts, one pass per simulated minute
+        clock.now += 60
+        assert await disp.deliver_due() == 0
+    disp.observe(_state(clock.now))  # resolved while the receiver is still down
+    await disp.stop()  # the agent restarts
+
+    app, log = build_receiver_app(SECRET, clock=clock)
+    server = await _serve(app, port)
+    registry = CollectorRegistry()
+    restarted = _dispatcher(tmp_path, url, clock, registry)
+    try:
+        clock.now += 61  # past the longest backoff
+        assert await restarted.deliver_due() == 2
+    finally:
+        await restarted.stop()
+        await server.close()
+    assert [m["status"] for m in log.messages] == ["firing", "resolved"]  # in order, signatures fresh
+    assert log.rejected == []
+    assert registry.get_sample_value("servepilot_webhook_queue_depth", {"sink": "generic"}) == 0.0
+
+
+async def test_5xx_is_retried_with_backoff_until_it_succeeds(tmp_path: Path) -> None:
+    clock = Clock()
+    answers = [503, 502, 200]
+    seen: list[str] = []
+
+    async def flaky(request: web.Request) -> web.Response:
+        seen.append(request.headers["webhook-id"])
+        return web.Response(status=answers.pop(0))
+
+    app = web.Application()
+    app.router.add_post("/hook", flaky)
+    server = await _serve(app)
+    registry = CollectorRegistry()
+    disp = _dispatcher(tmp_path, str(server.make_url("/hook")), clock, registry, backoff_base_s=1.0)
+    try:
+        disp.observe(_state(clock.now, LEAK))
+        assert await disp.deliver_due() == 0
+        assert await disp.deliver_due() == 0  # not due yet: backoff holds it
+        clock.now += 1.0
+        assert await disp.deliver_due() == 0
+        clock.now += 2.0
+        assert await disp.deliver_due() == 1
+    finally:
+        await disp.stop()
+        await server.close()
+    assert len(seen) == 3 and len(set(seen)) == 1  # the same id every attempt: receivers can dedup
+    assert (
+        registry.get_sample_value(
+            "servepilot_webhook_deliveries_total", {"sink": "generic", "outcome": "retry"}
+        )
+        == 2
+    )
+
+
+async def test_4xx_is_dropped_without_retry(tmp_path: Path) -> None:
+    clock = Clock()
+    calls: list[int] = []
+
+    async def reject(request: web.Request) -> web.Response:
+        calls.append(1)
+        return web.Response(status=400)
+
+    app = web.Application()
+    app.router.add_post("/hook", reject)
+    server = await _serve(app)
+    registry = CollectorRegistry()
+    disp = _dispatcher(tmp_path, str(server.make_url("/hook")), clock, registry)
+    try:
+        disp.observe(_state(clock.now, LEAK))
+        await disp.deliver_due()
+        clock.now += 3600
+        await disp.deliver_due()
+    finally:
+        await disp.stop()
+        await server.close()
+    assert calls == [1]
+    assert (
+        registry.get_sample_value(
+            "servepilot_webhook_deliveries_total", {"sink": "generic", "outcome": "dropped"}
+        )
+        == 1
+    )
+
+
+async def test_messages_older_than_max_age_expire(tmp_path: Path) -> None:
+    clock = Clock()
+    registry = CollectorRegistry()
+    disp = _dispatcher(tmp_path, f"http://127.0.0.1:{_free_port()}/hook", clock, registry, max_age_s=60)
+    try:
+        disp.observe(_state(clock.now, LEAK))
+        clock.now += 61
+        await disp.deliver_due()
+    finally:
+        await disp.stop()
+    assert (
+        registry.get_sample_value(
+            "servepilot_webhook_deliveries_total", {"sink": "generic", "outcome": "expired"}
+        )
+        == 1
+    )
+    assert Outbox(tmp_path / "outbox.sqlite").pending("generic") == 0
+
+
+async def test_alertmanager_gets_v2_alerts_and_periodic_resends(tmp_path: Path) -> None:
+    clock = Clock()
+    posts: list[list[dict[str, Any]]] = []
+
+    async def alerts(request: web.Request) -> web.Response:
+        posts.append(json.loads(await request.read()))
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/api/v2/alerts", alerts)
+    server = await _serve(app)
+    config = WebhookConfig(enabled=True, queue_path=str(tmp_path / "q.sqlite"), resend_s=60)
+    base = str(server.make_url("/")).rstrip("/")
+    disp = WebhookDispatcher(config, CollectorRegistry(), sinks=[AlertmanagerSink(base)], clock=clock)
+    try:
+        disp.observe(_state(clock.now, LEAK))
+        await disp.deliver_due()
+        clock.now += 30
+        disp.observe(_state(clock.now, LEAK))  # too early to resend
+        clock.now += 31
+        disp.observe(_state(clock.now, LEAK))
+        await disp.deliver_due()
+        clock.now += 1
+        disp.observe(_state(clock.now))
+        await disp.deliver_due()
+    finally:
+        await disp.stop()
+        await server.close()
+    assert len(posts) == 3
+    assert [p[0]["labels"]["alertname"] for p in posts] == ["ServepilotFinding"] * 3
+    assert posts[2][0]["endsAt"] < posts[1][0]["endsAt"]  # the resolve carries the real end time
+
+
+async def test_metrics_use_the_registry_passed_in_not_the_global_one(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    disp = _dispatcher(tmp_path, "http://127.0.0.1:9/hook", Clock(), registry)
+    await disp.stop()
+    assert registry.get_sample_value("servepilot_webhook_queue_depth", {"sink": "generic"}) == 0.0
+    assert REGISTRY.get_sample_value("servepilot_webhook_queue_depth", {"sink": "generic"}) is None
+
+
+def test_generic_url_without_secret_is_a_one_line_error() -> None:
+    with pytest.raises(
+        ValueError, match=r"^webhooks.secret_file is required when webhooks.generic_url is set$"
+    ):
+        sinks_from_config(WebhookConfig(enabled=True, generic_url="http://127.0.0.1:1/hook"))
+
+
+def test_secret_file_is_read_and_decoded(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("whsec_a2V5\n")
+    [sink] = sinks_from_config(WebhookConfig(generic_url="http://127.0.0.1:1/hook", secret_file=str(secret)))
+    assert isinstance(sink, GenericSink) and sink.secret == b"key"

@@ -1,0 +1,121 @@
+"""The golden ``/metrics`` of the agent: what families (and label names) it really exports.
+
+Produced by running the real control loop, collectors and exporter against loopback servers that
+replay real captures (vLLM 0.32 CPU scrapes, an allocator-probe scrape) and the in-process fake NVML
+backend, with the webhook dispatcher attached to the agent's registry as the sidecar wires it. The
+result is a sorted list of ``sample_name{label,...}`` lines, independent of values, so it only changes
+when the agent's exported surface changes. Regenerate with::
+
+    SERVEPILOT_UPDATE_GOLDEN=1 .venv/bin/pytest tests/dashboards/test_series.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.collectors.engine_metrics import EngineMetricsCollector
+from agent.collectors.nvml import NvmlCollector
+from agent.collectors.nvml_fake import FakeNvmlBackend
+from agent.collectors.probe import ProbeCollector
+from agent.config import EngineConfig, NvmlConfig, ProbeConfig, WebhookConfig
+from agent.exporter import Exporter
+from agent.loop import Loop
+from agent.store import Store
+from agent.webhooks.dispatcher import WebhookDispatcher
+from agent.webhooks.sinks import GenericSink
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+GOLDEN = Path(__file__).resolve().parent / "golden" / "agent_metrics.txt"
+ENGINE_SCRAPES = [
+    FIXTURES / "expo" / "vllm-0.32-cpu" / f"vllm-0.32.0-cpu-metrics_{state}.prom"
+    for state in ("idle", "busy", "after", "after")
+]
+PROBE_SCRAPE = FIXTURES / "probe" / "probe_tp2.prom"
+_SUFFIXES = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_sum", "_count"),
+    "summary": ("_sum", "_count"),
+}
+
+
+def surface(exposition: str) -> list[str]:
+    """``name{labels}`` for every sample name a family can produce (families without samples too)."""
+    lines: set[str] = set()
+    for family in text_string_to_metric_families(exposition):
+        seen = False
+        for sample in family.samples:
+            seen = True
+            labels = ",".join(sorted(sample.labels))
+            lines.add(f"{sample.name}{{{labels}}}")
+        if not seen:
+            for suffix in _SUFFIXES.get(family.type, ("",)):
+                lines.add(f"{family.name}{suffix}{{}}")
+    return sorted(lines)
+
+
+async def agent_exposition(tmp_path: Path) -> str:
+    """Run four ticks of the real loop against replayed captures; return the agent's /metrics text."""
+    scrapes = [p.read_text(encoding="utf-8") for p in ENGINE_SCRAPES]
+    served = {"n": 0}
+
+    async def engine(_: web.Request) -> web.Response:
+        text = scrapes[min(served["n"], len(scrapes) - 1)]
+        served["n"] += 1
+        return web.Response(text=text + "\n", content_type="text/plain")
+
+    async def probe(_: web.Request) -> web.Response:
+        return web.Response(text=PROBE_SCRAPE.read_text(encoding="utf-8"), content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", engine)
+    app.router.add_get("/probe", probe)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server()
+    base = str(server.make_url("")).rstrip("/")
+    nvml = NvmlCollector(NvmlConfig(backend="off"), backend=FakeNvmlBackend(gpu_count=2))
+    collectors = [
+        EngineMetricsCollector(EngineConfig(kind="vllm", url=base)),
+        nvml,
+        ProbeCollector(ProbeConfig(url=f"{base}/probe")),
+    ]
+    exporter = Exporter()
+    loop = Loop(collectors, Store(100, 4096), interval_s=1.0, source_timeout_s=1.0)
+    loop.subscribe(exporter.publish)
+    hooks = WebhookDispatcher(
+        WebhookConfig(enabled=True, queue_path=str(tmp_path / "outbox.sqlite")),
+        exporter.registry,
+        sinks=[GenericSink("http://127.0.0.1:9/hook", b"k")],
+    )
+    loop.subscribe(hooks.observe)
+    try:
+        for tick in range(len(ENGINE_SCRAPES)):
+            now = 1_700_000_000.0 + tick
+            assert nvml.sampler is not None
+            for k in range(10):
+                nvml.sampler.sample_once(tick + k * 0.1)
+            await loop.tick(now)
+        return generate_latest(exporter.registry).decode("utf-8")
+    finally:
+        await hooks.stop()
+        for collector in collectors:
+            await collector.close()
+        await server.close()
+
+
+def read_golden() -> list[str]:
+    return [
+        line for line in GOLDEN.read_text(encoding="utf-8").splitlines() if line and not line.startswith("#")
+    ]
+
+
+def write_golden(lines: list[str]) -> None:
+    header = (
+        "# Golden surface of the agent's /metrics: sample names and label names, values ignored.\n"
+        "# Regenerate: SERVEPILOT_UPDATE_GOLDEN=1 .venv/bin/pytest tests/dashboards/test_series.py\n"
+    )
+    GOLDEN.write_text(header + "\n".join(lines) + "\n", encoding="utf-8")

@@ -1,0 +1,81 @@
+"""The rules file: current, valid for promtool, unit-tested by promtool, and documented."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dashboards import rules
+
+ROOT = Path(__file__).resolve().parents[2]
+UNIT_TESTS = ROOT / "dashboards" / "rules" / "tests" / "servepilot_test.yaml"
+RUNBOOK = ROOT / "docs" / "alerts.md"
+ALERTS = rules.alerts(rules.PRODUCTION)
+RECORDS = rules.recording(rules.PRODUCTION)
+
+
+def test_committed_rules_file_is_current() -> None:
+    assert rules.main(["--check"]) == 0, "run: python -m dashboards.rules"
+
+
+def test_operator_resource_carries_the_same_groups() -> None:
+    resource = yaml.safe_load(rules.OPERATOR_FILE.read_text(encoding="utf-8"))
+    assert resource["kind"] == "PrometheusRule"
+    assert resource["spec"] == yaml.safe_load(rules.RULES_FILE.read_text(encoding="utf-8"))
+
+
+def test_promtool_check_rules_passes(promtool: str) -> None:
+    done = subprocess.run([promtool, "check", "rules", str(rules.RULES_FILE)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_fast_profile_rules_also_pass_promtool(promtool: str, tmp_path: Path) -> None:
+    path = tmp_path / "fast.yaml"
+    path.write_text(rules.render(rules.FAST), encoding="utf-8")
+    done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_promtool_unit_tests_pass(promtool: str) -> None:
+    done = subprocess.run([promtool, "test", "rules", str(UNIT_TESTS)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("alert", ALERTS, ids=lambda a: a["alert"])
+def test_every_alert_has_for_severity_summary_description_and_runbook(alert: dict[str, object]) -> None:
+    assert alert["for"]
+    assert alert["labels"] == {"severity": alert["labels"]["severity"]}  # type: ignore[index]
+    assert alert["labels"]["severity"] in {"critical", "warning"}  # type: ignore[index]
+    notes = alert["annotations"]
+    assert set(notes) == {"summary", "description", "runbook_url"}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("alert", ALERTS, ids=lambda a: a["alert"])
+def test_every_alert_has_a_runbook_section(alert: dict[str, object]) -> None:
+    headings = re.findall(r"^## (\w+)", RUNBOOK.read_text(encoding="utf-8"), re.M)
+    assert alert["alert"] in headings
+
+
+@pytest.mark.parametrize("alert", ALERTS, ids=lambda a: a["alert"])
+def test_every_alert_fires_and_stays_quiet_in_the_unit_tests(alert: dict[str, object]) -> None:
+    text = UNIT_TESTS.read_text(encoding="utf-8")
+    blocks = re.findall(
+        rf"alertname: {alert['alert']}\n\s+exp_alerts:(.*?)(?=\n\s+- eval_time|\n\s+- name|\Z)", text, re.S
+    )
+    assert any(b.strip() == "[]" for b in blocks), "needs a not-firing case"
+    assert any("exp_labels" in b for b in blocks), "needs a firing case"
+
+
+@pytest.mark.parametrize("rule", RECORDS, ids=lambda r: r["record"])
+def test_recording_rules_are_named_level_metric_operations(rule: dict[str, str]) -> None:
+    assert re.fullmatch(r"[a-z_]+:[a-z_]+:[a-z0-9_]+", rule["record"])
+
+
+def test_fast_profile_only_shortens_durations() -> None:
+    fast = rules.alerts(rules.FAST)
+    assert [a["alert"] for a in fast] == [a["alert"] for a in ALERTS]
+    assert all(f["for"].endswith("s") for f in fast)

@@ -1,0 +1,366 @@
+"""End to end with a real Prometheus and Alertmanager (Debian packages), all on loopback, free ports.
+
+The demo (simulated engine + sidecar + trace load) is scraped by Prometheus every second with
+servepilot's rules loaded in the FAST profile (same expressions, seconds instead of minutes). Checks:
+
+1. every dashboard query returns data, except those naming a planned series or a condition that is
+   absent on a healthy demo (listed in ``QUIET`` with the reason);
+2. a fault in the simulator (``/metrics`` slower than the agent's deadline) makes
+   ``ServepilotEngineDown`` fire in Prometheus, reach Alertmanager and arrive at a webhook receiver;
+3. the agent's own signed webhook reaches a verifying receiver that was down when the alert fired
+   (nothing lost), followed by the resolution once the fault is cleared.
+
+Skipped locally when ``prometheus``/``prometheus-alertmanager`` are missing; a failure when CI=true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from agent import config
+from agent.demo_runner import bundled_trace
+from agent.loadgen import LoadGenerator
+from agent.sidecar import Sidecar
+from agent.webhooks.dispatcher import WebhookDispatcher
+from agent.webhooks.receiver import build_receiver_app
+from agent.webhooks.signing import decode_secret
+from dashboards import generate, queries, rules, series
+from simulator.engine import make_core
+from simulator.server import SimServer
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "whsec_c2VydmVwaWxvdC1lMmUtc2VjcmV0LWtleS0zMmJ5dGVzIQ=="
+RATE_WINDOW = "15s"
+#: Queries allowed to be empty on a healthy demo, beyond those naming planned series: (substring, why).
+QUIET = {
+    "servepilot_finding": "no finding on a healthy engine",
+    "servepilot_knob_value": "no knob is driven in observe mode",
+}
+
+
+def _binaries() -> tuple[str, str]:
+    prom, am = (
+        shutil.which("prometheus"),
+        shutil.which("prometheus-alertmanager") or shutil.which("alertmanager"),
+    )
+    if prom is None or am is None:
+        message = (
+            "prometheus / prometheus-alertmanager not installed "
+            "(apt-get install -y prometheus prometheus-alertmanager)"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return prom, am
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _until(check: Callable[[], Awaitable[Any]], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(aiohttp.ClientError, OSError, KeyError, IndexError):
+            last = await check()
+            if last:
+                return last
+        await asyncio.sleep(0.5)  # polling real processes; the test's own logic never sleeps on time
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what} (last: {last!r})")
+
+
+@contextlib.contextmanager
+def _process(cmd: list[str], log: Path) -> Any:
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def _site(app: web.Application, port: int) -> AsyncIterator[TestServer]:
+    server = TestServer(app, host="127.0.0.1", port=port)
+    await server.start_server()
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+def _prometheus_config(tmp: Path, agent_port: int, engine_port: int, am_port: int) -> Path:
+    (tmp / "rules.yaml").write_text(rules.render(rules.FAST), encoding="utf-8")
+    labels = {"namespace": "e2e", "pod": "demo-0"}
+    cfg = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
+        "rule_files": [str(tmp / "rules.yaml")],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+        "scrape_configs": [
+            {
+                "job_name": "servepilot",
+                "static_configs": [{"targets": [f"127.0.0.1:{agent_port}"], "labels": labels}],
+            },
+            {
+                "job_name": "vllm",
+                "static_configs": [{"targets": [f"127.0.0.1:{engine_port}"], "labels": labels}],
+            },
+        ],
+    }
+    path = tmp / "prometheus.yml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    return path
+
+
+def _alertmanager_config(tmp: Path, receiver_port: int) -> Path:
+    cfg = {
+        "route": {
+            "receiver": "hook",
+            "group_by": ["alertname", "pod"],
+            "group_wait": "1s",
+            "group_interval": "1s",
+            "repeat_interval": "1h",
+        },
+        "receivers": [
+            {
+                "name": "hook",
+                "webhook_configs": [{"url": f"http://127.0.0.1:{receiver_port}/am", "send_resolved": True}],
+            }
+        ],
+    }
+    path = tmp / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    return path
+
+
+def _agent_config(
+    tmp: Path, agent_port: int, engine_port: int, am_port: int, hook_port: int
+) -> config.Config:
+    data = yaml.safe_load((ROOT / "examples" / "demo.yaml").read_text(encoding="utf-8"))
+    engine = f"http://127.0.0.1:{engine_port}"
+    data["agent"]["listen_port"] = agent_port
+    data["engine"]["url"] = engine
+    data["nvml"]["simulated_url"] = engine
+    data["probe"]["url"] = f"{engine}/sim/probe/metrics"
+    (tmp / "secret").write_text(SECRET, encoding="utf-8")
+    data["webhooks"] = {
+        "enabled": True,
+        "alertmanager_url": f"http://127.0.0.1:{am_port}",
+        "generic_url": f"http://127.0.0.1:{hook_port}/hook",
+        "secret_file": str(tmp / "secret"),
+        "queue_path": str(tmp / "outbox.sqlite"),
+        "source_down_after_s": 2,
+        "resend_s": 5,
+        "backoff_base_s": 0.2,
+        "backoff_max_s": 1.0,
+        "labels": {"namespace": "e2e", "pod": "demo-0"},
+    }
+    return config.build(data)
+
+
+def _quiet_reason(expr: str) -> str | None:
+    for name in queries.metric_names(expr):
+        if name in series.ALL and series.ALL[name].source == "planned":
+            return f"planned: {name}"
+    return next((why for key, why in QUIET.items() if key in expr), None)
+
+
+async def _dashboard_results(
+    instant: Callable[[str], Awaitable[list[dict[str, Any]]]],
+) -> tuple[int, dict[str, str], list[str]]:
+    """(queries with data, quiet queries with their reason, queries without data and without reason)."""
+    with_data, quiet, empty = 0, {}, []
+    for name in generate.ALL:
+        for query in queries.dashboard_queries(generate.load(name)):
+            expr = queries.substitute(query.expr, {"$__rate_interval": RATE_WINDOW, "$__range": "1m"})
+            if await instant(expr):
+                with_data += 1
+            elif reason := _quiet_reason(query.expr):
+                quiet[query.where] = reason
+            else:
+                empty.append(f"{query.where}: {expr}")
+    return with_data, quiet, empty
+
+
+async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertmanager(
+    tmp_path: Path,
+) -> None:
+    prom_bin, am_bin = _binaries()
+    agent_port, engine_port, prom_port, am_port, am_hook_port, hook_port = (_free_port() for _ in range(6))
+    started = time.monotonic()
+
+    sim = SimServer(make_core("a100-80g", "llama-2-7b"), speed=1.0)
+    sim_runner = web.AppRunner(sim.app(), access_log=None, handle_signals=False)
+    await sim_runner.setup()
+    await web.TCPSite(sim_runner, "127.0.0.1", engine_port).start()
+
+    cfg = _agent_config(tmp_path, agent_port, engine_port, am_port, hook_port)
+    sidecar = Sidecar(cfg)
+    hooks = getattr(sidecar, "webhooks", None)
+    if hooks is None:  # until Sidecar wires agent.webhooks itself, wire it the documented way
+        hooks = WebhookDispatcher(cfg.webhooks, sidecar.exporter.registry, poll_s=0.2)
+        sidecar.loop.subscribe(hooks.observe)
+    await sidecar.start()
+    hooks.start()
+    stop_load = asyncio.Event()
+    gen = LoadGenerator(cfg.engine.url, bundled_trace(), model=sim.model_name, speed=4.0, max_in_flight=64)
+    load = asyncio.create_task(gen.run(stop_load))
+
+    am_received: list[dict[str, Any]] = []
+
+    async def am_hook(request: web.Request) -> web.Response:
+        am_received.append(await request.json())
+        return web.json_response({})
+
+    am_app = web.Application()
+    am_app.router.add_post("/am", am_hook)
+    hook_app, hook_log = build_receiver_app(decode_secret(SECRET))
+    prom_args = [
+        prom_bin,
+        f"--config.file={_prometheus_config(tmp_path, agent_port, engine_port, am_port)}",
+        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{prom_port}",
+    ]
+    am_args = [
+        am_bin,
+        f"--config.file={_alertmanager_config(tmp_path, am_hook_port)}",
+        f"--storage.path={tmp_path / 'am'}",
+        f"--web.listen-address=127.0.0.1:{am_port}",
+        "--cluster.listen-address=",
+    ]
+    prom_url, am_url = f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{am_port}"
+    try:
+        with (
+            _process(prom_args, tmp_path / "prometheus.log"),
+            _process(am_args, tmp_path / "alertmanager.log"),
+        ):
+            async with _site(am_app, am_hook_port), aiohttp.ClientSession() as http:
+
+                async def instant(expr: str) -> list[dict[str, Any]]:
+                    async with http.get(f"{prom_url}/api/v1/query", params={"query": expr}) as r:
+                        body = await r.json()
+                    assert body["status"] == "success", f"{expr}: {body}"
+                    return list(body["data"]["result"])
+
+                # -- 1. every dashboard query returns data ------------------------------------------
+                await _until(
+                    lambda: instant("rate(vllm:generation_tokens_total[15s]) > 0"), 60, "tokens in Prometheus"
+                )
+                await _until(
+                    lambda: instant("namespace_pod:servepilot_energy_joules_per_token:ratio_rate5m"),
+                    30,
+                    "energy per token",
+                )
+                with_data, quiet, empty = await _dashboard_results(instant)
+                assert empty == [], "dashboard queries without data:\n" + "\n".join(empty)
+                assert with_data > 2 * len(quiet), (with_data, quiet)
+                print(f"dashboard queries: {with_data} with data, {len(quiet)} quiet: {quiet}")
+
+                # -- 2. a fault fires an alert through Prometheus and Alertmanager ------------------
+                async with http.post(
+                    f"http://127.0.0.1:{engine_port}/sim/faults", json={"metrics_delay_s": 5}
+                ) as r:
+                    assert r.status == 200
+                await _until(
+                    lambda: instant('ALERTS{alertname="ServepilotEngineDown", alertstate="firing"}'),
+                    30,
+                    "alert firing",
+                )
+
+                async def in_alertmanager() -> bool:
+                    async with http.get(f"{am_url}/api/v2/alerts") as r:
+                        alerts = await r.json()
+                    return any(a["labels"].get("alertname") == "ServepilotEngineDown" for a in alerts)
+
+                await _until(in_alertmanager, 20, "alert in Alertmanager")
+                delivered = await _until(
+                    lambda: asyncio.sleep(
+                        0,
+                        [
+                            a
+                            for m in am_received
+                            for a in m["alerts"]
+                            if a["labels"]["alertname"] == "ServepilotEngineDown" and a["status"] == "firing"
+                        ],
+                    ),
+                    20,
+                    "Alertmanager webhook delivery",
+                )
+                assert delivered[0]["labels"]["severity"] == "critical"
+                assert delivered[0]["labels"]["pod"] == "demo-0"
+
+                # -- 3. the agent's own signed webhook survives a receiver outage -------------------
+                await _until(
+                    lambda: asyncio.sleep(0, hooks.outbox.pending("generic") > 0), 20, "queued agent webhook"
+                )
+                await _until(
+                    lambda: asyncio.sleep(
+                        0, hooks.metrics.deliveries.labels("generic", "retry")._value.get() >= 2
+                    ),
+                    20,
+                    "failed attempts while the receiver is down",
+                )
+                async with _site(hook_app, hook_port):
+                    firing = await _until(
+                        lambda: asyncio.sleep(0, [m for m in hook_log.messages if m["status"] == "firing"]),
+                        20,
+                        "agent webhook after the outage",
+                    )
+                    assert firing[0]["alerts"][0]["labels"]["alertname"] == "ServepilotSourceDown"
+                    assert firing[0]["alerts"][0]["labels"]["source"] == "engine"
+                    async with http.post(
+                        f"http://127.0.0.1:{engine_port}/sim/faults", json={"metrics_delay_s": 0}
+                    ) as r:
+                        assert r.status == 200
+                    await _until(
+                        lambda: asyncio.sleep(0, [m for m in hook_log.messages if m["status"] == "resolved"]),
+                        30,
+                        "resolution webhook",
+                    )
+                assert hook_log.rejected == []
+                statuses = [m["status"] for m in hook_log.messages]
+                assert statuses.index("firing") < statuses.index("resolved")
+
+                # the agent's alerts also reached Alertmanager through its v2 API
+                async with http.get(
+                    f"{am_url}/api/v2/alerts", params={"active": "true", "silenced": "false"}
+                ) as r:
+                    names = {a["labels"]["alertname"] for a in await r.json()}
+                assert "ServepilotSourceDown" in names or any(
+                    a["labels"]["alertname"] == "ServepilotSourceDown"
+                    for m in am_received
+                    for a in m["alerts"]
+                )
+    finally:
+        stop_load.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(load, timeout=3)
+        await hooks.stop()
+        await sidecar.stop()
+        await sim_runner.cleanup()
+    assert time.monotonic() - started < 180

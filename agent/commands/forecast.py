@@ -39,6 +39,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--initial", type=parse_duration, help="training span before the first origin")
     parser.add_argument("--stride", type=parse_duration, default=600.0, help="time between origins (10m)")
     parser.add_argument("--refit", type=parse_duration, default=86400.0, help="refit interval (1d)")
+    parser.add_argument(
+        "--validation",
+        type=float,
+        default=0.4,
+        help="share of the origins (the earliest) used to select the model; the table reports the rest "
+        "(default 0.4; 0 selects and reports on all origins)",
+    )
     parser.add_argument("--models", help="comma-separated subset of models (default: all)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="plot forecast vs actual of the selected model")
@@ -64,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
 
 def backtest_report(series: Any, args: argparse.Namespace) -> dict[str, Any]:
     from agent.cli import UsageError
-    from detectors.forecast.backtest import rolling_origin
-    from detectors.forecast.select import default_factories, select
+    from detectors.forecast.backtest import combine, rolling_origin
+    from detectors.forecast.select import BASELINES, default_factories, select
 
     step = series.step_s
     horizon = max(1, round(args.horizon / step))
@@ -93,22 +100,56 @@ def backtest_report(series: Any, args: argparse.Namespace) -> dict[str, Any]:
         )
         for name, factory in factories.items()
     ]
+    if not 0.0 <= args.validation < 1.0:
+        raise UsageError(f"--validation must be in [0, 1), got {args.validation:g}")
+    split = _split(results, args.validation)
+    chosen_on = [r.window(stop=split) if r.ok else r for r in results]
+    reported = [r.window(first=split) if r.ok else r for r in results]
     try:
-        selection, ensembles = select(results, horizon)
+        selection, _ = select(chosen_on, horizon)
     except ValueError as error:
         raise UsageError(str(error)) from error
-    shown = results + [e for e in ensembles if e.name == selection.name]
+    by_name = {r.name: r for r in reported}
+    shown = list(reported)
+    if len(selection.members) > 1:
+        shown.append(combine([by_name[m] for m in selection.members], name=selection.name))
     best = next(r for r in shown if r.name == selection.name)
+    best_baseline = min((r for r in reported if r.ok and r.name in BASELINES), key=lambda r: r.mase(horizon))
+    improvement = 1.0 - best.mase(horizon) / best_baseline.mase(horizon)
     return {
         "horizon_s": horizon * step,
         "step_s": step,
         "selected": selection.name,
-        "improvement_vs_best_baseline": round(selection.improvement, 4),
-        "best_baseline": selection.best_baseline,
+        "improvement_vs_best_baseline": round(improvement, 4),
+        "best_baseline": best_baseline.name,
         "mase_scale": "in-sample one-step naive MAE of the initial training window",
+        "validation_share": args.validation,
+        "selection_window": _describe_window(chosen_on, series),
+        "report_window": _describe_window(reported, series),
+        "validation_mase": {r.name: round(r.mase(horizon), 4) for r in chosen_on if r.ok},
         "origins": int(best.origins.size),
         "models": [_row(r, horizon, horizons, step) for r in shown],
         "_best": best,
+    }
+
+
+def _split(results: list[Any], share: float) -> int | None:
+    """Series index that separates the selection origins (before) from the reported ones (after)."""
+    ok = next((r for r in results if r.ok), None)
+    if ok is None or share <= 0:
+        return None
+    cut = round(share * ok.origins.size)
+    return int(ok.origins[min(max(cut, 1), ok.origins.size - 1)])
+
+
+def _describe_window(results: list[Any], series: Any) -> dict[str, Any]:
+    ok = next((r for r in results if r.ok), None)
+    if ok is None or ok.origins.size == 0:
+        return {"origins": 0}
+    return {
+        "origins": int(ok.origins.size),
+        "first_origin_s": float(series.start_s + ok.origins[0] * series.step_s),
+        "last_origin_s": float(series.start_s + ok.origins[-1] * series.step_s),
     }
 
 
@@ -140,11 +181,18 @@ def _table(report: dict[str, Any]) -> str:
             continue
         cells = "".join(f"{v['mase']:>11.3f}{v['smape']:>12.3f}" for v in model["by_horizon_s"].values())
         lines.append(f"{model['name']:<40}{cells}")
-    lines.append(
-        f"selected at {report['horizon_s'] / 60:g} min: {report['selected']} "
-        f"({report['improvement_vs_best_baseline']:.1%} lower MASE than {report['best_baseline']}); "
-        f"MASE scale: {report['mase_scale']}"
+    chosen, shown = report["selection_window"], report["report_window"]
+    where = (
+        f"(chosen on the first {chosen['origins']} origins); on the {shown['origins']} later origins above"
+        if report["validation_share"] > 0
+        else f"(chosen and scored on the same {shown['origins']} origins)"
     )
+    lines.append(
+        f"selected at {report['horizon_s'] / 60:g} min: {report['selected']} {where}: "
+        f"{report['improvement_vs_best_baseline']:.1%} lower MASE than {report['best_baseline']}, "
+        "the best baseline there"
+    )
+    lines.append(f"MASE scale: {report['mase_scale']}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,217 @@
+"""LiveForecaster in virtual time: snapshots are built by hand, ``now`` is passed in, nothing sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.config import ForecastConfig
+from agent.exporter import translate
+from agent.forecast_state import Track
+from agent.forecasting import LiveForecaster
+from detectors.snapshot import Reading, Snapshot, SourceStatus
+
+MONDAY_S = 1_715_558_400.0  # 2024-05-13 00:00 UTC
+
+
+def _cfg(tmp_path: Path | None = None, **changes: object) -> ForecastConfig:
+    base: dict[str, object] = {
+        "enabled": True,
+        "models": ("last_value", "level_shape"),
+        "backtest_days": 0.25,
+        "state_path": str(tmp_path / "forecast.json") if tmp_path else None,
+    }
+    return ForecastConfig.model_validate(base | changes)
+
+
+def _rate(minute: int) -> float:
+    """Requests per second with a daily cycle (10 at night, 30 in the afternoon)."""
+    return 20.0 + 10.0 * math.sin(2 * math.pi * (minute % 1440) / 1440 - math.pi / 2)
+
+
+def _snap(now: float, rps: float | None, p99: float = 0.5, **extra: float) -> Snapshot:
+    values = {"engine.ttft_seconds.p99": p99, "engine.prompt_tokens_per_second": 100.0 * (rps or 0)}
+    values |= {"engine.generation_tokens_per_second": 50.0 * (rps or 0)} | extra
+    if rps is not None:
+        values["engine.requests_finished_per_second"] = rps
+    reading = Reading("engine", now, SourceStatus.OK, values)
+    return Snapshot.from_readings(now, {"engine": reading})
+
+
+def _feed(forecaster: LiveForecaster, first: int, minutes: int, noise: float = 0.0) -> float:
+    """One tick per minute (second 30 of each minute); returns the time of the last tick."""
+    rng = np.random.default_rng(first)
+    now = 0.0
+    for minute in range(first, first + minutes):
+        now = MONDAY_S + 60.0 * minute + 30.0
+        forecaster.observe(_snap(now, max(0.0, _rate(minute) + rng.normal(0, noise))))
+    return now
+
+
+def test_a_minute_is_the_mean_of_the_ticks_inside_it() -> None:
+    track = Track("requests_per_second", keep=100)
+    for second, value in ((0, 1.0), (20, 2.0), (40, 6.0)):
+        assert not track.add(10, value) or second == 0
+    assert track.add(11, 5.0)
+    assert track.last_closed == 3.0 and track.values == [3.0]
+
+
+def test_a_minute_without_samples_is_missing_not_zero() -> None:
+    track = Track("requests_per_second", keep=100)
+    for minute, value in ((0, 4.0), (1, None), (2, 8.0), (3, 1.0)):
+        track.add(minute, value)
+    assert math.isnan(track.values[1])
+    series, _ = track.series()
+    assert series is not None and series.values.tolist() == [4.0, 6.0, 8.0]  # interpolated, not zero
+
+
+def test_history_before_a_long_outage_is_not_used_for_fitting() -> None:
+    track = Track("requests_per_second", keep=1000)
+    for minute in [*range(0, 30), *range(40, 70), 70]:
+        track.add(minute, 1.0)
+    series, end = track.series()
+    assert series is not None and series.start_s == 40 * 60.0 and len(series) == 30 and end == 70
+
+
+def test_no_data_before_the_first_minute_closes() -> None:
+    forecaster = LiveForecaster(_cfg())
+    now = _feed(forecaster, 0, 1)
+    assert forecaster.signals(now).status is SourceStatus.NO_DATA
+
+
+def test_no_forecast_signals_before_a_model_is_fitted() -> None:
+    forecaster = LiveForecaster(_cfg())
+    now = _feed(forecaster, 0, 30)
+    assert set(forecaster.signals(now).values) == {"forecast.capacity_requests_per_second"}
+
+
+def test_signals_cover_every_horizon_and_quantile_and_map_to_the_exported_families() -> None:
+    forecaster = LiveForecaster(_cfg())
+    now = _feed(forecaster, 0, 1440 + 120)
+    forecaster.refit(now)
+    reading = forecaster.signals(now)
+    for target in ("requests_per_second", "tokens_per_second"):
+        for h in (5, 15, 30, 60):
+            low, mid, high = (reading.values[f"forecast.{target}.h{h}m.q{q}"] for q in ("0.1", "0.5", "0.9"))
+            assert low <= mid <= high
+    assert reading.info["forecast.selected"] == "level_shape"  # too little history to backtest: fallback
+    name = translate("forecast.requests_per_second.h30m.q0.5")
+    assert name.name == "servepilot_forecast_requests_per_second"
+    assert dict(name.labels) == {"horizon": "1800", "quantile": "0.5"}
+
+
+def test_the_30_minute_forecast_follows_the_daily_cycle() -> None:
+    forecaster = LiveForecaster(_cfg())
+    now = _feed(forecaster, 0, 1440 + 300)  # 05:00 on day two: traffic is rising
+    forecaster.refit(now)
+    minute = 1440 + 300
+    forecast = forecaster.signals(now).values["forecast.requests_per_second.h30m.q0.5"]
+    assert forecast == pytest.approx(_rate(minute + 30), rel=0.05)
+    assert forecast > _rate(minute - 1) * 1.05  # more than the last value: the shape is used
+
+
+def test_refit_with_enough_history_backtests_every_candidate_and_selects() -> None:
+    forecaster = LiveForecaster(_cfg())
+    now = _feed(forecaster, 0, 2 * 1440 + 15 * 24 + 60 + 10, noise=1.0)
+    forecaster.refit(now)
+    reading = forecaster.signals(now)
+    mase = {k: v for k, v in reading.values.items() if k.startswith("forecast.backtest_mase.")}
+    assert set(mase) == {"forecast.backtest_mase.last_value.h30m", "forecast.backtest_mase.level_shape.h30m"}
+    assert reading.info["forecast.selected"] == "level_shape"
+    assert mase["forecast.backtest_mase.level_shape.h30m"] < mase["forecast.backtest_mase.last_value.h30m"]
+
+
+def test_new_minutes_move_the_forecast_without_a_refit() -> None:
+    forecaster = LiveForecaster(_cfg())
+    now = _feed(forecaster, 0, 1440 + 120)
+    forecaster.refit(now)
+    start = forecaster.tracks["requests_per_second"].forecast.start_s  # type: ignore[union-attr]
+    _feed(forecaster, 1440 + 120, 10)
+    moved = forecaster.tracks["requests_per_second"].forecast.start_s  # type: ignore[union-attr]
+    assert moved == start + 600.0
+
+
+def test_a_long_outage_pauses_the_model_until_the_next_refit() -> None:
+    forecaster = LiveForecaster(_cfg())
+    now = _feed(forecaster, 0, 1440 + 120)
+    forecaster.refit(now)
+    now = _feed(forecaster, 1440 + 140, 3)  # 20 minutes without data
+    assert forecaster.tracks["requests_per_second"].model is None
+    assert forecaster.refit_due(now)
+
+
+def test_capacity_is_the_highest_rate_seen_within_the_slo() -> None:
+    forecaster = LiveForecaster(_cfg(ttft_slo_s=1.0))
+    for minute, (rps, p99) in enumerate(((10.0, 0.5), (50.0, 3.0), (30.0, 0.9), (20.0, 0.2))):
+        forecaster.observe(_snap(MONDAY_S + 60 * minute, rps, p99))
+    assert forecaster.capacity_rps == 30.0  # 50 rps broke the SLO; the last minute is still open
+
+
+def test_recommended_replicas_cover_the_upper_forecast_at_target_utilisation() -> None:
+    forecaster = LiveForecaster(_cfg(target_utilization=0.5, replica_quantile=0.9))
+    now = _feed(forecaster, 0, 1440 + 120)
+    forecaster.refit(now)
+    forecaster.capacity_rps = 4.0
+    reading = forecaster.signals(now)
+    track = forecaster.tracks["requests_per_second"]
+    assert track.forecast is not None
+    peak = float(track.forecast.quantiles[0.9][:31].max())
+    assert reading.values["forecast.recommended_replicas"] == math.ceil(peak / 2.0)
+
+
+def test_the_gate_rate_is_preferred_to_the_engine_rate() -> None:
+    forecaster = LiveForecaster(_cfg())
+    for minute in range(2):
+        now = MONDAY_S + 60 * minute
+        extra = {"gate.short.requests_per_second": 7.0, "gate.long.requests_per_second": 2.0}
+        forecaster.observe(_snap(now, 1.0, **extra))
+    assert forecaster.tracks["requests_per_second"].values == [9.0]
+
+
+def test_save_and_restore_give_identical_forecasts(tmp_path: Path) -> None:
+    first = LiveForecaster(_cfg(tmp_path))
+    now = _feed(first, 0, 1440 + 200, noise=1.0)
+    first.refit(now)
+    first.capacity_rps = 12.0
+    first.save()
+    second = LiveForecaster(_cfg(tmp_path))
+    assert second.restore()
+    assert second.signals(now).values == first.signals(now).values
+    assert second.signals(now).info == first.signals(now).info
+
+
+def test_a_corrupt_state_file_starts_fresh(tmp_path: Path) -> None:
+    (tmp_path / "forecast.json").write_text("{not json")
+    forecaster = LiveForecaster(_cfg(tmp_path))
+    assert not forecaster.restore()
+    assert forecaster.tracks["requests_per_second"].values == []
+
+
+def test_saving_leaves_no_temporary_files(tmp_path: Path) -> None:
+    forecaster = LiveForecaster(_cfg(tmp_path))
+    _feed(forecaster, 0, 10)
+    forecaster.save()
+    assert [p.name for p in tmp_path.iterdir()] == ["forecast.json"]
+    assert json.loads((tmp_path / "forecast.json").read_text())["version"] == 1
+
+
+def test_unknown_model_names_are_one_line_errors() -> None:
+    with pytest.raises(ValueError, match=r"forecast.models: unknown \['prophet'\]"):
+        LiveForecaster(_cfg(models=("last_value", "prophet")))
+
+
+async def test_collect_refits_in_a_thread_and_never_raises(tmp_path: Path) -> None:
+    forecaster = LiveForecaster(_cfg(tmp_path))
+    now = _feed(forecaster, 0, 1440 + 120)
+    await forecaster.collect(now)
+    assert forecaster._refit_task is not None  # scheduled in the executor, not run on the loop
+    await asyncio.wait_for(forecaster._refit_task, timeout=30)
+    second = await forecaster.collect(now + 1)
+    assert second.status is SourceStatus.OK and "forecast.requests_per_second.h30m.q0.5" in second.values
+    await forecaster.close()
+    assert (tmp_path / "forecast.json").exists()

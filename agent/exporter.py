@@ -36,6 +36,10 @@ class Rule:
     fixed: tuple[tuple[str, str], ...] = ()
 
 
+SKIP = ""
+"""Template of rules whose signals are not exported (someone else already exports them)."""
+
+
 def _rule(pattern: str, template: str, help_text: str, **fixed: str) -> Rule:
     return Rule(re.compile(pattern), template, help_text, tuple(sorted(fixed.items())))
 
@@ -83,12 +87,21 @@ RULES: tuple[Rule, ...] = (
         "Torch allocator statistic from the probe, summed over devices.",
         device="all",
     ),
+    # The gate publishes its own histograms, gauges and counters (servepilot_gate_*) in this registry;
+    # its snapshot signals are for the detectors and must not be exported a second time.
+    _rule(r"^gate\..*$", SKIP, "Exported by the gate itself."),
     _rule(
-        r"^gate\.(?P<bucket>\w+)\.(?P<metric>\w+)\.(?P<quantile>p50|p90|p95|p99)$",
-        "servepilot_gate_{metric}",
-        "Quantile per request-length bucket, measured by the admission gate.",
+        r"^forecast\.(?P<metric>requests_per_second|tokens_per_second)\.h(?P<horizon_min>\d+)m"
+        r"\.q(?P<quantile>0\.\d+)$",
+        "servepilot_forecast_{metric}",
+        "Forecast rate `horizon` seconds ahead at the given quantile (0.5 = point forecast).",
     ),
-    _rule(r"^gate\.(?P<metric>\w+)$", "servepilot_gate_{metric}", "Admission-gate signal."),
+    _rule(
+        r"^forecast\.backtest_mase\.(?P<model>.+)\.h(?P<horizon_min>\d+)m$",
+        "servepilot_forecast_backtest_mase",
+        "Rolling-origin backtest MASE of each candidate forecaster on recent data (lower is better).",
+    ),
+    _rule(r"^forecast\.(?P<metric>\w+)$", "servepilot_forecast_{metric}", "Forecasting signal."),
 )
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")
@@ -101,16 +114,21 @@ class Translation:
     labels: tuple[tuple[str, str], ...]
 
 
-def translate(signal: str) -> Translation:
-    """Map one flat snapshot name to a metric name and labels (unmatched names get a generic name)."""
+def translate(signal: str) -> Translation | None:
+    """Map one flat snapshot name to a metric name and labels (unmatched names get a generic name);
+    ``None`` for signals that are deliberately not exported."""
     for rule in RULES:
         match = rule.pattern.match(signal)
         if not match:
             continue
+        if rule.template == SKIP:
+            return None
         groups = match.groupdict()
         name = rule.template.format(metric=groups.pop("metric", ""))
         if "quantile" in groups:
-            groups["quantile"] = QUANTILES[groups["quantile"]]
+            groups["quantile"] = QUANTILES.get(groups["quantile"], groups["quantile"])
+        if "horizon_min" in groups:  # forecast horizons are minutes in names, seconds in labels
+            groups["horizon"] = str(int(groups.pop("horizon_min")) * 60)
         labels = tuple(sorted({**groups, **dict(rule.fixed)}.items()))
         return Translation(name, rule.help, labels)
     return Translation("servepilot_" + _INVALID.sub("_", signal), "Signal derived by the agent.", ())
@@ -121,17 +139,17 @@ class StateCollector(PromCollector):
 
     def __init__(self) -> None:
         self.state = AgentState()
-        self._cache: dict[str, Translation] = {}
+        self._cache: dict[str, Translation | None] = {}
 
     def update(self, state: AgentState) -> None:
         self.state = state
 
-    def _translation(self, signal: str) -> Translation:
-        found = self._cache.get(signal)
-        if found is None:
-            found = self._cache[signal] = translate(signal)
-            if len(self._cache) > 100_000:  # pid churn must not grow the cache for ever
-                self._cache.clear()
+    def _translation(self, signal: str) -> Translation | None:
+        if signal in self._cache:
+            return self._cache[signal]
+        if len(self._cache) > 100_000:  # pid churn must not grow the cache for ever
+            self._cache.clear()
+        found = self._cache[signal] = translate(signal)
         return found
 
     def collect(self) -> Iterator[Metric]:
@@ -168,6 +186,8 @@ class StateCollector(PromCollector):
                     ups[name].add_metric([], 1.0 if ok else 0.0)
             for signal, value in snap.values.items():
                 tr = self._translation(signal)
+                if tr is None:
+                    continue
                 family = families.get(tr.name)
                 if family is None:
                     family = families[tr.name] = GaugeMetricFamily(

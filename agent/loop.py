@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from agent.collectors.base import Collector
@@ -26,6 +26,8 @@ from policies.base import Policy, Proposal
 log = logging.getLogger(__name__)
 
 Listener = Callable[[AgentState], None]
+Act = Callable[[Sequence[Proposal], Snapshot], Awaitable[Mapping[str, float | str]]]
+"""Carries out (or advises) the tick's proposals; returns the knob values after acting."""
 
 
 class Loop:
@@ -41,6 +43,7 @@ class Loop:
         detectors: Sequence[Detector] = (),
         policies: Sequence[Policy] = (),
         clock: Callable[[], float] = time.time,
+        act: Act | None = None,
     ) -> None:
         self.collectors = list(collectors)
         self.store = store
@@ -49,6 +52,7 @@ class Loop:
         self.detectors = list(detectors)
         self.policies = list(policies)
         self.clock = clock
+        self.act = act
         self.state = AgentState()
         self._policy_state: dict[str, Any] = {}
         self._listeners: list[Listener] = []
@@ -111,12 +115,18 @@ class Loop:
         self.store.append(snapshot)
         findings, proposals = self.think(snapshot)
         finished = time.perf_counter()
+        knobs = self.state.knobs
+        if self.act is not None:
+            try:
+                knobs = await self.act(proposals, snapshot)
+            except Exception:  # actuation errors are audited by the actuator; a bug must not stop the loop
+                log.exception("actuation failed")
         duration = finished - started
         self.state = AgentState(
             snapshot=snapshot,
             findings=findings,
             proposals=proposals,
-            knobs=self.state.knobs,
+            knobs=knobs,
             stats=TickStats(
                 ticks=self.state.stats.ticks + 1,
                 last_duration_s=duration,

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -16,9 +17,16 @@ from agent.api import build_app
 from agent.collectors.base import Collector
 from agent.config import Config
 from agent.exporter import Exporter
+from agent.knobs import Knobs
 from agent.loop import Loop
 from agent.store import Store
 from detectors.base import Detector
+from detectors.snapshot import Snapshot
+from policies.base import Proposal
+
+if TYPE_CHECKING:
+    from agent.forecasting import LiveForecaster
+    from agent.webhooks import WebhookDispatcher
 
 log = logging.getLogger(__name__)
 
@@ -58,32 +66,67 @@ class Sidecar:
         self.collectors = list(collectors) if collectors is not None else build_collectors(cfg)
         self.store = Store(cfg.agent.history_points, cfg.agent.max_series)
         self.exporter = Exporter()
+        self.knobs = Knobs(cfg, self.exporter.registry)
+        self.collectors.extend(self.knobs.collectors)
+        self.forecaster: LiveForecaster | None = None
+        if cfg.forecast.enabled:
+            from agent.forecasting import LiveForecaster
+
+            self.forecaster = LiveForecaster(cfg.forecast)
+            self.collectors.append(self.forecaster)
         self.loop = Loop(
             self.collectors,
             self.store,
             interval_s=cfg.agent.interval_s,
             source_timeout_s=cfg.agent.source_timeout_s,
             detectors=build_detectors(),
+            act=self._act,
         )
         self.loop.subscribe(self.exporter.publish)
+        if self.forecaster is not None:
+            self.loop.subscribe(self.forecaster.on_state)
+        self.webhooks: WebhookDispatcher | None = None
+        if cfg.webhooks.enabled:
+            from agent.webhooks import WebhookDispatcher
+
+            self.webhooks = WebhookDispatcher(cfg.webhooks, self.exporter.registry)
+            self.loop.subscribe(self.webhooks.observe)
         self._runner: web.AppRunner | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
 
+    async def _act(self, proposals: Sequence[Proposal], snapshot: Snapshot) -> Mapping[str, float | str]:
+        """Proposals -> actuation (mode, pause, pins and audit are the Actuation's), then renew leases."""
+        for proposal in proposals:
+            await self.knobs.actuation.execute(proposal)
+        self.knobs.renew()
+        return self.knobs.values()
+
     async def start(self) -> None:
+        if self.forecaster is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.forecaster.restore)
+        await self.knobs.start()
         app = build_app(self.loop, self.exporter)
+        from agent.admin import add_admin_routes
+
+        add_admin_routes(app, self.knobs.actuation, self.knobs.audit, self.knobs.token)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.cfg.agent.listen_host, self.cfg.agent.listen_port)
         await site.start()
         log.info("agent API on http://%s:%d", self.cfg.agent.listen_host, self.cfg.agent.listen_port)
         self._task = asyncio.create_task(self.loop.run(self._stop), name="servepilot-loop")
+        if self.webhooks is not None:
+            self.webhooks.start()
 
     async def stop(self) -> None:
         self._stop.set()
         if self._task is not None:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self._task, timeout=2.0)
+        if self.webhooks is not None:
+            await self.webhooks.stop()  # pending alerts stay in the on-disk outbox for the next start
+        await self.knobs.stop()  # GPU and engine settings back to their defaults
         for collector in self.collectors:
             with contextlib.suppress(Exception):
                 await collector.close()

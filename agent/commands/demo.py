@@ -54,6 +54,7 @@ def demo_config(port: int, engine_port: int) -> dict[str, Any]:
         "engine": {"kind": "vllm", "url": engine},
         "nvml": {"backend": "simulated", "simulated_url": engine},
         "probe": {"enabled": True, "url": f"{engine}/sim/probe/metrics"},
+        "forecast": {"enabled": True, "state_path": None},
     }
 
 

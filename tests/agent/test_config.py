@@ -92,3 +92,10 @@ def test_validate_config_missing_file_exits_2(tmp_path: Path, capsys: pytest.Cap
 def test_validate_config_prints_effective_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate-config", "--json", str(EXAMPLES[0])]) == 0
     assert '"interval_s"' in capsys.readouterr().out
+
+
+def test_demo_example_matches_what_the_demo_runs() -> None:
+    from agent.commands.demo import demo_config
+
+    example = config.load(next(p for p in EXAMPLES if p.name == "demo.yaml"), {})
+    assert example == config.build(demo_config(9400, 8000))

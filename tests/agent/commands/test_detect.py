@@ -8,6 +8,7 @@ import pytest
 
 from agent.cli import UsageError
 from agent.commands import detect
+from detectors.registry import DEFAULT_SCORER
 
 FIXTURES = Path(__file__).parent.parent.parent / "fixtures" / "nab"
 
@@ -85,5 +86,5 @@ def test_directory_mode_mirrors_the_tree(tmp_path: Path) -> None:
 def test_list_names_the_default(capsys: pytest.CaptureFixture[str]) -> None:
     assert run("--list") == 0
     assert any(
-        line.startswith("ensemble") and "default" in line for line in capsys.readouterr().out.splitlines()
+        line.startswith(DEFAULT_SCORER) and "default" in line for line in capsys.readouterr().out.splitlines()
     )

@@ -1,6 +1,6 @@
 """Reproduce the NAB figures of docs/detectors.md in one command.
 
-    .venv/bin/python bench/nab.py [--detector ensemble] [--data ../shared/data/nab] [--results DIR]
+    .venv/bin/python bench/nab.py [--detector NAME] [--data ../shared/data/nab] [--results DIR]
 
 Runs ``servepilot detect --input DATA/data --output RESULTS`` (the same code path as the CLI), then the
 independent scorer ``../shared/tools/nab_score.py`` for the three cost profiles overall and per category,
@@ -26,7 +26,6 @@ CATEGORIES = ("artificialNoAnomaly", "artificialWithAnomaly", "realAWSCloudwatch
 
 def run_detect(data: Path, results: Path, detector: str) -> float:
     """Score the tree with ``servepilot detect``; return CPU microseconds per point."""
-    sys.path.insert(0, str(ROOT))
     from agent.commands import detect
 
     parser = argparse.ArgumentParser(prog="servepilot")
@@ -59,10 +58,14 @@ def nab_score(nab: Path, results: Path, files_glob: str | None = None) -> dict[s
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--detector", default="ensemble")
+    ap.add_argument("--detector", default=None, help="scorer name (default: the registry default)")
     ap.add_argument("--data", type=Path, default=SHARED / "data" / "nab")
     ap.add_argument("--results", type=Path, help="where to keep the scored files (default: a temp dir)")
     args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from detectors.registry import DEFAULT_SCORER
+
+    args.detector = args.detector or DEFAULT_SCORER
     with tempfile.TemporaryDirectory() as tmp:
         results = args.results or Path(tmp)
         us = run_detect(args.data / "data", results, args.detector)

@@ -27,16 +27,25 @@ def _scorer(
 
 
 def _general() -> base.Detector:
-    from detectors.ensemble import EnsembleScorer
     from detectors.general import GeneralAnomalyDetector
+    from detectors.novelty import LevelNoveltyScorer
+    from detectors.thresholds import Thresholder
 
-    return GeneralAnomalyDetector(EnsembleScorer)
+    # k = n = 1: the scorer's rest period already reports one excursion as one high point, so a
+    # 2-of-3 persistence rule would never see a second hit. The daily alarm budget still applies.
+    return GeneralAnomalyDetector(LevelNoveltyScorer, lambda: Thresholder(threshold=0.9, k=1, n=1))
 
 
 def _ensemble() -> streaming.StreamingScorer:
     from detectors.ensemble import EnsembleScorer
 
     return EnsembleScorer()
+
+
+def _novelty() -> streaming.StreamingScorer:
+    from detectors.novelty import LevelNoveltyScorer
+
+    return LevelNoveltyScorer()
 
 
 def _robust_z() -> streaming.StreamingScorer:
@@ -46,18 +55,17 @@ def _robust_z() -> streaming.StreamingScorer:
 
 
 #: The scorer ``servepilot detect`` uses when no ``--detector`` is given.
-DEFAULT_SCORER = "ensemble"
+DEFAULT_SCORER = "novelty"
 
 
 def register_defaults() -> None:
     """Register every built-in detector and scorer. Idempotent."""
     # Univariate streaming scorers (the contract test runs over every one of these).
-    _scorer(
-        "ensemble", _ensemble, True, "seasonal robust z + distribution change, rank-calibrated (NAB default)"
-    )
+    _scorer("novelty", _novelty, True, "value in a bin of the running range no recent value held (default)")
+    _scorer("ensemble", _ensemble, True, "seasonal robust z + distribution change, rank-calibrated")
     _scorer("robust_z", _robust_z, False, "Gaussian surprise of the seasonal robust z-score")
     # Snapshot-level detectors.
-    _detector("general", _general, True, "ensemble scorer + k-of-n alarm per engine/GPU/probe signal")
+    _detector("general", _general, True, "level-novelty scorer + alarm budget per engine/GPU/probe signal")
     _detector(
         "memory_leak", _leak, True, "step-wise GPU memory growth not explained by load; time to exhaustion"
     )

@@ -9,12 +9,22 @@ updated (missing data is absence, never NaN). ``max_signals`` bounds memory when
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 
 from detectors.base import Finding, Severity
 from detectors.snapshot import Snapshot
 from detectors.streaming import StreamingScorer
 from detectors.thresholds import Thresholder
+
+#: Signals the general detector leaves alone by default: cumulative counters (always "new" values),
+#: configuration-like constants, categorical bitmasks and per-pid/per-device detail, and the redundant
+#: ``max``/``last``/``p50`` views of signals whose ``mean``/``p95``/``p99`` are watched. This keeps the cost
+#: per tick proportional to what an operator would chart, not to the size of the scrape.
+DEFAULT_EXCLUDE = (
+    r"(\.(max|last|p50|samples)$)|(_total$)|(energy_joules$)|(\.throttle)|(process_used_bytes)"
+    r"|(^probe\.device)|(memory_total_bytes$)|(power_limit_watts$)|(_info$)"
+)
 
 
 class GeneralAnomalyDetector:
@@ -29,23 +39,41 @@ class GeneralAnomalyDetector:
         signals: Iterable[str] | None = None,
         prefixes: tuple[str, ...] = ("engine.", "nvml.", "probe."),
         max_signals: int = 512,
+        exclude: str | None = DEFAULT_EXCLUDE,
+        hold_s: float = 300.0,
     ) -> None:
         self.scorer_factory = scorer_factory
         self.thresholder_factory = thresholder_factory
         self.signals = None if signals is None else frozenset(signals)
         self.prefixes = prefixes
         self.max_signals = max_signals
+        self.exclude = exclude
+        self.hold_s = hold_s
+        self._exclude = re.compile(exclude) if exclude else None
+        self._watch_cache: dict[str, bool] = {}
+        self.active_: dict[str, Finding] = {}
         self.scorers_: dict[str, StreamingScorer] = {}
         self.thresholders_: dict[str, Thresholder] = {}
         self.last_scores_: dict[str, float] = {}
 
     def _watched(self, name: str) -> bool:
-        if self.signals is not None:
-            return name in self.signals
-        return name.startswith(self.prefixes)
+        known = self._watch_cache.get(name)
+        if known is None:
+            if self.signals is not None:
+                known = name in self.signals
+            else:
+                known = name.startswith(self.prefixes) and not (self._exclude and self._exclude.search(name))
+            if len(self._watch_cache) > 4 * self.max_signals:
+                self._watch_cache.clear()
+            self._watch_cache[name] = known
+        return known
 
     def update(self, snapshot: Snapshot) -> list[Finding]:
-        """Score every watched signal in ``snapshot`` at ``snapshot.now``, then learn; return new alarms."""
+        """Score every watched signal in ``snapshot`` at ``snapshot.now``, then learn.
+
+        Returns the active findings: an alarm stays active for ``hold_s`` after it was raised, so it is
+        visible in ``/api/state`` and as ``servepilot_finding_active`` rather than for a single tick.
+        """
         findings: list[Finding] = []
         for name in sorted(snapshot.values):
             if not self._watched(name):
@@ -61,16 +89,19 @@ class GeneralAnomalyDetector:
             self.last_scores_[name] = score
             event = self.thresholders_[name].update(snapshot.now, score)
             if event.raised:
-                findings.append(
-                    Finding(
-                        detector=self.name,
-                        signal=name,
-                        severity=Severity.WARNING,
-                        score=score,
-                        summary=f"{name} is unusual (anomaly score {score:.2f})",
-                        since=snapshot.now,
-                        evidence={"value": value, "score": score},
-                        hint="compare with the signal's baseline in Grafana; see other findings for a cause",
-                    )
+                self.active_[name] = Finding(
+                    detector=self.name,
+                    signal=name,
+                    severity=Severity.WARNING,
+                    score=score,
+                    summary=f"{name} is unusual (anomaly score {score:.2f})",
+                    since=snapshot.now,
+                    evidence={"value": value, "score": score},
+                    hint="compare with the signal's baseline in Grafana; see other findings for a cause",
                 )
+        for name, finding in list(self.active_.items()):
+            if snapshot.now - finding.since > self.hold_s:
+                del self.active_[name]
+            else:
+                findings.append(finding)
         return findings

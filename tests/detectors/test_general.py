@@ -29,8 +29,36 @@ def test_spike_in_a_signal_becomes_one_finding() -> None:
         for i, v in enumerate(noise)
         for f in det.update(snap(i * 5.0, engine__kv_cache_usage_ratio=float(v)))
     ]
-    assert [f.signal for f in findings if f.since == 1400 * 5.0] == ["engine.kv_cache_usage_ratio"]
-    assert findings[-1].evidence["value"] == 0.95
+    distinct = {(f.signal, f.since): f for f in findings}
+    assert [s for s, since in distinct if since == 1400 * 5.0] == ["engine.kv_cache_usage_ratio"]
+    assert distinct[("engine.kv_cache_usage_ratio", 1400 * 5.0)].evidence["value"] == 0.95
+
+
+def test_a_raised_alarm_stays_active_for_the_hold_time_then_clears() -> None:
+    det = detector(hold_s=30.0)
+    noise = np.random.default_rng(0).normal(0.5, 0.01, 1500)
+    noise[1400] = 0.95
+    active_at = {
+        i: len(det.update(snap(i * 5.0, engine__kv_cache_usage_ratio=float(v)))) for i, v in enumerate(noise)
+    }
+    assert active_at[1400] == 1
+    assert active_at[1406] == 1  # 30 s later: still active
+    assert active_at[1407] == 0  # past the hold
+
+
+def test_counters_and_redundant_views_are_not_watched_by_default() -> None:
+    det = detector()
+    det.update(
+        snap(
+            0.0,
+            nvml__gpu0__energy_joules=1e6,
+            nvml__gpu0__utilization_ratio__max=1.0,
+            nvml__gpu0__utilization_ratio__mean=0.5,
+            probe__ooms_total=0.0,
+            engine__ttft_seconds__p99=0.2,
+        )
+    )
+    assert set(det.scorers_) == {"nvml.gpu0.utilization_ratio.mean", "engine.ttft_seconds.p99"}
 
 
 def test_signals_outside_the_prefixes_are_ignored() -> None:

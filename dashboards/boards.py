@@ -221,8 +221,8 @@ def per_gpu() -> dashboard.Dashboard:
             ts(
                 "Throttle reasons active",
                 "short",
-                q("servepilot_gpu_throttle_active{@POD} > 0", "{{pod}} gpu{{gpu}} {{reason}}"),
-                desc="Clock-event reasons seen during the tick (power cap, thermal, ...).",
+                q("servepilot_gpu_throttle_active{@POD}", "{{pod}} gpu{{gpu}} {{reason}}"),
+                desc="1 while a clock-event reason (power cap, thermal, idle, ...) was seen during the tick.",
             )
         )
         .with_panel(

@@ -76,7 +76,8 @@ def _status_line(sidecar: Sidecar, gen: LoadGenerator, elapsed: float) -> str:
     return (
         f"[{elapsed:5.0f} s] sent {gen.stats.sent} ok {gen.stats.ok} failed {gen.stats.failed} | "
         f"running {fmt('engine.requests_running')} waiting {fmt('engine.requests_waiting')} "
-        f"kv {fmt('engine.kv_cache_usage_ratio', 100)}% gen {fmt('engine.generation_tokens_per_second')} tok/s "
+        f"kv {fmt('engine.kv_cache_usage_ratio', 100)}% "
+        f"gen {fmt('engine.generation_tokens_per_second')} tok/s "
         f"ttft p99 {fmt('engine.ttft_seconds.p99', 1000)} ms | "
         f"gpu0 util {fmt('nvml.gpu0.utilization_ratio.mean', 100)}% "
         f"{fmt('nvml.gpu0.power_watts.mean')} W | findings {len(sidecar.loop.state.findings)}"
@@ -112,7 +113,8 @@ async def _main(args: argparse.Namespace, faults: dict[str, float], cfg_data: di
         await sim.stop()
     print(
         f"servepilot demo: stopped after {time.monotonic() - started:.0f} s; "
-        f"{gen.stats.ok} requests completed, {gen.stats.failed} failed; the sidecar ran {sidecar.loop.state.stats.ticks} ticks",
+        f"{gen.stats.ok} requests completed, {gen.stats.failed} failed; "
+        f"the sidecar ran {sidecar.loop.state.stats.ticks} ticks",
         file=sys.stderr,
     )
     return 0

@@ -18,11 +18,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from types import MappingProxyType
 
 
-class SourceStatus(str, Enum):
+class SourceStatus(StrEnum):
     """Outcome of one collection. "no data" is its own state, distinct from an error."""
 
     OK = "ok"

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from annotated_types import Ge, Gt, Le, Lt
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "SERVEPILOT_"
 
@@ -38,6 +38,33 @@ class AgentConfig(_Section):
     source_timeout_s: float = Field(
         0.8, ge=0.01, le=60, description="a source slower than this is abandoned for the tick"
     )
+    admin_listen_host: str = Field("127.0.0.1", description="address of the admin/override routes")
+    admin_listen_port: Port | None = Field(
+        9402, description="admin port; null mounts admin on the API listener (only if that is loopback)"
+    )
+    tls_cert_file: str | None = Field(None, description="PEM certificate: serve the agent API over TLS")
+    tls_key_file: str | None = Field(None, description="PEM private key for tls_cert_file")
+
+    @model_validator(mode="after")
+    def _admin_stays_local(self) -> AgentConfig:
+        if self.admin_listen_port is None and not _is_loopback(self.listen_host):
+            raise ValueError(
+                "admin_listen_port must be set when listen_host is not loopback (admin stays off the pod IP)"
+            )
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file must be set together")
+        return self
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class EngineConfig(_Section):
@@ -310,7 +337,9 @@ class ConfigError(ValueError):
     """A configuration problem, as one line that names the field."""
 
     def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field} {message}" if field else message)
+        text = f"{field} {message}" if field else message
+        # one line, always: a newline smuggled in through a key or a value cannot forge a log line
+        super().__init__(text.replace("\r", "\\r").replace("\n", "\\n"))
         self.field = field
 
 
@@ -363,6 +392,9 @@ def _describe(error: ValidationError) -> ConfigError:
         expected = first.get("ctx", {}).get("expected", "")
         return ConfigError(field, f"must be one of {expected}, got {_fmt(value)}")
     message = first["msg"].removeprefix("Value error, ")
+    if len(loc) <= 1 and isinstance(value, Mapping):  # a section-level rule names its field first
+        name, _, rest = message.partition(" ")
+        return ConfigError(f"{field}.{name}" if field else name, rest)
     return ConfigError(field, f"{message[0].lower()}{message[1:]}, got {_fmt(value)}")
 
 
@@ -408,6 +440,8 @@ def load(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError("", f"config {str(path)!r} is not UTF-8 text (byte {error.start})") from None
     except OSError as error:
         raise ConfigError("", f"cannot read config {str(path)!r}: {error.strerror or error}") from None
     try:

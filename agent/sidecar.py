@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -15,7 +16,7 @@ from aiohttp import web
 
 from agent.api import build_app
 from agent.collectors.base import Collector
-from agent.config import Config
+from agent.config import Config, ConfigError
 from agent.exporter import Exporter
 from agent.knobs import Knobs
 from agent.loop import Loop
@@ -29,6 +30,19 @@ if TYPE_CHECKING:
     from agent.webhooks import WebhookDispatcher
 
 log = logging.getLogger(__name__)
+
+
+def _server_tls(cert_file: str | None, key_file: str | None) -> ssl.SSLContext | None:
+    """TLS for the agent API when a certificate is configured (TLS 1.2 at least)."""
+    if cert_file is None or key_file is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as error:
+        raise ConfigError("agent.tls_cert_file", f"cannot load the certificate/key: {error}") from None
+    return context
 
 
 def build_collectors(cfg: Config) -> list[Collector]:
@@ -92,6 +106,7 @@ class Sidecar:
             self.webhooks = WebhookDispatcher(cfg.webhooks, self.exporter.registry)
             self.loop.subscribe(self.webhooks.observe)
         self._runner: web.AppRunner | None = None
+        self._admin_runner: web.AppRunner | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
 
@@ -106,15 +121,30 @@ class Sidecar:
         if self.forecaster is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.forecaster.restore)
         await self.knobs.start()
-        app = build_app(self.loop, self.exporter)
         from agent.admin import add_admin_routes
 
-        add_admin_routes(app, self.knobs.actuation, self.knobs.audit, self.knobs.token)
+        agent_cfg = self.cfg.agent
+        app = build_app(self.loop, self.exporter)
+        if agent_cfg.admin_listen_port is None:  # config validation allows this only on loopback
+            add_admin_routes(app, self.knobs.actuation, self.knobs.audit, self.knobs.token)
+        else:
+            admin = web.Application(client_max_size=64 * 1024)
+            add_admin_routes(admin, self.knobs.actuation, self.knobs.audit, self.knobs.token)
+            self._admin_runner = web.AppRunner(admin, access_log=None, handle_signals=False)
+            await self._admin_runner.setup()
+            await web.TCPSite(
+                self._admin_runner, agent_cfg.admin_listen_host, agent_cfg.admin_listen_port
+            ).start()
+            log.info("admin routes on http://%s:%d", agent_cfg.admin_listen_host, agent_cfg.admin_listen_port)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.cfg.agent.listen_host, self.cfg.agent.listen_port)
+        ssl_context = _server_tls(agent_cfg.tls_cert_file, agent_cfg.tls_key_file)
+        site = web.TCPSite(
+            self._runner, agent_cfg.listen_host, agent_cfg.listen_port, ssl_context=ssl_context
+        )
         await site.start()
-        log.info("agent API on http://%s:%d", self.cfg.agent.listen_host, self.cfg.agent.listen_port)
+        scheme = "https" if ssl_context else "http"
+        log.info("agent API on %s://%s:%d", scheme, agent_cfg.listen_host, agent_cfg.listen_port)
         self._task = asyncio.create_task(self.loop.run(self._stop), name="servepilot-loop")
         if self.webhooks is not None:
             self.webhooks.start()
@@ -132,6 +162,8 @@ class Sidecar:
                 await collector.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._admin_runner is not None:
+            await self._admin_runner.cleanup()
 
 
 async def serve(cfg: Config, stop: asyncio.Event) -> None:

@@ -50,7 +50,12 @@ def demo_config(port: int, engine_port: int) -> dict[str, Any]:
     """The sidecar config the demo runs (the same as examples/demo.yaml with the chosen ports)."""
     engine = f"http://127.0.0.1:{engine_port}"
     return {
-        "agent": {"interval_s": 1.0, "listen_host": "127.0.0.1", "listen_port": port},
+        "agent": {
+            "interval_s": 1.0,
+            "listen_host": "127.0.0.1",
+            "listen_port": port,
+            "admin_listen_port": None,
+        },
         "engine": {"kind": "vllm", "url": engine},
         "nvml": {"backend": "simulated", "simulated_url": engine},
         "probe": {"enabled": True, "url": f"{engine}/sim/probe/metrics"},

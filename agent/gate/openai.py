@@ -41,12 +41,31 @@ def _text_tokens(value: Any) -> float:
     return 0.0
 
 
+MAX_TOKENS_LIMIT = 2**31 - 1
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def parse_request(path: str, body: bytes) -> RequestInfo:
-    """Stream flag, estimated prompt tokens and ``max_tokens`` of a completion/chat/embedding body."""
+    """Stream flag, estimated prompt tokens and ``max_tokens`` of a completion/chat/embedding body.
+
+    Hostile bodies get a :class:`BadRequest` (400), never an unexpected exception: NaN/Infinity literals
+    are refused (they would poison a token bucket), and so is nesting deep enough to hit the recursion
+    limit while parsing or counting tokens.
+    """
     if path not in ADMITTED_PATHS or not body:
         return RequestInfo()
     try:
-        doc = json.loads(body)
+        return _parse(path, body)
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply") from None
+
+
+def _parse(path: str, body: bytes) -> RequestInfo:
+    try:
+        doc = json.loads(body, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as error:
         raise BadRequest(f"request body is not valid JSON: {error}") from None
     if not isinstance(doc, dict):
@@ -61,8 +80,12 @@ def parse_request(path: str, body: bytes) -> RequestInfo:
     else:
         prompt = _text_tokens(doc.get("input", ""))
     max_tokens = doc.get("max_completion_tokens", doc.get("max_tokens")) or 0
-    if not isinstance(max_tokens, int | float) or isinstance(max_tokens, bool) or max_tokens < 0:
-        raise BadRequest("'max_tokens' must be a non-negative number")
+    if (
+        not isinstance(max_tokens, int | float)
+        or isinstance(max_tokens, bool)
+        or not 0 <= max_tokens <= MAX_TOKENS_LIMIT
+    ):
+        raise BadRequest(f"'max_tokens' must be a number in [0, {MAX_TOKENS_LIMIT}]")
     model = doc.get("model")
     return RequestInfo(
         bool(doc.get("stream", False)), prompt, float(max_tokens), model if isinstance(model, str) else ""

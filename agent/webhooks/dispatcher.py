@@ -21,7 +21,9 @@ import asyncio
 import contextlib
 import logging
 import random
+import sqlite3
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -118,6 +120,7 @@ class WebhookDispatcher:
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._last_resend = 0.0
+        self._unsaved: deque[Message] = deque(maxlen=max(10, cfg.max_pending))
         for name in self.sinks:
             self.metrics.deliveries.labels(name, Outcome.OK.value)
         self._refresh_gauges(clock())
@@ -129,27 +132,55 @@ class WebhookDispatcher:
         now = state.snapshot.now if state.snapshot is not None else self.clock()
         changes = self.tracker.update(state, now)
         if changes:
-            self.outbox.save_active(self.tracker.active.values())
+            try:
+                self.outbox.save_active(self.tracker.active.values())
+            except sqlite3.Error as error:  # disk full: firing alerts are still in memory and re-posted
+                log.error("webhook outbox: cannot save firing alerts: %s", error)
             self.submit(changes, now)
         self._resend(now)
         self._refresh_gauges(now)
 
     def submit(self, alerts: Sequence[Alert], now: float, *, only: str | None = None) -> int:
         """Render ``alerts`` for every sink (or only sink ``only``) and store the messages; returns stored."""
+        self._store_unsaved()
         stored = 0
         for name, sink in self.sinks.items():
             if only is not None and name != only:
                 continue
             for body in sink.render(alerts, now):
-                msg = Message(message_id(name, body), name, now, now, 0, body)
-                ok, evicted = self.outbox.put(msg)
-                stored += ok
-                if evicted:
-                    self.metrics.deliveries.labels(name, "evicted").inc(evicted)
-                    log.warning("webhook outbox for %s full: dropped %d oldest message(s)", name, evicted)
+                stored += self._store(Message(message_id(name, body), name, now, now, 0, body))
         if stored:
             self._wake.set()
         return stored
+
+    def _store(self, msg: Message) -> int:
+        """Put ``msg`` in the outbox; when the disk refuses, hold it in memory (bounded) and retry later."""
+        try:
+            ok, evicted = self.outbox.put(msg)
+        except sqlite3.Error as error:
+            if len(self._unsaved) == self._unsaved.maxlen:
+                self.metrics.deliveries.labels(self._unsaved[0].sink, "evicted").inc()
+            self._unsaved.append(msg)
+            self.metrics.deliveries.labels(msg.sink, "unsaved").inc()
+            log.error(
+                "webhook outbox: cannot store a message (%s); holding %d in memory", error, len(self._unsaved)
+            )
+            return 0
+        if evicted:
+            self.metrics.deliveries.labels(msg.sink, "evicted").inc(evicted)
+            log.warning("webhook outbox for %s full: dropped %d oldest message(s)", msg.sink, evicted)
+        return int(ok)
+
+    def _store_unsaved(self) -> None:
+        """Move messages held in memory during a disk outage into the outbox, oldest first."""
+        while self._unsaved:
+            msg = self._unsaved.popleft()
+            try:
+                self.outbox.put(msg)
+            except sqlite3.Error:
+                self._unsaved.appendleft(msg)
+                return
+            self._wake.set()
 
     def _resend(self, now: float) -> None:
         """Alertmanager forgets alerts that are not re-posted; Prometheus re-sends every minute, so do we."""
@@ -181,6 +212,7 @@ class WebhookDispatcher:
     async def deliver_due(self, now: float | None = None) -> int:
         """Attempt every message due at ``now``; returns how many were delivered."""
         now = self.clock() if now is None else now
+        self._store_unsaved()
         delivered = 0
         blocked: set[str] = set()  # one failure per sink per pass: keep order, do not hammer a dead receiver
         for msg in self.outbox.due(now):

@@ -1,0 +1,106 @@
+"""Process wiring: listeners (API, admin on its own loopback port), TLS, and a clean stop."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import trustme
+
+from agent import config
+from agent.sidecar import Sidecar
+from detectors.snapshot import Reading, SourceStatus
+
+
+class OneValue:
+    name = "engine"
+
+    async def collect(self, now: float) -> Reading:
+        return Reading("engine", now, SourceStatus.OK, {"engine.requests_running": 2.0})
+
+    async def close(self) -> None:
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cfg(tmp_path: Path, **agent: Any) -> config.Config:
+    return config.build(
+        {
+            "agent": {"listen_port": _free_port(), "admin_listen_port": _free_port(), **agent},
+            "audit": {"path": str(tmp_path / "audit.jsonl")},
+            "forecast": {"enabled": False},
+        }
+    )
+
+
+async def test_admin_routes_live_on_their_own_loopback_listener(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    sidecar = Sidecar(cfg, collectors=[OneValue()])
+    await sidecar.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            main = f"http://127.0.0.1:{cfg.agent.listen_port}"
+            admin = f"http://127.0.0.1:{cfg.agent.admin_listen_port}"
+            assert (await http.get(f"{main}/healthz")).status == 200
+            assert (await http.get(f"{main}/api/actions")).status == 404  # not on the API listener
+            assert (await http.get(f"{admin}/api/actions")).status == 200
+    finally:
+        await sidecar.stop()
+
+
+async def test_admin_can_share_a_loopback_api_listener(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, admin_listen_port=None)
+    sidecar = Sidecar(cfg, collectors=[OneValue()])
+    await sidecar.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            response = await http.get(f"http://127.0.0.1:{cfg.agent.listen_port}/api/actions")
+            assert response.status == 200
+    finally:
+        await sidecar.stop()
+
+
+def test_admin_on_the_api_listener_is_refused_when_that_listener_is_not_loopback() -> None:
+    with pytest.raises(config.ConfigError, match=r"agent\.admin_listen_port must be set"):
+        config.build({"agent": {"listen_host": "0.0.0.0", "admin_listen_port": None}})
+
+
+async def test_the_api_is_served_over_tls_when_a_certificate_is_configured(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    cfg = _cfg(tmp_path, tls_cert_file=str(cert_file), tls_key_file=str(key_file))
+    sidecar = Sidecar(cfg, collectors=[OneValue()])
+    await sidecar.start()
+    try:
+        client_ctx = ssl.create_default_context()
+        ca.configure_trust(client_ctx)
+        async with aiohttp.ClientSession() as http:
+            response = await http.get(f"https://127.0.0.1:{cfg.agent.listen_port}/healthz", ssl=client_ctx)
+            assert response.status == 200
+            with pytest.raises(aiohttp.ClientError):
+                await http.get(f"http://127.0.0.1:{cfg.agent.listen_port}/healthz")
+    finally:
+        await sidecar.stop()
+
+
+async def test_an_unreadable_certificate_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "bad.pem").write_text("not a certificate")
+    cfg = _cfg(tmp_path, tls_cert_file=str(tmp_path / "bad.pem"), tls_key_file=str(tmp_path / "bad.pem"))
+    sidecar = Sidecar(cfg, collectors=[OneValue()])
+    try:
+        with pytest.raises(config.ConfigError, match=r"agent\.tls_cert_file cannot load"):
+            await sidecar.start()
+    finally:
+        await sidecar.stop()

@@ -270,6 +270,12 @@ class WebhookConfig(_Section):
     )
     min_severity: Literal["info", "warning", "critical"] = Field("warning", description="findings sent")
     source_down_after_s: float = Field(30.0, ge=0, le=3600, description="a failing source alerts after")
+    resolve_after_s: float = Field(
+        60.0,
+        ge=0,
+        le=3600,
+        description="an alert resolves after its condition is gone this long (flap damping)",
+    )
     group_by: tuple[str, ...] = Field(("alertname",), description="labels grouping generic messages")
     labels: dict[str, str] = Field(default_factory=dict, description="labels added to every alert")
     generator_url: str = Field("", description="link back to the agent in each alert")

@@ -81,7 +81,11 @@ class AlertTracker:
     source_down_after_s: float = 30.0
     static_labels: Mapping[str, str] = field(default_factory=dict)
     active: dict[str, Alert] = field(default_factory=dict)
+    resolve_after_s: float = 0.0
+    """An alert resolves only after its condition has been absent this long (flap damping, like
+    Prometheus' ``keep_firing_for``): a finding that blinks tick to tick sends one alert, not hundreds."""
     _failing_since: dict[str, float] = field(default_factory=dict)
+    _missing_since: dict[str, float] = field(default_factory=dict)
 
     def restore(self, alerts: Iterable[Alert]) -> None:
         """Resume with alerts that were firing before a restart, so their resolution is still sent."""
@@ -131,11 +135,15 @@ class AlertTracker:
         desired = self._desired(state, now)
         changes: list[Alert] = []
         for key, alert in desired.items():
+            self._missing_since.pop(key, None)
             if key not in self.active:
                 self.active[key] = alert
                 changes.append(alert)
         for key in [k for k in self.active if k not in desired]:
-            changes.append(self.active.pop(key).resolved(now))
+            missing_since = self._missing_since.setdefault(key, now)
+            if now - missing_since >= self.resolve_after_s:
+                del self._missing_since[key]
+                changes.append(self.active.pop(key).resolved(now))
         return changes
 
 

@@ -112,7 +112,9 @@ class WebhookDispatcher:
         self.clock = clock
         self.rng = rng or random.Random()
         self.poll_s = poll_s
-        self.tracker = AlertTracker(cfg.min_severity, cfg.source_down_after_s, dict(cfg.labels))
+        self.tracker = AlertTracker(
+            cfg.min_severity, cfg.source_down_after_s, dict(cfg.labels), resolve_after_s=cfg.resolve_after_s
+        )
         self.tracker.restore(self.outbox.load_active())
         self._session = session
         self._own_session = session is None

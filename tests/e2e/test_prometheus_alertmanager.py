@@ -177,6 +177,7 @@ def _agent_config(
         "source_down_after_s": 2,
         "resend_s": 5,
         "backoff_base_s": 0.2,
+        "resolve_after_s": 2,
         "backoff_max_s": 1.0,
         "labels": {"namespace": "e2e", "pod": "demo-0"},
     }

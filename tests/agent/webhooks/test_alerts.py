@@ -89,3 +89,20 @@ def test_restored_alerts_are_resolved_when_no_longer_active() -> None:
 def test_alert_json_round_trips() -> None:
     alert = Alert({"alertname": "X", "a": "1"}, {"summary": "s"}, 1.5, 2.5)
     assert Alert.from_json(alert.to_json()) == alert
+
+
+def test_a_blinking_finding_fires_once_and_resolves_only_after_the_hold() -> None:
+    from agent.state import AgentState
+    from agent.webhooks.alerts import AlertTracker
+    from detectors.base import Finding, Severity
+
+    tracker = AlertTracker(resolve_after_s=60.0)
+    finding = Finding("tail_latency", "engine.ttft_seconds.p99", Severity.WARNING, 0.8, "slow", 0.0)
+    changes = []
+    for t in range(0, 120, 10):  # present on even ticks only: blinks every 10 s
+        state = AgentState(findings=(finding,) if t % 20 == 0 else ())
+        changes += tracker.update(state, float(t))
+    assert [(c.labels["alertname"], c.ends_at) for c in changes] == [("ServepilotFinding", None)]
+    gone = [tracker.update(AgentState(), float(t)) for t in range(120, 200, 10)]
+    resolved = [c for batch in gone for c in batch]
+    assert len(resolved) == 1 and resolved[0].ends_at is not None

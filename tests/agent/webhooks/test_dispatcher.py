@@ -46,7 +46,9 @@ def _free_port() -> int:
 def _dispatcher(
     tmp_path: Path, url: str, clock: Clock, registry: CollectorRegistry | None = None, **cfg: Any
 ) -> WebhookDispatcher:
-    config = WebhookConfig(enabled=True, queue_path=str(tmp_path / "outbox.sqlite"), **cfg)
+    config = WebhookConfig(
+        **{"enabled": True, "queue_path": str(tmp_path / "outbox.sqlite"), "resolve_after_s": 0, **cfg}
+    )
     return WebhookDispatcher(
         config,
         registry or CollectorRegistry(),
@@ -215,7 +217,9 @@ async def test_alertmanager_gets_v2_alerts_and_periodic_resends(tmp_path: Path) 
     app = web.Application()
     app.router.add_post("/api/v2/alerts", alerts)
     server = await _serve(app)
-    config = WebhookConfig(enabled=True, queue_path=str(tmp_path / "q.sqlite"), resend_s=60)
+    config = WebhookConfig(
+        enabled=True, queue_path=str(tmp_path / "q.sqlite"), resend_s=60, resolve_after_s=0
+    )
     base = str(server.make_url("/")).rstrip("/")
     disp = WebhookDispatcher(config, CollectorRegistry(), sinks=[AlertmanagerSink(base)], clock=clock)
     try:

@@ -3,7 +3,7 @@
 The gate's proxy layer (:mod:`agent.gate.proxy`) is a thin aiohttp shell over :class:`AdmissionQueue`,
 so the virtual-time tests drive exactly the code that serves traffic.
 
-Rules, for a limit ``L`` and a reserve ``R = min(L - 1, ceil(r L))`` (``r`` = ``high_reserved_ratio``):
+Rules, for a limit ``L`` and a reserve ``R = min(L - 1, round(r L))`` (``r`` = ``high_reserved_ratio``):
 
 * a request whose *original* class is ``high`` may run while ``in_flight < L``; any other request only
   while ``in_flight < L - R``. The reserve keeps room for high traffic during a flood of lower classes,
@@ -22,7 +22,6 @@ dispatch is O(1) per admitted request.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
@@ -122,7 +121,7 @@ class AdmissionQueue:
     @property
     def reserved(self) -> int:
         """Slots only original-high requests may use."""
-        return min(self._limit - 1, math.ceil(self._limit * self.high_reserved_ratio))
+        return min(self._limit - 1, int(self._limit * self.high_reserved_ratio + 0.5))  # 20% of 2 is 0, not 1
 
     def depth_by_class(self) -> dict[Priority, int]:
         return {p: len(q) for p, q in self._queues.items()}

@@ -299,7 +299,7 @@ class Gate:
         for upstream in candidates:
             url = upstream.url + request.rel_url.path_qs
             try:
-                up = await self._session.request(request.method, url, data=body or None, headers=headers)
+                up = await self._send(request.method, url, body, headers)
             except (aiohttp.ClientConnectionError, TimeoutError, OSError) as error:
                 self.pool.mark(upstream.name, False, self.clock(), f"{type(error).__name__}: {error}")
                 errors.append(f"{upstream.name}: {type(error).__name__}")
@@ -315,6 +315,22 @@ class Gate:
             record.outcome, record.status, record.e2e_s = "upstream_error", 502, self.clock() - record.arrived
             self.stats.record(record, self.clock())
         return _json_error(502, message, "upstream_error", "bad_gateway")
+
+    async def _send(
+        self, method: str, url: str, body: bytes, headers: Mapping[str, str]
+    ) -> aiohttp.ClientResponse:
+        """One upstream request. A kept-alive connection the upstream closed meanwhile (llama.cpp closes
+        after 100 requests) fails before any response byte: that is retried once on a fresh connection
+        instead of marking a healthy upstream down. Only a failed *write* is retried (the upstream never
+        saw the request); a refused connection or a disconnect after the request went out is not."""
+        assert self._session is not None
+        try:
+            return await self._session.request(method, url, data=body or None, headers=headers)
+        except aiohttp.ClientOSError as error:
+            if isinstance(error, aiohttp.ClientConnectorError):  # refused / unreachable: not a stale write
+                raise
+            log.info("upstream connection went stale (%s); retrying once on a fresh one", error)
+            return await self._session.request(method, url, data=body or None, headers=headers)
 
     async def _relay(
         self,

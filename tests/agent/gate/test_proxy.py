@@ -271,3 +271,41 @@ async def test_invalid_json_gets_400_without_reaching_the_upstream(
         assert upstream.seen == 0
     finally:
         await gate.stop()
+
+
+async def test_a_stale_keepalive_write_is_retried_once_not_marked_down(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """llama.cpp closes a kept-alive connection after 100 requests; the gate's next write on it fails
+    ("Can not write request body"). That request never reached the upstream: retry, no 502, still healthy."""
+    gate = await _gate({"primary": upstream.url})
+    assert gate._session is not None
+    real = gate._session.request
+    failures = 0
+
+    async def stale_once(*args: Any, **kwargs: Any) -> aiohttp.ClientResponse:
+        nonlocal failures
+        if failures == 0 and args[0] == "POST":
+            failures += 1
+            raise aiohttp.ClientOSError(32, "Can not write request body")
+        return await real(*args, **kwargs)
+
+    gate._session.request = stale_once  # type: ignore[method-assign]
+    try:
+        resp = await _post(client, gate, _body())
+        assert resp.status == 200 and failures == 1 and upstream.seen == 1
+        assert gate.snapshot_values()["gate.upstreams_healthy"] == 1
+    finally:
+        await gate.stop()
+
+
+async def test_a_refused_connection_is_not_retried_on_the_same_upstream(
+    client: aiohttp.ClientSession,
+) -> None:
+    gate = await _gate({"primary": "http://127.0.0.1:1"})
+    try:
+        resp = await _post(client, gate, _body())
+        assert resp.status == 502
+        assert gate.snapshot_values()["gate.upstreams_healthy"] == 0
+    finally:
+        await gate.stop()

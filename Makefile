@@ -11,7 +11,7 @@ ARGS ?=
 
 help:
 	@echo 'make demo   - set up .venv and run servepilot demo (simulated engine + sidecar + load); ARGS="--duration 60"'
-	@echo 'make test   - set up .venv and system packages, run every test (ARGS="-k name" to select)'
+	@echo 'make test   - set up .venv, system packages and the real CPU engines (cached), run every test (ARGS="-k name")'
 	@echo 'make lint   - ruff, import layers, mypy --strict on detectors/ and policies/'
 	@echo 'make bench  - print the tick benchmark figures'
 
@@ -29,6 +29,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	bash scripts/system-deps.sh
+	bash scripts/engines.sh
 	$(BIN)/pytest $(ARGS)
 
 lint: $(STAMP)

@@ -65,6 +65,20 @@ class _Simulator:
             await self._runner.cleanup()
 
 
+async def _real_engine(args: argparse.Namespace) -> tuple[Any, dict[str, int]]:
+    """A real CPU engine (llama.cpp or vLLM) in the engine's place; a missing install is a usage error."""
+    from agent.cli import UsageError
+    from agent.engines.demo import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, RealEngine
+    from agent.engines.launcher import EngineError
+
+    try:
+        engine = RealEngine(args.engine)
+        await engine.start("127.0.0.1", args.engine_port)
+    except EngineError as error:
+        raise UsageError(str(error)) from None
+    return engine, {"max_prompt_tokens": MAX_PROMPT_TOKENS, "max_output_tokens": MAX_OUTPUT_TOKENS}
+
+
 def _status_line(sidecar: Sidecar, gen: LoadGenerator, elapsed: float) -> str:
     snap = sidecar.loop.state.snapshot
     get = snap.get if snap is not None else (lambda _n: None)
@@ -91,11 +105,20 @@ async def _main(args: argparse.Namespace, faults: dict[str, float], cfg_data: di
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    sim = _Simulator(args, faults)
-    await sim.start("127.0.0.1", args.engine_port)
+    limits: dict[str, int] = {}
+    if args.engine == "sim":
+        sim: Any = _Simulator(args, faults)
+        await sim.start("127.0.0.1", args.engine_port)
+    else:
+        sim, limits = await _real_engine(args)
     sidecar = Sidecar(cfg)
     gen = LoadGenerator(
-        cfg.engine.url, bundled_trace(), model=sim.model_name, speed=args.speed, rate_scale=args.rate_scale
+        cfg.engine.url,
+        bundled_trace(),
+        model=sim.model_name,
+        speed=args.speed,
+        rate_scale=args.rate_scale,
+        **limits,
     )
     started = time.monotonic()
     load_task: asyncio.Task[None] | None = None

@@ -50,6 +50,10 @@ def build_collectors(cfg: Config) -> list[Collector]:
     from agent.collectors.engine_metrics import EngineMetricsCollector
 
     collectors: list[Collector] = [EngineMetricsCollector(cfg.engine)]
+    if cfg.engine.kind == "llamacpp":  # llama.cpp has no KV metric: slot and context use come from /slots
+        from agent.collectors.llamacpp_slots import LlamaCppSlotsCollector
+
+        collectors.append(LlamaCppSlotsCollector(cfg.engine))
     if cfg.nvml.backend != "off":
         from agent.collectors.nvml import NvmlCollector
 

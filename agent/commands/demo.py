@@ -27,6 +27,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--port", type=int, default=9400, help="agent API and /metrics port (default 9400)")
     parser.add_argument("--engine-port", type=int, default=8000, help="simulated engine port (default 8000)")
+    parser.add_argument(
+        "--engine",
+        choices=["sim", "llamacpp", "vllm"],
+        default="sim",
+        help="engine beside the sidecar: the simulator (default) or a real CPU engine "
+        "(install those first with: bash scripts/engines.sh)",
+    )
     parser.add_argument("--gpu", default=DEFAULT_GPU, help=f"simulated GPU profile (default {DEFAULT_GPU})")
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"simulated model (default {DEFAULT_MODEL})")
     parser.add_argument(
@@ -85,4 +92,12 @@ def run(args: argparse.Namespace) -> int:
 
     from agent.demo_runner import run_demo
 
-    return run_demo(args, faults, demo_config(args.port, args.engine_port))
+    if args.engine == "sim":
+        cfg = demo_config(args.port, args.engine_port)
+    else:
+        if faults:
+            raise UsageError("--fault switches exist only on the simulator (--engine sim)")
+        from agent.engines.demo import demo_config as real_engine_config
+
+        cfg = real_engine_config(args.engine, args.port, args.engine_port)
+    return run_demo(args, faults, cfg)

@@ -1,0 +1,238 @@
+"""End to end against a real llama.cpp server (PyPI ``xllamacpp``, tiny random-weight GGUF model, 4 slots).
+
+What a sidecar that has only met its own simulator cannot prove: that the gate relays a real engine's SSE
+byte for byte (to raw HTTP and to the official ``openai`` client alike), that its in-flight limit holds
+against the engine's real slots, that the collectors' readings agree with the traffic the test sent, and
+that a detector notices when a noisy neighbour (CPU contention) slows the real engine down.
+
+Runs in every CI run (``scripts/engines.sh llamacpp`` installs the engine in ~20 s); locally it is skipped
+with that command when the engine is not installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+
+import aiohttp
+import openai
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agent.collectors.engine_metrics import EngineMetricsCollector, parse
+from agent.collectors.llamacpp_slots import LlamaCppSlotsCollector
+from agent.collectors.metric_mapping import load_mappings
+from agent.config import EngineConfig, GateConfig
+from agent.engines.launcher import SERVED_MODEL, RunningEngine
+from agent.gate.collector import GateCollector
+from agent.gate.proxy import Gate
+from detectors.base import Finding
+from detectors.scheduler import SchedulerEfficiencyDetector
+from detectors.snapshot import Snapshot
+from tests.engines.client import completion, normalised, stream, stream_many
+from tests.engines.fixture import running
+from tests.engines.tap import Tap
+from tests.engines.throttle import throttled
+
+SLOTS = 4
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[RunningEngine]:
+    with running("llamacpp") as server:
+        yield server
+
+
+@contextlib.asynccontextmanager
+async def gate_for(upstream: str, **settings: object) -> AsyncIterator[tuple[Gate, str, CollectorRegistry]]:
+    registry = CollectorRegistry()
+    cfg = GateConfig(enabled=True, upstreams={"primary": upstream}, **settings)  # type: ignore[arg-type]
+    gate = Gate(cfg, registry)
+    port = await gate.start("127.0.0.1", 0)
+    try:
+        yield gate, f"http://127.0.0.1:{port}", registry
+    finally:
+        await gate.stop()
+
+
+# --- the gate relays the engine's bytes ---------------------------------------------------------------
+
+
+async def test_gate_relays_exactly_the_bytes_the_engine_sent(engine: RunningEngine) -> None:
+    tap = Tap("127.0.0.1", engine.port)
+    tap_port = await tap.start()
+    try:
+        async with gate_for(f"http://127.0.0.1:{tap_port}") as (_, url, _), aiohttp.ClientSession() as s:
+            results = [await stream(s, url, completion(f"the server {i}", 24)) for i in range(3)]
+    finally:
+        await tap.stop()
+    # the gate's own health checks pass the tap too: keep the completion streams
+    sent = [(status, body) for status, body in tap.response_bodies() if body.startswith(b"data:")]
+    assert [status for status, _ in sent] == [200, 200, 200], [len(r) for r in tap.recorded]
+    # every byte, event framing and usage chunk included (the prompts differ, so the bodies do too)
+    assert sorted(r.body for r in results) == sorted(body for _, body in sent)
+    for result in results:
+        assert result.status == 200
+        assert result.events[-1] == "[DONE]" and len(result.events) == 24 + 2  # tokens, final chunk, DONE
+
+
+async def test_gate_stream_equals_a_direct_request_at_temperature_zero(engine: RunningEngine) -> None:
+    body = completion("the batch engine", 32, cache_prompt=False)
+    async with gate_for(engine.url) as (_, url, _), aiohttp.ClientSession() as session:
+        direct = await stream(session, engine.url, body)
+        gated = await stream(session, url, body)
+    assert direct.status == gated.status == 200
+    assert direct.usage["completion_tokens"] == 32
+    # only the per-request id, creation time and llama.cpp's own timings may differ
+    assert normalised(gated.body) == normalised(direct.body)
+    assert gated.text == direct.text and len(gated.text) > 32
+
+
+async def test_openai_client_through_the_gate_gets_the_direct_tokens(engine: RunningEngine) -> None:
+    async def chunks(base_url: str) -> tuple[list[str], list[str]]:
+        client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+        extra = {"ignore_eos": True, "cache_prompt": False}
+        texts = []
+        async for chunk in await client.completions.create(
+            model=SERVED_MODEL, prompt="the model", max_tokens=16, stream=True, temperature=0.0, seed=7,
+            extra_body=extra,
+        ):  # fmt: skip
+            texts.extend(choice.text for choice in chunk.choices)
+        deltas = []
+        async for chunk in await client.chat.completions.create(
+            model=SERVED_MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=16,
+            stream=True, temperature=0.0, seed=7, extra_body=extra,
+        ):  # fmt: skip
+            deltas.extend(choice.delta.content or "" for choice in chunk.choices)
+        await client.close()
+        return texts, deltas
+
+    direct = await chunks(engine.url)
+    async with gate_for(engine.url) as (_, url, registry):
+        gated = await chunks(url)
+        ok = registry.get_sample_value(
+            "servepilot_gate_requests_total", {"line": "default", "priority": "normal", "outcome": "ok"}
+        )
+    assert gated == direct
+    assert sum(1 for t in gated[0] if t) == 16 and sum(1 for t in gated[1] if t) == 16
+    assert ok == 2
+
+
+# --- the in-flight limit against real slots ---------------------------------------------------------
+
+
+async def test_in_flight_limit_holds_against_the_real_slots(engine: RunningEngine) -> None:
+    slots = LlamaCppSlotsCollector(EngineConfig(url=engine.url, kind="llamacpp"))
+    busy_seen: list[float] = []
+    queue_seen: list[float] = []
+    async with (
+        gate_for(engine.url, max_in_flight=2, high_reserved_ratio=0.0) as (gate, url, _),
+        aiohttp.ClientSession() as session,
+    ):
+        load = asyncio.create_task(
+            stream_many(session, url, [completion(f"slot {i}", 256) for i in range(6)])
+        )
+        while not load.done():
+            reading = await slots.collect(now=0.0)
+            busy_seen.append(reading.values.get("engine.slots_busy", -1.0))
+            queue_seen.append(gate.snapshot_values()["gate.queue_depth"])
+            await asyncio.sleep(0.01)
+        results = load.result()
+    await slots.close()
+    assert [r.status for r in results] == [200] * 6
+    assert all(r.usage["completion_tokens"] == 256 for r in results)
+    assert max(busy_seen) == 2  # reached the limit, never beyond it, though the engine has 4 slots
+    assert max(queue_seen) >= 1
+
+
+# --- the collectors agree with the traffic ----------------------------------------------------------
+
+
+async def test_collector_readings_agree_with_what_was_sent(engine: RunningEngine) -> None:
+    mapping = load_mappings()["llamacpp"]
+    cfg = EngineConfig(url=engine.url, kind="llamacpp")
+    collector = EngineMetricsCollector(cfg)
+    async with aiohttp.ClientSession() as session:
+
+        async def counters() -> dict[str, float]:
+            async with session.get(engine.url + "/metrics") as resp:
+                return dict(parse(await resp.text(), mapping, now=0.0).counters)
+
+        before = await counters()
+        await collector.collect(now=100.0)
+        async with gate_for(engine.url) as (_, url, registry):
+            prompts = [f"the request number {i} " * (i + 1) for i in range(5)]
+            results = await stream_many(session, url, [completion(p, 20) for p in prompts])
+            gate_ok = registry.get_sample_value(
+                "servepilot_gate_requests_total", {"line": "default", "priority": "normal", "outcome": "ok"}
+            )
+            gate_out = registry.get_sample_value(
+                "servepilot_gate_tokens_total", {"line": "default", "kind": "output"}
+            )
+            gate_prompt = registry.get_sample_value(
+                "servepilot_gate_tokens_total", {"line": "default", "kind": "prompt"}
+            )
+        after = await counters()
+        reading = await collector.collect(now=110.0)
+    await collector.close()
+    prompt_sent = sum(r.usage["prompt_tokens"] for r in results)
+    assert all(r.status == 200 for r in results)
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert delta["generation_tokens_per_second"] == 5 * 20
+    # llama.cpp counts prompt tokens served from its cache apart from those it computed
+    assert delta["prompt_tokens_per_second"] + delta["prompt_tokens_cached_per_second"] == prompt_sent
+    assert delta["decode_steps_per_second"] >= 20  # at least one decode call per generated position
+    assert reading.values["engine.generation_tokens_per_second"] == pytest.approx(100 / 10.0)
+    assert reading.values["engine.requests_running"] == 0
+    assert (gate_ok, gate_out, gate_prompt) == (5, 100, prompt_sent)
+
+
+# --- a detector sees the engine slowed down ------------------------------------------------------------
+
+
+async def test_scheduler_detector_flags_cpu_throttling_of_the_engine() -> None:
+    """CPU-quota throttling (the engine stopped 75% of each 200 ms, as a CFS quota does to a pod) at an
+    unchanged batch: the scheduler-efficiency detector sees throughput fall below what the batch predicts.
+
+    Ticks are 0.25 s of real time; the detector is told 1 s per tick (it only needs ``now`` to advance).
+    Its own engine, so the throttling cannot leak into other tests.
+    """
+    detector = SchedulerEfficiencyDetector(warmup=30)
+    stop = asyncio.Event()
+    quiet: list[str] = []
+    found: list[Finding] = []
+    with running("llamacpp") as engine:
+        cfg = EngineConfig(url=engine.url, kind="llamacpp")
+        collectors = (EngineMetricsCollector(cfg), LlamaCppSlotsCollector(cfg))
+        async with gate_for(engine.url) as (gate, url, _), aiohttp.ClientSession() as session:
+            sources = (*collectors, GateCollector(gate))
+
+            async def worker(i: int) -> None:
+                while not stop.is_set():
+                    await stream(session, url, completion(f"worker {i}", 32))
+
+            workers = [asyncio.create_task(worker(i)) for i in range(3)]
+            try:
+                with contextlib.ExitStack() as throttle:  # continued before the workers stop
+                    for tick in range(1, 111):
+                        await asyncio.sleep(0.25)  # real engine time passes between ticks
+                        readings = await asyncio.gather(*(c.collect(float(tick)) for c in sources))
+                        snapshot = Snapshot.from_readings(float(tick), {r.source: r for r in readings})
+                        findings = detector.update(snapshot)
+                        if tick <= 50:
+                            quiet.extend(f.summary for f in findings)
+                        elif findings:
+                            found = findings
+                            break
+                        if tick == 50:
+                            throttle.enter_context(throttled(engine.proc.pid))
+            finally:
+                stop.set()
+                await asyncio.gather(*workers, return_exceptions=True)
+        for collector in collectors:
+            await collector.close()
+    assert quiet == []
+    assert found, "no finding while the engine ran throttled"
+    assert found[0].signal == "engine.generation_tokens_per_second"
+    print(f"\nthrottling flagged {tick - 50} ticks after it began: {found[0].summary}")

@@ -1,0 +1,1 @@
+"""Test support for the real engines: availability policy, running servers, a byte tap, stream clients."""

@@ -1,0 +1,103 @@
+"""Streaming completion clients for the real-engine tests: raw bytes plus client-side timings.
+
+:func:`stream` sends one OpenAI ``/v1/completions`` request with ``stream: true`` and keeps everything a
+test may compare: the status, the exact body bytes, the SSE ``data:`` payloads, time to first chunk and
+the gaps between chunks. :func:`normalised` blanks the fields a server fills per request (``id``,
+``created`` and llama.cpp's ``timings``), so two runs of a deterministic request compare equal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from agent.engines.launcher import SERVED_MODEL
+
+
+@dataclass
+class StreamResult:
+    status: int
+    body: bytes = b""
+    ttft_s: float | None = None
+    gaps_s: list[float] = field(default_factory=list)
+    e2e_s: float = 0.0
+
+    @property
+    def events(self) -> list[str]:
+        """The SSE ``data:`` payloads in order, ``[DONE]`` included."""
+        return [line[5:].strip() for line in self.body.decode().splitlines() if line.startswith("data:")]
+
+    @property
+    def text(self) -> str:
+        parts = []
+        for event in self.events:
+            if event != "[DONE]":
+                parts.extend(c.get("text", "") for c in json.loads(event).get("choices", []))
+        return "".join(parts)
+
+    @property
+    def usage(self) -> dict[str, Any]:
+        for event in reversed(self.events):
+            if event != "[DONE]" and (usage := json.loads(event).get("usage")):
+                return dict(usage)
+        return {}
+
+
+def completion(prompt: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
+    """A deterministic streaming completion body: greedy, seeded, run to ``max_tokens``."""
+    body: dict[str, Any] = {
+        "model": SERVED_MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0.0,
+        "seed": 1234,
+        "ignore_eos": True,
+    }
+    body.update(extra)
+    return body
+
+
+async def stream(session: aiohttp.ClientSession, base_url: str, body: dict[str, Any]) -> StreamResult:
+    started = time.monotonic()
+    async with session.post(base_url + "/v1/completions", json=body) as resp:
+        result = StreamResult(resp.status)
+        raw = bytearray()
+        last: float | None = None
+        async for chunk in resp.content.iter_any():
+            now = time.monotonic()
+            if last is None:
+                result.ttft_s = now - started
+            else:
+                result.gaps_s.append(now - last)
+            last = now
+            raw.extend(chunk)
+    result.body = bytes(raw)
+    result.e2e_s = time.monotonic() - started
+    return result
+
+
+async def stream_many(
+    session: aiohttp.ClientSession, base_url: str, bodies: list[dict[str, Any]]
+) -> list[StreamResult]:
+    return list(await asyncio.gather(*(stream(session, base_url, b) for b in bodies)))
+
+
+_PER_REQUEST = (
+    (re.compile(rb'"id":"[^"]*"'), b'"id":"-"'),
+    (re.compile(rb'"created":\d+'), b'"created":0'),
+    (re.compile(rb',"timings":\{[^{}]*\}'), b""),
+)
+
+
+def normalised(body: bytes) -> bytes:
+    """``body`` with the per-request fields blanked; every other byte is kept as the server sent it."""
+    for pattern, replacement in _PER_REQUEST:
+        body = pattern.sub(replacement, body)
+    return body

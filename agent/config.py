@@ -200,6 +200,25 @@ class GateConfig(_Section):
     health_interval_s: float = Field(5.0, ge=0.1, le=600, description="upstream health-check period")
     length_edges: tuple[int, ...] = Field((256, 1024, 4096), description="prompt-token bucket edges")
     stats_window_s: float = Field(60.0, ge=1, le=3600, description="window of the gate's quantile signals")
+    isolation_threshold_tokens: int = Field(
+        0, ge=0, le=10_000_000, description="prompts this long (est. tokens) go to the long pool; 0 = off"
+    )
+    isolation_upstream: str = Field("long", description="upstream name of the long-context pool")
+    isolation_max_in_flight: int = Field(8, ge=1, le=65536, description="in-flight limit of the long pool")
+    isolation_queue_size: int = Field(256, ge=0, le=1_000_000, description="long-pool queue; beyond -> 429")
+    cache_enabled: bool = Field(False, description="serve repeated deterministic requests from a cache")
+    cache_max_bytes: int = Field(64 << 20, ge=1024, le=1 << 40, description="in-memory tier size bound")
+    cache_max_entry_bytes: int = Field(
+        1 << 20, ge=64, le=1 << 30, description="larger responses are not kept"
+    )
+    cache_ttl_s: float = Field(300.0, gt=0, le=86400 * 30, description="entry lifetime")
+    cache_dir: str | None = Field(None, description="directory of the optional on-disk tier; null = none")
+    cache_disk_max_bytes: int = Field(1 << 30, ge=1024, le=1 << 44, description="on-disk tier size bound")
+    cache_lines: tuple[str, ...] = Field((), description="business lines that may use the cache; empty = all")
+    cache_bloom_capacity: int = Field(
+        100_000, ge=16, le=1 << 30, description="distinct keys the admission Bloom filter is sized for"
+    )
+    cache_bloom_error_rate: float = Field(0.01, gt=0, lt=0.5, description="Bloom false-positive target")
 
     @field_validator("upstreams")
     @classmethod
@@ -207,6 +226,15 @@ class GateConfig(_Section):
         if not value:
             raise ValueError("must name at least one upstream")
         return {name: _check_http_url(url) for name, url in value.items()}
+
+    @model_validator(mode="after")
+    def _isolation_upstream_known(self) -> GateConfig:
+        if self.isolation_threshold_tokens > 0 and self.isolation_upstream not in self.upstreams:
+            raise ValueError(
+                f"isolation_upstream {self.isolation_upstream!r} is not one of the upstreams "
+                f"({', '.join(self.upstreams)})"
+            )
+        return self
 
     @field_validator("length_edges")
     @classmethod
@@ -324,6 +352,15 @@ class ForecastConfig(_Section):
         return tuple(sorted(set(value)))
 
 
+class CostConfig(_Section):
+    """Cost and energy per token, from measured throughput and power."""
+
+    price_per_gpu_hour_usd: float | None = Field(
+        None, ge=0, le=1000, description="price of one GPU-hour; null: no cost series, energy only"
+    )
+    window_s: float = Field(300.0, ge=10, le=86400, description="window of the per-token averages")
+
+
 class Config(_Section):
     """The whole configuration. Every field has a default that is safe on a GPU node."""
 
@@ -337,6 +374,7 @@ class Config(_Section):
     audit: AuditConfig = AuditConfig()
     webhooks: WebhookConfig = WebhookConfig()
     forecast: ForecastConfig = ForecastConfig()
+    cost: CostConfig = CostConfig()
 
 
 class ConfigError(ValueError):

@@ -87,6 +87,14 @@ RULES: tuple[Rule, ...] = (
         "Torch allocator statistic from the probe, summed over devices.",
         device="all",
     ),
+    _rule(
+        r"^cost\.per_1k_tokens_usd$", "servepilot_cost_per_1k_tokens", "Cost of 1,000 generated tokens (USD)."
+    ),
+    _rule(
+        r"^cost\.energy_joules_per_token$",
+        "servepilot_energy_joules_per_token",
+        "GPU energy per generated token over the cost window (NVML power x time / tokens).",
+    ),
     # The gate publishes its own histograms, gauges and counters (servepilot_gate_*) in this registry;
     # its snapshot signals are for the detectors and must not be exported a second time.
     _rule(r"^gate\..*$", SKIP, "Exported by the gate itself."),

@@ -20,12 +20,16 @@ from agent.collectors.base import Collector
 from agent.state import AgentState, TickStats
 from agent.store import Store
 from detectors.base import Detector, Finding
-from detectors.snapshot import Reading, Snapshot
+from detectors.snapshot import Reading, Snapshot, SourceStatus
 from policies.base import Policy, Proposal
 
 log = logging.getLogger(__name__)
 
 Listener = Callable[[AgentState], None]
+Derive = Callable[[Mapping[str, float], float], Mapping[str, float]]
+"""Signals computed from the tick's own values (e.g. cost per token), merged in as source ``derived``."""
+Enrich = Callable[[tuple[Finding, ...], Snapshot], Awaitable[tuple[Finding, ...]]]
+"""Adds evidence to the tick's findings (e.g. a link to a memory snapshot); must not block the tick."""
 Act = Callable[[Sequence[Proposal], Snapshot], Awaitable[Mapping[str, float | str]]]
 """Carries out (or advises) the tick's proposals; returns the knob values after acting."""
 
@@ -44,6 +48,8 @@ class Loop:
         policies: Sequence[Policy] = (),
         clock: Callable[[], float] = time.time,
         act: Act | None = None,
+        derive: Sequence[Derive] = (),
+        enrich: Enrich | None = None,
     ) -> None:
         self.collectors = list(collectors)
         self.store = store
@@ -53,6 +59,8 @@ class Loop:
         self.policies = list(policies)
         self.clock = clock
         self.act = act
+        self.derive = list(derive)
+        self.enrich = enrich
         self.state = AgentState()
         self._policy_state: dict[str, Any] = {}
         self._listeners: list[Listener] = []
@@ -106,14 +114,33 @@ class Loop:
             proposals.extend(proposed)
         return tuple(findings), tuple(proposals)
 
+    def _with_derived(self, snapshot: Snapshot) -> Snapshot:
+        derived: dict[str, float] = {}
+        for derive in self.derive:
+            try:
+                derived.update(derive(snapshot.values, snapshot.now))
+            except Exception:  # a deriver bug must not cost the tick its other signals
+                log.exception("deriving signals failed")
+        if not derived:
+            return snapshot
+        reading = Reading("derived", snapshot.now, SourceStatus.OK, derived)
+        return Snapshot.from_readings(snapshot.now, {**snapshot.readings, "derived": reading})
+
     async def tick(self, now: float) -> AgentState:
         """One full tick at time ``now``."""
         started, cpu_started = time.perf_counter(), time.thread_time()
         readings = await self.collect(now)
         collected = time.perf_counter()
         snapshot = Snapshot.from_readings(now, readings)
+        if self.derive:
+            snapshot = self._with_derived(snapshot)
         self.store.append(snapshot)
         findings, proposals = self.think(snapshot)
+        if self.enrich is not None:
+            try:
+                findings = await self.enrich(findings, snapshot)
+            except Exception:
+                log.exception("adding evidence to findings failed")
         finished = time.perf_counter()
         knobs = self.state.knobs
         if self.act is not None:

@@ -21,7 +21,7 @@ from agent.exporter import Exporter
 from agent.knobs import Knobs
 from agent.loop import Loop
 from agent.store import Store
-from detectors.base import Detector
+from detectors.base import Detector, Finding
 from detectors.snapshot import Snapshot
 from policies.base import Proposal
 
@@ -92,6 +92,9 @@ class Sidecar:
 
             self.forecaster = LiveForecaster(cfg.forecast)
             self.collectors.append(self.forecaster)
+        from agent.cost import CostTracker
+
+        self.cost = CostTracker(cfg.cost.price_per_gpu_hour_usd, window_s=cfg.cost.window_s)
         self.loop = Loop(
             self.collectors,
             self.store,
@@ -99,7 +102,13 @@ class Sidecar:
             source_timeout_s=cfg.agent.source_timeout_s,
             detectors=build_detectors(),
             act=self._act,
+            derive=[self.cost.update],
+            enrich=self._leak_evidence if cfg.probe.enabled else None,
         )
+        from agent.probe.leak_evidence import LeakEvidence
+
+        self.evidence = LeakEvidence()
+        self._evidence_task: asyncio.Task[None] | None = None
         self.loop.subscribe(self.exporter.publish)
         if self.forecaster is not None:
             self.loop.subscribe(self.forecaster.on_state)
@@ -113,6 +122,26 @@ class Sidecar:
         self._admin_runner: web.AppRunner | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+
+    async def _leak_evidence(self, findings: tuple[Finding, ...], snapshot: Snapshot) -> tuple[Finding, ...]:
+        """When the leak detector fires, ask the probe (in the background) to record allocator history."""
+        if self.evidence.wanted(findings, snapshot.now) and self._evidence_task is None:
+            self._evidence_task = asyncio.create_task(
+                self._record_evidence(), name="servepilot-leak-evidence"
+            )
+        return tuple(self.evidence.link(findings))
+
+    async def _record_evidence(self) -> None:
+        import aiohttp
+
+        from agent.probe.leak_evidence import request_snapshot
+
+        try:
+            async with aiohttp.ClientSession() as session:
+                answer = await request_snapshot(session, self.cfg.probe.url, self.evidence.duration_s)
+            self.evidence.recorded(answer)
+        finally:
+            self._evidence_task = None
 
     async def _act(self, proposals: Sequence[Proposal], snapshot: Snapshot) -> Mapping[str, float | str]:
         """Proposals -> actuation (mode, pause, pins and audit are the Actuation's), then renew leases."""
@@ -160,6 +189,8 @@ class Sidecar:
                 await asyncio.wait_for(self._task, timeout=2.0)
         if self.webhooks is not None:
             await self.webhooks.stop()  # pending alerts stay in the on-disk outbox for the next start
+        if self._evidence_task is not None:
+            self._evidence_task.cancel()
         await self.knobs.stop()  # GPU and engine settings back to their defaults
         for collector in self.collectors:
             with contextlib.suppress(Exception):

@@ -76,6 +76,7 @@ def register_defaults() -> None:
     _detector("tail_latency", _tail, True, "P95/P99 per request-length bucket: load-driven vs anomalous")
     _detector("multivariate", _multivariate, True, "Isolation Forest over the engine/GPU state")
     _detector("thermal", _thermal, True, "temperature unexplained by utilisation; throttle reasons")
+    _detector("spec_decode", _specdec, True, "spec-decode acceptance vs its baseline; speedup below 1")
 
 
 def _leak() -> base.Detector:
@@ -112,3 +113,9 @@ def _thermal() -> base.Detector:
     from detectors.thermal import ThermalDetector
 
     return ThermalDetector()
+
+
+def _specdec() -> base.Detector:
+    from detectors.specdec import SpecDecodeDetector
+
+    return SpecDecodeDetector()

@@ -28,6 +28,7 @@ from simulator.control import ControlError, ControlPlane
 from simulator.engine import EngineCore, StepResult
 from simulator.faults import FaultError
 from simulator.metrics import ProbeCollector, VllmCollector, registry_with, render
+from simulator.sleep import SleepModel, SleepRefused
 from simulator.telemetry import NvmlView
 
 #: How often an idle engine loop wakes to check the lease (wall seconds).
@@ -61,6 +62,7 @@ class SimServer:
         self.clock = clock
         self.sleep = sleep
         self.control = ControlPlane(core, core.settings)
+        self.sleep_mode = SleepModel()
         self.pid = os.getpid() if pid is None else pid
         self._wall0 = clock()
         self._sim0 = core.time
@@ -128,7 +130,26 @@ class SimServer:
         app.router.add_get("/sim/probe/metrics", self.probe_metrics)
         app.router.add_get("/sim/faults", self.faults_get)
         app.router.add_post("/sim/faults", self.faults_post)
+        app.router.add_post("/sleep", self.sleep_post)
+        app.router.add_post("/wake_up", self.wake_up_post)
+        app.router.add_get("/is_sleeping", self.is_sleeping_get)
         return app
+
+    # -- vLLM-style sleep mode (simulator/sleep.py) ---------------------------------------------------
+    async def sleep_post(self, request: web.Request) -> web.Response:
+        in_flight = self.core.num_running + self.core.num_waiting
+        try:
+            self.sleep_mode.sleep(in_flight, self.sim_now())
+        except SleepRefused as error:
+            return _error(409, str(error), "ConflictError")
+        return web.Response(status=200)
+
+    async def wake_up_post(self, request: web.Request) -> web.Response:
+        self.sleep_mode.wake_up(self.sim_now())
+        return web.Response(status=200)
+
+    async def is_sleeping_get(self, request: web.Request) -> web.Response:
+        return web.json_response({"is_sleeping": self.sleep_mode.is_sleeping(self.sim_now())})
 
     # -- OpenAI API ---------------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -152,6 +173,8 @@ class SimServer:
         return await self._generate(request, "chat")
 
     async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
+        if self.sleep_mode.is_sleeping(self.sim_now()):
+            return _error(503, "the engine is sleeping or waking up", "ServiceUnavailableError")
         faults = self.core.faults
         if faults.error_rate > 0 and self._rng.random() < faults.error_rate:
             return _error(faults.error_status, "injected fault: engine unavailable", "InternalServerError")

@@ -27,6 +27,8 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from agent.config import GateConfig
 from agent.gate.admission import AdmissionQueue, Priority, Ticket, TicketState
+from agent.gate.cache import Entry, Fill, ResponseCache, cache_key, response_identity
+from agent.gate.isolation import IsolationLane
 from agent.gate.openai import (
     ADMITTED_PATHS,
     BadRequest,
@@ -88,6 +90,8 @@ class Gate:
             aging_s=cfg.aging_s,
             max_wait_s=cfg.max_queue_wait_s,
         )
+        self.isolation = IsolationLane(cfg, registry) if cfg.isolation_threshold_tokens > 0 else None
+        self.cache = ResponseCache(cfg, registry) if cfg.cache_enabled else None
         self.lines = LineLimits(cfg, now)
         self.resolver = LineResolver(cfg)
         self.pool = UpstreamPool(cfg.upstreams, cfg.split)
@@ -159,6 +163,8 @@ class Gate:
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
+        if self.cache is not None:
+            self.cache.close()
 
     def _new_session(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
@@ -176,6 +182,12 @@ class Gate:
         """Set the in-flight limit (absolute). Raising it admits waiters at once."""
         self._wake(self.admission.set_limit(int(limit), self.clock()))
 
+    def set_isolation_limit(self, limit: int) -> None:
+        """Set the long pool's in-flight limit (absolute); ValueError when isolation is off."""
+        if self.isolation is None:
+            raise ValueError("long-request isolation is off")
+        self._wake(self.isolation.admission.set_limit(int(limit), self.clock()))
+
     def set_split(self, split: Mapping[str, float]) -> None:
         """Set the traffic split (absolute weights per upstream name); ValueError on a bad split."""
         self.pool.set_split(split)
@@ -187,6 +199,10 @@ class Gate:
         values["gate.queue_depth"] = float(self.admission.queue_depth)
         values["gate.limit"] = float(self.admission.limit)
         values["gate.upstreams_healthy"] = float(sum(up.healthy for up in self.pool.upstreams.values()))
+        if self.isolation is not None:
+            values.update(self.isolation.values())
+        if self.cache is not None:
+            values.update(self.cache.values())
         return values
 
     # --- the request path --------------------------------------------------------------------------
@@ -232,10 +248,25 @@ class Gate:
         verdict = limiter.admit(est_tokens, arrived)
         if not verdict.granted:
             return self._refuse(record, 429, verdict.reason, "rate_limit_exceeded", verdict.retry_after_s)
-        ticket, changed = self.admission.offer(priority, arrived)
+        fill: Fill | None = None
+        if self.cache is not None:
+            key = cache_key(path, body, line, request.headers, self.cfg.cache_lines)
+            if key is None:
+                self.cache.bypass()
+            else:
+                entry = self.cache.get(key)
+                if entry is not None:
+                    return await self._serve_cached(request, entry)
+                fill = Fill(key, self.cache.admit(key), self.cfg.cache_max_entry_bytes)
+        isolation = self.isolation
+        lane = isolation if isolation is not None and isolation.is_long(info.prompt_tokens) else None
+        admission = self.admission if lane is None else lane.admission
+        if lane is not None:
+            lane.routed.inc()
+        ticket, changed = admission.offer(priority, arrived)
         self._wake(changed)
         if ticket.state is TicketState.WAITING:
-            refusal = await self._wait(ticket, record)
+            refusal = await self._wait(ticket, record, admission)
             if refusal is not None:
                 limiter.refund(est_tokens)
                 return refusal
@@ -244,22 +275,25 @@ class Gate:
             return self._refuse(record, 429, "the gate's queue is full", "queue_full", self.cfg.aging_s)
         record.queue_wait_s = ticket.queue_wait_s
         try:
-            return await self._forward(request, body, record, info)
+            prefer = None if lane is None else lane.upstream
+            return await self._forward(request, body, record, info, prefer, fill)
         finally:
-            self._wake(self.admission.release(ticket, self.clock()))
+            self._wake(admission.release(ticket, self.clock()))
 
-    async def _wait(self, ticket: Ticket, record: RequestRecord) -> web.Response | None:
+    async def _wait(
+        self, ticket: Ticket, record: RequestRecord, admission: AdmissionQueue
+    ) -> web.Response | None:
         """Wait for admission; a refusal response if the ticket was shed or expired instead."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[ticket] = future
         try:
             await asyncio.wait_for(future, timeout=self.cfg.max_queue_wait_s)
         except TimeoutError:
-            self.admission.expire_ticket(ticket)
+            admission.expire_ticket(ticket)
         except asyncio.CancelledError:  # the client went away while queued
             self._waiters.pop(ticket, None)
-            if not self.admission.cancel(ticket) and ticket.state is TicketState.ADMITTED:
-                self._wake(self.admission.release(ticket, self.clock()))
+            if not admission.cancel(ticket) and ticket.state is TicketState.ADMITTED:
+                self._wake(admission.release(ticket, self.clock()))
             raise
         finally:
             self._waiters.pop(ticket, None)
@@ -267,9 +301,7 @@ class Gate:
             return None
         if ticket.state is TicketState.REJECTED:
             return self._refuse(record, 429, f"the gate's queue is full ({ticket.reason})", "queue_full", 1.0)
-        message = (
-            f"no capacity within {self.cfg.max_queue_wait_s:g} s (in-flight limit {self.admission.limit})"
-        )
+        message = f"no capacity within {self.cfg.max_queue_wait_s:g} s (in-flight limit {admission.limit})"
         return self._refuse(
             record, 503, message, "queue_timeout", self.cfg.max_queue_wait_s, outcome="expired"
         )
@@ -290,11 +322,20 @@ class Gate:
         )
 
     async def _forward(
-        self, request: web.Request, body: bytes, record: RequestRecord | None, info: RequestInfo
+        self,
+        request: web.Request,
+        body: bytes,
+        record: RequestRecord | None,
+        info: RequestInfo,
+        prefer: str | None = None,
+        fill: Fill | None = None,
     ) -> web.StreamResponse:
+        """Send upstream: the split's pick first, or ``prefer`` (the long pool) first when given."""
         assert self._session is not None, "Gate.start() was not called"
         headers = _forward_headers(request.headers)
         candidates = self.pool.candidates(self._rng.random())
+        if prefer is not None:
+            candidates.sort(key=lambda up: up.name != prefer)  # stable: the rest keep their order
         errors: list[str] = []
         for upstream in candidates:
             url = upstream.url + request.rel_url.path_qs
@@ -307,7 +348,7 @@ class Gate:
             if record is not None:
                 record.upstream = upstream.name
             try:
-                return await self._relay(request, up, record, info)
+                return await self._relay(request, up, record, info, fill)
             finally:
                 up.release()
         message = "no upstream reachable (" + "; ".join(errors) + ")" if errors else "no upstream configured"
@@ -338,6 +379,7 @@ class Gate:
         up: aiohttp.ClientResponse,
         record: RequestRecord | None,
         info: RequestInfo,
+        fill: Fill | None = None,
     ) -> web.StreamResponse:
         clock = self.clock
         streaming = up.headers.get("Content-Type", "").startswith("text/event-stream")
@@ -354,6 +396,10 @@ class Gate:
                     "ok" if up.status < 400 else "client_error" if up.status < 500 else "upstream_error"
                 )
                 self.stats.record(record, now)
+            if fill is not None and up.status == 200:
+                fill.feed(payload)
+                fill.head = payload  # the whole JSON: its model fields name the model
+                self._fill_cache(fill, up, False, record)
             return web.Response(status=up.status, body=payload, headers=_forward_headers(up.headers))
         resp = web.StreamResponse(status=up.status, headers=_forward_headers(up.headers))
         await resp.prepare(request)
@@ -372,6 +418,8 @@ class Gate:
                 last = now
                 events += chunk.count(b"data:")
                 tail = chunk if len(chunk) > 256 else (tail + chunk)[-4096:]
+                if fill is not None:
+                    fill.feed(chunk)
                 await resp.write(chunk)
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
@@ -402,4 +450,32 @@ class Gate:
                 "ok" if up.status < 400 else "client_error" if up.status < 500 else "upstream_error"
             )
             self.stats.record(record, clock())
+        if fill is not None and up.status == 200:
+            self._fill_cache(fill, up, True, record)
+        return resp
+
+    # --- the response cache ------------------------------------------------------------------------
+    def _fill_cache(
+        self, fill: Fill, up: aiohttp.ClientResponse, streaming: bool, record: RequestRecord | None
+    ) -> None:
+        """A complete 200 response: note the model identity it shows, and store it if admitted."""
+        assert self.cache is not None
+        body = fill.body
+        identity = response_identity(body if body else fill.head, streaming)
+        self.cache.observe_identity(identity)
+        if fill.store and body:
+            gpu_s = 0.0 if record is None else max(0.0, record.e2e_s - record.queue_wait_s)
+            content_type = up.headers.get("Content-Type", "application/json")
+            self.cache.put(fill.key, body, content_type, streaming, gpu_s, identity)
+
+    async def _serve_cached(self, request: web.Request, entry: Entry) -> web.StreamResponse:
+        """Answer from the cache: a JSON body as is, a stream replayed event by event."""
+        headers = {"Content-Type": entry.content_type, "X-Servepilot-Cache": "hit"}
+        if not entry.streaming:
+            return web.Response(status=200, body=entry.body, headers=headers)
+        resp = web.StreamResponse(status=200, headers=headers)
+        await resp.prepare(request)
+        for event in entry.events():
+            await resp.write(event)
+        await resp.write_eof()
         return resp

@@ -26,12 +26,14 @@ import contextlib
 import logging
 import os
 import socket
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from wsgiref.simple_server import WSGIServer
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -131,12 +133,39 @@ class ProbeServer:
         self._thread.join(timeout=5)
 
 
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    """One thread per request, so a slow scrape never blocks an evidence request (or the reverse)."""
+
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        """No access log into the engine's stderr."""
+
+
+def evidence_dir(environ: dict[str, str] | None = None) -> str:
+    """Where memory snapshots go: ``SERVEPILOT_PROBE_EVIDENCE_DIR``, else a folder in the temp dir."""
+    env = os.environ if environ is None else environ
+    return env.get("SERVEPILOT_PROBE_EVIDENCE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"servepilot-evidence-{os.getpid()}"
+    )
+
+
 def serve(port: int, host: str = "127.0.0.1", source: StatsSource = torch_stats) -> ProbeServer:
-    """Start a probe server (not the process-wide one). Raises :class:`OSError` when the port is taken."""
+    """Start a probe server (not the process-wide one). Raises :class:`OSError` when the port is taken.
+
+    Serves ``/metrics`` (prometheus_client's WSGI app over the probe's own registry) and
+    ``/evidence/memory`` (bounded torch memory-history recordings for leak evidence, docs/probe.md).
+    """
+    from agent.probe.evidence import MemoryRecorder, wsgi_app
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AllocatorCollector(source))
-    httpd, thread = start_http_server(port, addr=host, registry=registry)
-    thread.name = "servepilot-probe"
+    app = wsgi_app(MemoryRecorder(evidence_dir()), make_wsgi_app(registry))
+    httpd = make_server(host, port, app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler)
+    thread = threading.Thread(target=httpd.serve_forever, name="servepilot-probe", daemon=True)
+    thread.start()
     return ProbeServer(host, int(httpd.server_port), registry, httpd, thread)
 
 

@@ -29,6 +29,8 @@ def test_translation_rules_map_flat_names_to_labelled_families() -> None:
     assert translate("probe.device1.reserved_bytes").labels == (("device", "1"),)
     assert translate("probe.reserved_bytes").labels == (("device", "all"),)
     assert translate("weird.name-x").name == "servepilot_weird_name_x"  # type: ignore[union-attr]
+    assert translate("cost.per_1k_tokens_usd").name == "servepilot_cost_per_1k_tokens"  # type: ignore[union-attr]
+    assert translate("cost.energy_joules_per_token").name == "servepilot_energy_joules_per_token"  # type: ignore[union-attr]
     assert translate("gate.le1k.ttft_seconds.p99") is None  # the gate exports its own histograms
 
 

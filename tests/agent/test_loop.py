@@ -126,3 +126,24 @@ async def test_run_ticks_until_stopped() -> None:
     loop = Loop([collector], Store(10, 10), interval_s=0.01, source_timeout_s=0.01)
     await asyncio.wait_for(loop.run(stop), timeout=2.0)
     assert loop.state.stats.ticks == 2
+
+
+async def test_derived_signals_join_the_snapshot_as_their_own_source() -> None:
+    def tokens_per_request(values: object, now: float) -> dict[str, float]:
+        assert isinstance(values, dict) or hasattr(values, "get")
+        return {"derived.x2": 2 * values["engine.a"]}  # type: ignore[index]
+
+    def broken(values: object, now: float) -> dict[str, float]:
+        raise RuntimeError("bug")
+
+    loop = Loop(
+        [StaticCollector("engine", {"engine.a": 3.0})],
+        Store(10, 10),
+        interval_s=1.0,
+        source_timeout_s=0.1,
+        derive=[broken, tokens_per_request],
+    )
+    state = await loop.tick(1.0)
+    assert state.snapshot is not None
+    assert state.snapshot.get("derived.x2") == 6.0 and state.snapshot.get("engine.a") == 3.0
+    assert state.snapshot.readings["derived"].status is SourceStatus.OK

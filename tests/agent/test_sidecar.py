@@ -104,3 +104,51 @@ async def test_an_unreadable_certificate_is_a_config_error(tmp_path: Path) -> No
             await sidecar.start()
     finally:
         await sidecar.stop()
+
+
+async def test_a_leak_finding_asks_the_probe_for_a_memory_recording_and_links_it(tmp_path: Path) -> None:
+    from aiohttp import web
+
+    from detectors.base import Finding, Severity
+
+    asked: list[str] = []
+
+    async def evidence(request: web.Request) -> web.Response:
+        asked.append(request.query.get("duration_s", ""))
+        return web.json_response({"file": "/var/evidence/snap-1.pickle"}, status=202)
+
+    app = web.Application()
+    app.router.add_post("/evidence/memory", evidence)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    probe_port = runner.addresses[0][1]
+
+    class Leak:
+        name = "memory_leak"
+
+        def update(self, snapshot: Any) -> list[Finding]:
+            return [
+                Finding("memory_leak", "probe.reserved_bytes", Severity.WARNING, 0.9, "leak", snapshot.now)
+            ]
+
+    cfg = config.build(
+        {
+            "agent": {"listen_port": _free_port(), "admin_listen_port": None},
+            "probe": {"url": f"http://127.0.0.1:{probe_port}/metrics"},
+            "audit": {"path": None},
+        }
+    )
+    sidecar = Sidecar(cfg, collectors=[OneValue()])
+    sidecar.loop.detectors = [Leak()]  # type: ignore[list-item]
+    try:
+        await sidecar.loop.tick(100.0)
+        assert sidecar._evidence_task is not None
+        await sidecar._evidence_task
+        state = await sidecar.loop.tick(101.0)
+        assert asked == ["60"]  # once, not every tick (cooldown)
+        assert state.findings[0].evidence["memory_snapshot"] == "/var/evidence/snap-1.pickle"
+    finally:
+        await sidecar.stop()
+        await runner.cleanup()

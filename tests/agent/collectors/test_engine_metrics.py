@@ -364,3 +364,28 @@ async def test_engine_body_with_no_parseable_line_is_an_error(aiohttp_server: Se
     await collector.close()
     assert reading.status is SourceStatus.ERROR
     assert reading.error is not None and reading.error.startswith("1 bad lines, first: line 1: cannot parse")
+
+
+def test_vllm_speculative_decoding_counters_map_to_rates_and_an_acceptance_ratio() -> None:
+    """Names as vLLM V1 serves them with speculation on (vllm/v1/spec_decode/metrics.py)."""
+    from agent.collectors.engine_metrics import SignalDeriver, load_mappings, parse
+
+    mapping = load_mappings()["vllm"]
+    deriver = SignalDeriver(mapping, 60.0)
+
+    def text(drafts: int, draft_tokens: int, accepted: int) -> str:
+        lines = []
+        for name, value in (
+            ("vllm:spec_decode_num_drafts_total", drafts),
+            ("vllm:spec_decode_num_draft_tokens_total", draft_tokens),
+            ("vllm:spec_decode_num_accepted_tokens_total", accepted),
+        ):
+            lines += [f"# TYPE {name} counter", f'{name}{{engine="0",model_name="m"}} {value}']
+        return "\n".join(lines) + "\n"
+
+    deriver.update(parse(text(100, 400, 200), mapping, 0.0), 0.0)
+    values = deriver.update(parse(text(200, 800, 440), mapping, 10.0), 10.0)
+    assert values["engine.spec_drafts_per_second"] == 10.0
+    assert values["engine.spec_draft_tokens_per_second"] == 40.0
+    assert values["engine.spec_accepted_tokens_per_second"] == 24.0
+    assert abs(values["engine.spec_acceptance_ratio"] - 0.6) < 1e-9

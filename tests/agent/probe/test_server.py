@@ -177,3 +177,21 @@ def test_forget_after_fork_drops_the_inherited_server() -> None:
     server._running = fake
     server.forget_after_fork()
     assert server._running is None and closed == [True]
+
+
+def test_the_probe_also_serves_the_leak_evidence_route() -> None:
+    import json
+    import urllib.request
+
+    from agent.probe.server import serve
+
+    server = serve(0, source=lambda: None)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/evidence/memory", timeout=5) as response:
+            status = json.loads(response.read())
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as response:
+            metrics = response.read().decode()
+    finally:
+        server.close()
+    assert isinstance(status, dict)
+    assert "servepilot_probe_up 1.0" in metrics

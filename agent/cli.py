@@ -19,6 +19,7 @@ COMMANDS: tuple[str, ...] = (
     "agent.commands.gate",
     "agent.commands.detect",
     "agent.commands.forecast",
+    "agent.commands.replay",
     "agent.commands.specdec_eval",
     "agent.commands.validate_config",
 )

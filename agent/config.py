@@ -352,6 +352,25 @@ class ForecastConfig(_Section):
         return tuple(sorted(set(value)))
 
 
+class PolicyConfig(_Section):
+    """Which decision rules run, against which latency SLO (actions still follow actuators.mode)."""
+
+    set: Literal["none", "auto", "seed"] = Field(
+        "auto", description="auto: SLO-aware batch + breaker; seed: the published rule; none: observe only"
+    )
+    ttft_slo_s: float = Field(2.0, gt=0, le=600, description="time-to-first-token target (P99)")
+    itl_slo_s: float = Field(0.1, gt=0, le=60, description="inter-token latency target (mean)")
+    batch_min: int = Field(8, ge=1, le=65536, description="lowest effective batch the policies may set")
+    batch_max: int = Field(512, ge=1, le=65536, description="highest effective batch the policies may set")
+    initial_batch: int = Field(64, ge=1, le=65536, description="batch the auto policy starts from")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PolicyConfig:
+        if not self.batch_min <= self.initial_batch <= self.batch_max:
+            raise ValueError("initial_batch must lie in [batch_min, batch_max]")
+        return self
+
+
 class CostConfig(_Section):
     """Cost and energy per token, from measured throughput and power."""
 
@@ -375,6 +394,7 @@ class Config(_Section):
     webhooks: WebhookConfig = WebhookConfig()
     forecast: ForecastConfig = ForecastConfig()
     cost: CostConfig = CostConfig()
+    policies: PolicyConfig = PolicyConfig()
 
 
 class ConfigError(ValueError):

@@ -3,10 +3,12 @@
 Built from the config; each part exists only when configured (the gate when ``gate.enabled``, engine
 control when ``control.enabled``, the GPU knob when ``actuators.gpu`` is not ``off``). Knob names:
 
-* ``gate.limit`` — the effective batch (the gate's in-flight limit);
-* ``gate.upstream`` — route all traffic to one named upstream (breaker levels L2/L3);
+* ``batch.max_in_flight`` — the effective batch (the gate's in-flight limit);
+* ``route.upstream`` — route all traffic to one named upstream (breaker levels L2/L3);
 * ``engine.<knob>`` — whatever the engine's control API offers (e.g. ``engine.max_num_seqs``);
-* ``gpu_power_limit_w`` or ``gpu_max_clock_mhz`` — the GPU actuator's knob.
+* ``gpu.power_limit_w`` or ``gpu.sm_clock_mhz`` — the GPU actuator's knob.
+
+The names are the policies' (:mod:`policies.knobs`), so a proposal reaches its actuator by name.
 
 Every write goes through :meth:`Actuation.execute` (mode, pause, pins, audit), never around it.
 """
@@ -23,6 +25,7 @@ from agent.audit import AuditLog
 from agent.collectors.base import Collector
 from agent.config import Config, ConfigError
 from agent.modes import Actuation
+from policies import knobs
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +40,16 @@ class Knobs:
         self.gate: Any = None
         self.control: Any = None
         self.gpu: Any = None
+        self.gpu_knob = ""
         self.collectors: list[Collector] = []
         if cfg.gate.enabled:
-            from agent.gate import Gate
+            from agent.gate.proxy import Gate
             from agent.gate.collector import GateCollector
 
             self.gate = Gate(cfg.gate, registry)
             self.collectors.append(GateCollector(self.gate))
-            self.actuation.bind("gate.limit", self._gate_limit, self._set_gate_limit)
-            self.actuation.bind("gate.upstream", self._gate_upstream, self._set_gate_upstream)
+            self.actuation.bind(knobs.BATCH, self._gate_limit, self._set_gate_limit)
+            self.actuation.bind(knobs.UPSTREAM, self._gate_upstream, self._set_gate_upstream)
         if cfg.actuators.gpu != "off":
             from agent.actuators.gpu import GpuActuator
             from agent.actuators.gpu_backend import NvmlGpuBackend, SimulatedGpuBackend
@@ -56,7 +60,8 @@ class Knobs:
                 else NvmlGpuBackend()
             )
             self.gpu = GpuActuator(cfg.actuators, backend, registry)
-            self.actuation.bind(self.gpu.knob, self._gpu_value, self._set_gpu_value)
+            self.gpu_knob = knobs.POWER_LIMIT if cfg.actuators.gpu == "power_limit" else knobs.SM_CLOCK
+            self.actuation.bind(self.gpu_knob, self._gpu_value, self._set_gpu_value)
         self.token = self._admin_token()
 
     def _admin_token(self) -> str | None:
@@ -134,11 +139,11 @@ class Knobs:
     def values(self) -> dict[str, float | str]:
         out: dict[str, float | str] = {}
         if self.gate is not None:
-            out["gate.limit"] = float(self.gate.limit)
+            out[knobs.BATCH] = float(self.gate.limit)
         if self.gpu is not None:
             current = self.gpu.current()
             if current is not None:
-                out[self.gpu.knob] = float(current)
+                out[self.gpu_knob] = float(current)
         return out
 
     async def stop(self) -> None:

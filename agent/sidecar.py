@@ -10,7 +10,7 @@ import contextlib
 import logging
 import ssl
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -23,7 +23,7 @@ from agent.loop import Loop
 from agent.store import Store
 from detectors.base import Detector, Finding
 from detectors.snapshot import Snapshot
-from policies.base import Proposal
+from policies.base import Policy, Proposal
 
 if TYPE_CHECKING:
     from agent.forecasting import LiveForecaster
@@ -67,6 +67,22 @@ def build_collectors(cfg: Config) -> list[Collector]:
     return collectors
 
 
+def build_policies(cfg: Config) -> list[Policy]:
+    """The configured policy set (``policies.set``); none when it is ``none``."""
+    if cfg.policies.set == "none":
+        return []
+    from policies.registry import build_set
+
+    p = cfg.policies
+    return build_set(
+        p.set,
+        ttft_slo_s=p.ttft_slo_s,
+        itl_slo_s=p.itl_slo_s,
+        batch_bounds=(float(p.batch_min), float(p.batch_max)),
+        initial_batch=float(p.initial_batch),
+    )
+
+
 def build_detectors() -> list[Detector]:
     """Every registered detector that is enabled by default."""
     from detectors import base, registry
@@ -101,11 +117,16 @@ class Sidecar:
             interval_s=cfg.agent.interval_s,
             source_timeout_s=cfg.agent.source_timeout_s,
             detectors=build_detectors(),
+            policies=build_policies(cfg),
             act=self._act,
             derive=[self.cost.update],
             enrich=self._leak_evidence if cfg.probe.enabled else None,
         )
         from agent.probe.leak_evidence import LeakEvidence
+        from policies.registry import default_arbiter
+
+        self.arbiter = default_arbiter((float(cfg.policies.batch_min), float(cfg.policies.batch_max)))
+        self._arbiter_state: Any = None
 
         self.evidence = LeakEvidence()
         self._evidence_task: asyncio.Task[None] | None = None
@@ -144,9 +165,17 @@ class Sidecar:
             self._evidence_task = None
 
     async def _act(self, proposals: Sequence[Proposal], snapshot: Snapshot) -> Mapping[str, float | str]:
-        """Proposals -> actuation (mode, pause, pins and audit are the Actuation's), then renew leases."""
-        for proposal in proposals:
-            await self.knobs.actuation.execute(proposal)
+        """Proposals -> arbiter (priority, bounds, steps, cooldowns, hysteresis) -> actuation (mode, pause,
+        pins and audit are the Actuation's); then renew the leases that keep settings alive."""
+        actual = self.knobs.values()
+        self._arbiter_state, decisions = self.arbiter.decide(
+            proposals, actual, self._arbiter_state, snapshot.now
+        )
+        for decision in decisions:
+            why = decision.reason
+            if decision.overruled:
+                why += f" (over {', '.join(decision.overruled)})"
+            await self.knobs.actuation.execute(Proposal(decision.policy, decision.knob, decision.value, why))
         self.knobs.renew()
         return self.knobs.values()
 

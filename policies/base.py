@@ -36,12 +36,14 @@ class Proposal:
 
 
 class Policy(Protocol):
-    name: str
+    """``name`` is read-only so that frozen dataclasses (immutable policies) satisfy the Protocol."""
+
+    @property
+    def name(self) -> str: ...
 
     def decide(
         self, snapshot: Snapshot, findings: Sequence[Finding], state: Any, now: float
-    ) -> tuple[Any, list[Proposal]]:
-        ...
+    ) -> tuple[Any, list[Proposal]]: ...
 
 
 @dataclass(frozen=True)

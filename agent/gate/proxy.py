@@ -361,14 +361,15 @@ class Gate:
         self, method: str, url: str, body: bytes, headers: Mapping[str, str]
     ) -> aiohttp.ClientResponse:
         """One upstream request. A kept-alive connection the upstream closed meanwhile (llama.cpp closes
-        after 100 requests) fails before any response byte: that is retried once on a fresh connection
-        instead of marking a healthy upstream down. Only a failed *write* is retried (the upstream never
-        saw the request); a refused connection or a disconnect after the request went out is not."""
+        after 100 requests) fails before any response byte: either the write fails or the read sees the
+        disconnect at once. That is retried once on a fresh connection instead of marking a healthy
+        upstream down (as Go's HTTP transport does for reused connections). A refused connection is not
+        retried. The cost of the rare case where an upstream died mid-request: one duplicate attempt."""
         assert self._session is not None
         try:
             return await self._session.request(method, url, data=body or None, headers=headers)
-        except aiohttp.ClientOSError as error:
-            if isinstance(error, aiohttp.ClientConnectorError):  # refused / unreachable: not a stale write
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as error:
+            if isinstance(error, aiohttp.ClientConnectorError):  # refused / unreachable: not a stale socket
                 raise
             log.info("upstream connection went stale (%s); retrying once on a fresh one", error)
             return await self._session.request(method, url, data=body or None, headers=headers)

@@ -273,8 +273,13 @@ async def test_invalid_json_gets_400_without_reaching_the_upstream(
         await gate.stop()
 
 
+@pytest.mark.parametrize(
+    "stale",
+    [aiohttp.ClientOSError(32, "Can not write request body"), aiohttp.ServerDisconnectedError()],
+    ids=["write-failed", "disconnected"],
+)
 async def test_a_stale_keepalive_write_is_retried_once_not_marked_down(
-    upstream: Upstream, client: aiohttp.ClientSession
+    upstream: Upstream, client: aiohttp.ClientSession, stale: Exception
 ) -> None:
     """llama.cpp closes a kept-alive connection after 100 requests; the gate's next write on it fails
     ("Can not write request body"). That request never reached the upstream: retry, no 502, still healthy."""
@@ -287,7 +292,7 @@ async def test_a_stale_keepalive_write_is_retried_once_not_marked_down(
         nonlocal failures
         if failures == 0 and args[0] == "POST":
             failures += 1
-            raise aiohttp.ClientOSError(32, "Can not write request body")
+            raise stale
         return await real(*args, **kwargs)
 
     gate._session.request = stale_once  # type: ignore[method-assign]

@@ -1,0 +1,115 @@
+"""``servepilot replay``: the simulator's engine core and servepilot's brain on a real trace, in virtual time.
+
+Prints goodput (tokens/s of requests within the SLO), SLO attainment, TTFT and ITL quantiles, energy per
+token and the action timeline; ``--sweep`` adds every static batch setting and the best one in hindsight;
+``--json`` prints the DESIGN.md section 4 object; ``--report`` writes an HTML report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def parse_slo(text: str) -> tuple[float, float]:
+    """``ttft=2,itl=0.1`` (seconds; ``ms`` suffix allowed) -> (ttft_s, itl_s)."""
+    values: dict[str, float] = {}
+    for part in text.split(","):
+        key, sep, raw = part.strip().partition("=")
+        if not sep or key not in ("ttft", "itl"):
+            raise argparse.ArgumentTypeError(f"--slo must look like ttft=2,itl=0.1, got {text!r}")
+        scale = 1e-3 if raw.endswith("ms") else 1.0
+        try:
+            value = float(raw.removesuffix("ms").removesuffix("s")) * scale
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--slo {key} must be a number, got {raw!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"--slo {key} must be > 0, got {raw!r}")
+        values[key] = value
+    if set(values) != {"ttft", "itl"}:
+        raise argparse.ArgumentTypeError(f"--slo needs both ttft and itl, got {text!r}")
+    return values["ttft"], values["itl"]
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "replay",
+        help="closed-loop replay of a trace on the engine simulator, in virtual time",
+        description="Replay an Azure LLM trace CSV, a Mooncake JSONL or a timestamp,count series on the "
+        "simulated engine with servepilot's policies deciding, thousands of times faster than real time.",
+    )
+    parser.add_argument("--trace", required=True, help="trace file")
+    parser.add_argument("--policy", default="auto", help="auto, seed or static:N (default auto)")
+    parser.add_argument("--sweep", action="store_true", help="also replay every static setting")
+    parser.add_argument("--gpu", default="a100-80g", help="simulated GPU profile (default a100-80g)")
+    parser.add_argument("--model", default="llama-2-7b", help="simulated model (default llama-2-7b)")
+    parser.add_argument(
+        "--slo", type=parse_slo, default=(10.0, 0.1), help="ttft=S,itl=S (default ttft=10,itl=0.1)"
+    )
+    parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate")
+    parser.add_argument("--lengths", help="per-request trace whose token lengths a count series borrows")
+    parser.add_argument("--duration", type=float, help="replay only the first S seconds of the trace")
+    parser.add_argument("--energy", action="store_true", help="add the SLO-gated clock policy to auto")
+    parser.add_argument(
+        "--default-batch",
+        type=int,
+        help="engine default max_num_seqs (vLLM V1's: 256 on A100, 1024 on H100/H200)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed (count series, Mooncake jitter)")
+    parser.add_argument("--json", action="store_true", help="print the JSON summary")
+    parser.add_argument("--report", metavar="FILE.html", help="write an HTML report")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from agent.cli import UsageError
+    from agent.replay.driver import Slo
+    from agent.replay.report import render
+    from agent.replay.runner import ReplaySpec, parse_policy, run_policy, sweep
+    from agent.replay.summary import summarise, table
+    from agent.traces import TraceError
+
+    try:
+        parse_policy(args.policy)
+        if not args.rate_scale > 0:
+            raise ValueError(f"--rate-scale must be > 0, got {args.rate_scale:g}")
+        if args.duration is not None and not args.duration > 0:
+            raise ValueError(f"--duration must be > 0, got {args.duration:g}")
+        spec = ReplaySpec(
+            Path(args.trace),
+            gpu=args.gpu,
+            model=args.model,
+            slo=Slo(*args.slo),
+            rate_scale=args.rate_scale,
+            lengths=Path(args.lengths) if args.lengths else None,
+            seed=args.seed,
+            duration_s=args.duration,
+            default_batch=args.default_batch,
+            energy=args.energy,
+        )
+        replay_run, name = run_policy(spec, args.policy)
+        summary: dict[str, Any] = summarise(replay_run, name)
+        if args.sweep:
+            rows, best = sweep(spec)
+            summary["sweep"] = rows
+            summary["best_static"] = best
+    except (TraceError, ValueError) as error:
+        raise UsageError(str(error)) from None
+    if args.report:
+        Path(args.report).write_text(render(replay_run, summary), encoding="utf-8")
+    if args.json:
+        json.dump(summary, sys.stdout, indent=1)
+        print()
+        return 0
+    print(table([summary, *summary.get("sweep", [])]))
+    if args.sweep:
+        print(f"best static in hindsight: {summary['best_static']['policy']}")
+    for action in summary["actions"][:50]:
+        change = f"{action['knob']} {action['previous']} -> {action['value']}"
+        print(f"  t={action['at']:9.1f}s {change}: {action['reason']}")
+    if len(summary["actions"]) > 50:
+        print(f"  ... {len(summary['actions']) - 50} more actions (see --json)")
+    return 0

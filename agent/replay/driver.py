@@ -1,0 +1,280 @@
+"""Closed-loop replay: the simulator's :class:`EngineCore` and servepilot's brain, in virtual time.
+
+The loop is event-driven: submit arrivals when they are due, step the core (fast-forwarding pure-decode
+stretches up to the next event), and at every tick boundary build the snapshot the live collectors would
+see (:class:`CoreSignals`), let the brain decide, and apply its decisions to the core the way the
+actuators would (absolute values: ``max_num_seqs`` for the batch, SM clock, power limit, precision for
+the fp8 / small upstreams). Nothing reads a clock; the same trace and seed give the same result.
+
+Requests are judged against the SLO one by one: good when it finished, got no 5xx, its TTFT is within
+``slo.ttft_s`` and its mean inter-token latency (TPOT) within ``slo.itl_s`` (DistServe's goodput).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from agent.replay.signals import CoreSignals
+from agent.replay.workload import Workload
+from detectors.snapshot import Snapshot
+from policies import knobs
+from policies.arbiter import Decision
+from simulator.engine import EngineCore
+from simulator.faults import FaultSwitches
+from simulator.scheduler import Request
+
+#: Longest run of pure-decode steps one core call may fast-forward.
+MAX_STEPS = 4096
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Per-request latency targets (seconds)."""
+
+    ttft_s: float
+    itl_s: float
+
+
+@dataclass(frozen=True)
+class FaultEvent:
+    """At ``at_s`` (seconds into the replay), switch the simulator's faults to ``faults``."""
+
+    at_s: float
+    faults: FaultSwitches
+
+
+class Controller(Protocol):
+    """Whatever turns a snapshot into knob decisions (the brain, or nothing for a static setting)."""
+
+    def control(self, snapshot: Snapshot, actual: dict[str, float | str]) -> list[Decision]: ...
+
+
+@dataclass
+class TickRow:
+    """One tick of the timeline (what the report plots)."""
+
+    t: float
+    arrivals: int
+    limit: float
+    running: float
+    waiting: float
+    ttft_p99: float
+    itl_p99: float
+    clock_mhz: float
+    power_w: float
+    upstream: str
+
+
+@dataclass
+class ReplayRun:
+    """Everything a replay measured: per-request outcomes, the tick timeline and the decisions."""
+
+    workload: Workload
+    slo: Slo
+    ttft: NDArray[np.float64]
+    tpot: NDArray[np.float64]
+    done: NDArray[np.bool_]
+    error: NDArray[np.bool_]
+    energy_j: float
+    end_s: float
+    timeline: list[TickRow] = field(default_factory=list)
+    actions: list[Decision] = field(default_factory=list)
+    preemptions: int = 0
+    itl_p99_s: float = 0.0
+
+    @property
+    def good(self) -> NDArray[np.bool_]:
+        ok = self.done & ~self.error
+        return ok & (self.ttft <= self.slo.ttft_s) & (self.tpot <= self.slo.itl_s)
+
+
+class Replay:
+    """One replay of ``workload`` on ``core`` under ``controller`` (``None`` keeps the settings)."""
+
+    def __init__(
+        self,
+        core: EngineCore,
+        workload: Workload,
+        slo: Slo,
+        *,
+        controller: Controller | None = None,
+        interval_s: float = 1.0,
+        window_s: float = 10.0,
+        faults: Sequence[FaultEvent] = (),
+        seed: int = 0,
+        on_tick: Callable[[Snapshot], None] | None = None,
+    ) -> None:
+        self.core = core
+        self.workload = workload
+        self.slo = slo
+        self.controller = controller
+        self.interval_s = interval_s
+        self.signals = CoreSignals(core, window_s=window_s)
+        self.faults = sorted(faults, key=lambda f: f.at_s)
+        self.rng = np.random.default_rng(seed)
+        self.on_tick = on_tick
+        self.upstream = "primary"
+        n = len(workload)
+        self.ttft = np.full(n, np.inf)
+        self.tpot = np.full(n, np.inf)
+        self.done = np.zeros(n, dtype=np.bool_)
+        self.error = np.zeros(n, dtype=np.bool_)
+        self._live: dict[str, tuple[int, Request]] = {}
+        self._tick_requests = 0
+        self._tick_bad = 0
+        self._tick_errors = 0
+        self._tick_arrivals = 0
+        self._error_rate = 0.0
+        self.timeline: list[TickRow] = []
+        self.actions: list[Decision] = []
+
+    # -- actuators ----------------------------------------------------------------------------------
+    def actual(self) -> dict[str, float | str]:
+        s = self.core.settings
+        return {
+            knobs.BATCH: float(s.max_num_seqs),
+            knobs.SM_CLOCK: s.sm_clock_mhz,
+            knobs.POWER_LIMIT: s.power_limit_w,
+            knobs.UPSTREAM: self.upstream,
+        }
+
+    def apply(self, decision: Decision, now: float) -> None:
+        core = self.core
+        s = core.settings
+        value = decision.value
+        if decision.knob == knobs.BATCH:
+            settings = core.with_settings(max_num_seqs=max(1, int(float(value))))
+        elif decision.knob == knobs.SM_CLOCK:
+            settings = core.with_settings(sm_clock_mhz=float(value))
+        elif decision.knob == knobs.POWER_LIMIT:
+            settings = core.with_settings(power_limit_w=float(value))
+        elif decision.knob == knobs.UPSTREAM:
+            # One simulated GPU: the fp8 upstream is this engine in fp8; the small model, too (the
+            # simulator has no second deployment), so L3 differs from L2 only in the audit trail.
+            self.upstream = str(value)
+            settings = core.with_settings(precision="fp16" if value == "primary" else "fp8")
+        else:
+            return
+        if settings != s:
+            core.apply_settings(settings, now)
+        self.actions.append(decision)
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def _submit(self, index: int, at: float) -> None:
+        self._tick_arrivals += 1
+        if self._error_rate > 0 and self.rng.random() < self._error_rate:
+            self.error[index] = True  # the engine answered 5xx: counted, never served
+            self._tick_requests += 1
+            self._tick_bad += 1
+            self._tick_errors += 1
+            return
+        w = self.workload
+        rid = str(index)
+        self.core.submit(rid, int(w.prompts[index]), int(w.outputs[index]), at)
+        self._live[rid] = (index, self.core.scheduler.waiting[-1])
+
+    def _finish(self, rid: str) -> None:
+        index, req = self._live.pop(rid)
+        ttft = req.first_token - req.arrival
+        tpot = (req.last_token - req.first_token) / (req.output - 1) if req.output > 1 else 0.0
+        self.ttft[index], self.tpot[index], self.done[index] = ttft, tpot, True
+        self._tick_requests += 1
+        if ttft > self.slo.ttft_s or tpot > self.slo.itl_s:
+            self._tick_bad += 1
+
+    def _tick(self, now: float) -> None:
+        gate = {
+            knobs.GATE_LIMIT: float(self.core.settings.max_num_seqs),
+            # the replay's batch limit is the engine's max_num_seqs, so its queue is the engine's own
+            # (engine.requests_waiting): the gate holds nothing back here
+            knobs.GATE_QUEUE: 0.0,
+            knobs.GATE_REQUESTS: float(self._tick_requests),
+            knobs.GATE_SLO_BAD: float(self._tick_bad),
+            knobs.GATE_ERRORS: float(self._tick_errors),
+        }
+        snapshot = self.signals.snapshot(now, gate)
+        if self.on_tick is not None:
+            self.on_tick(snapshot)
+        if self.controller is not None:
+            for decision in self.controller.control(snapshot, self.actual()):
+                self.apply(decision, now)
+        get = snapshot.values.get
+        s = self.core.settings
+        self.timeline.append(
+            TickRow(
+                now,
+                self._tick_arrivals,
+                float(s.max_num_seqs),
+                get(knobs.RUNNING, 0.0),
+                get(knobs.WAITING, 0.0),
+                get(knobs.TTFT_P99, 0.0),
+                get(knobs.ITL_P99, 0.0),
+                get(knobs.SM_CLOCK_HZ, 0.0) / 1e6,
+                get("nvml.gpu0.power_watts.mean", 0.0),
+                self.upstream,
+            )
+        )
+        self._tick_requests = self._tick_bad = self._tick_errors = self._tick_arrivals = 0
+
+    def _switch_faults(self, event: FaultEvent, now: float) -> None:
+        self.core.set_faults(event.faults, now)
+        self._error_rate = event.faults.error_rate
+
+    def run(self) -> ReplayRun:
+        core = self.core
+        times = self.workload.arrivals
+        n = times.size
+        start = core.time
+        energy0 = core.gpu_counters.energy_j
+        preempt0 = core.stats.preemptions
+        itl0 = core.stats.itl.counts.copy()
+        faults = list(self.faults)
+        i = 0
+        next_tick = start + self.interval_s
+        inf = float("inf")
+        while i < n or core.has_work():
+            next_arrival = start + times[i] if i < n else inf
+            next_fault = start + faults[0].at_s if faults else inf
+            horizon = min(next_arrival, next_tick, next_fault)
+            if core.has_work() and core.time < horizon:
+                result = core.step(core.time, max_steps=MAX_STEPS, until=horizon)
+                for finished in result.finished:
+                    self._finish(finished.request_id)
+                if result.steps == 0:  # nothing schedulable (cannot happen on a sane core): wait
+                    if horizon == inf:
+                        break
+                    core.idle_until(horizon)
+                continue
+            now = core.time if core.has_work() else max(core.time, horizon)
+            while faults and start + faults[0].at_s <= now:
+                self._switch_faults(faults.pop(0), now)
+            while i < n and start + times[i] <= now:
+                self._submit(i, start + float(times[i]))
+                i += 1
+            while next_tick <= now:
+                self._tick(next_tick)
+                next_tick += self.interval_s
+        itl = core.stats.itl
+        delta = np.cumsum(itl.counts - itl0).astype(np.float64)
+        from agent.collectors.derive import bucket_quantile
+
+        p99 = bucket_quantile(0.99, np.append(itl.bounds, np.inf), delta) if delta[-1] > 0 else None
+        return ReplayRun(
+            self.workload,
+            self.slo,
+            self.ttft,
+            self.tpot,
+            self.done,
+            self.error,
+            core.gpu_counters.energy_j - energy0,
+            core.time - start,
+            self.timeline,
+            self.actions,
+            core.stats.preemptions - preempt0,
+            p99 or 0.0,
+        )

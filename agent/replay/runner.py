@@ -1,0 +1,130 @@
+"""Build and run replays from a :class:`ReplaySpec`: one policy, or the sweep of static settings.
+
+Policies: ``auto`` (SLO-aware batch + breaker, + energy with ``energy=True``), ``seed`` (the published
+rule) or ``static:N`` (the engine's ``max_num_seqs`` fixed at N, no brain). Every run starts from the
+engine's default batch and token budget: vLLM V1's defaults for the OpenAI server on that GPU
+(:func:`vllm_defaults`) unless the spec overrides them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from agent.replay.brain import Brain
+from agent.replay.driver import Controller, FaultEvent, Replay, ReplayRun, Slo
+from agent.replay.summary import summarise
+from agent.replay.workload import Workload, load
+from policies.registry import build_set, clock_levels, default_arbiter
+from simulator.engine import make_core
+
+DEFAULT_SLO = Slo(10.0, 0.1)
+DEFAULT_STATICS: tuple[int, ...] = (16, 24, 32, 48, 64, 80, 96, 128, 192, 256, 384, 512, 1024)
+
+
+@dataclass(frozen=True)
+class ReplaySpec:
+    """Everything that defines a replay except the policy."""
+
+    trace: Path
+    gpu: str = "a100-80g"
+    model: str = "llama-2-7b"
+    slo: Slo = DEFAULT_SLO
+    rate_scale: float = 1.0
+    lengths: Path | None = None
+    seed: int = 0
+    duration_s: float | None = None
+    default_batch: int | None = None
+    max_num_batched_tokens: int | None = None
+    energy: bool = False
+    clock_floor_share: float = 0.45
+    interval_s: float = 1.0
+    faults: tuple[FaultEvent, ...] = ()
+
+
+def vllm_defaults(gpu: str) -> tuple[int, int]:
+    """vLLM V1's ``(max_num_seqs, max_num_batched_tokens)`` for the OpenAI server on ``gpu``: (256, 2048)
+    on A100 and smaller GPUs, (1024, 8192) on >= 70 GiB non-A100 GPUs (H100, H200), per
+    ``EngineArgs._set_default_args``/``get_batch_defaults`` in vllm/engine/arg_utils.py."""
+    return (256, 2048) if gpu.lower().startswith(("a100", "4xa100")) else (1024, 8192)
+
+
+def parse_policy(text: str) -> tuple[str, int | None]:
+    """``auto`` / ``seed`` / ``static:N`` -> (kind, N); raises ValueError with one line."""
+    if text in ("auto", "seed"):
+        return text, None
+    kind, _, raw = text.partition(":")
+    if kind == "static" and raw.isdigit() and int(raw) >= 1:
+        return "static", int(raw)
+    raise ValueError(f"--policy must be auto, seed or static:N with N >= 1, got {text!r}")
+
+
+def workload_for(spec: ReplaySpec, max_model_len: int) -> Workload:
+    w = load(
+        spec.trace,
+        rate_scale=spec.rate_scale,
+        max_model_len=max_model_len,
+        lengths=spec.lengths,
+        seed=spec.seed,
+    )
+    return w.until(spec.duration_s) if spec.duration_s else w
+
+
+def run_policy(spec: ReplaySpec, policy: str, workload: Workload | None = None) -> tuple[ReplayRun, str]:
+    """Replay ``policy`` on ``spec``; returns the run and the policy's display name."""
+    kind, n = parse_policy(policy)
+    default_batch, default_tokens = vllm_defaults(spec.gpu)
+    default_batch = spec.default_batch or default_batch
+    core = make_core(
+        spec.gpu,
+        spec.model,
+        max_num_seqs=n or default_batch,
+        max_num_batched_tokens=spec.max_num_batched_tokens or default_tokens,
+    )
+    w = workload if workload is not None else workload_for(spec, core.model.max_model_len)
+    controller: Controller | None = None
+    name = policy
+    if kind != "static":
+        levels = (
+            clock_levels(core.gpu.clock_max_mhz, core.gpu.clock_max_mhz * spec.clock_floor_share)
+            if spec.energy and kind == "auto"
+            else ()
+        )
+        policies = build_set(
+            kind,
+            ttft_slo_s=spec.slo.ttft_s,
+            itl_slo_s=spec.slo.itl_s,
+            initial_batch=float(default_batch),
+            batch_bounds=(8.0, float(max(512, default_batch))),
+            clock_levels_mhz=levels,
+        )
+        controller = Brain(policies, default_arbiter(), interval_s=spec.interval_s)
+        if levels:
+            name = f"{policy}+energy"
+    replay = Replay(
+        core,
+        w,
+        spec.slo,
+        controller=controller,
+        interval_s=spec.interval_s,
+        faults=spec.faults,
+        seed=spec.seed,
+    )
+    return replay.run(), name
+
+
+def run_summary(spec: ReplaySpec, policy: str, *, with_actions: bool = True) -> dict[str, Any]:
+    run, name = run_policy(spec, policy)
+    return summarise(run, name, with_actions=with_actions)
+
+
+def sweep(
+    spec: ReplaySpec, settings: Sequence[int] = DEFAULT_STATICS
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every static setting (one summary each, without action lists) and the one with the best goodput."""
+    base = replace(spec, energy=False)
+    rows = [run_summary(base, f"static:{n}", with_actions=False) for n in settings]
+    best = max(rows, key=lambda r: (r["goodput_tps"], r["slo_attainment"]))
+    return rows, best

@@ -1,0 +1,73 @@
+"""The JSON summary of a replay (the contract in DESIGN.md section 4) and the text table it prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from agent.replay.driver import ReplayRun
+
+
+def _quantile(values: np.ndarray, q: float) -> float:
+    finite = values[np.isfinite(values)]
+    return float(np.quantile(finite, q)) if finite.size else 0.0
+
+
+def summarise(run: ReplayRun, policy: str, *, with_actions: bool = True) -> dict[str, Any]:
+    """``policy``, ``goodput_tps``, ``throughput_tps``, ``slo_attainment``, TTFT/ITL quantiles, energy per
+    token and the action timeline. Rates divide by the trace's span (the same for every policy), so
+    numbers of different policies on one trace compare directly."""
+    w = run.workload
+    span = max(w.duration_s, 1e-9)
+    outputs = w.outputs.astype(np.float64)
+    good = run.good
+    served = run.done & ~run.error
+    tokens = float(outputs[served].sum())
+    good_tokens = float(outputs[good].sum())
+    n = len(w)
+    summary: dict[str, Any] = {
+        "policy": policy,
+        "requests": n,
+        "goodput_tps": good_tokens / span,
+        "throughput_tps": tokens / span,
+        "slo_attainment": float(good.sum()) / n if n else 0.0,
+        "slo": {"ttft_s": run.slo.ttft_s, "itl_s": run.slo.itl_s},
+        "ttft_p50_s": _quantile(run.ttft[served], 0.5),
+        "ttft_p95_s": _quantile(run.ttft[served], 0.95),
+        "ttft_p99_s": _quantile(run.ttft[served], 0.99),
+        "itl_p50_s": _quantile(run.tpot[served], 0.5),
+        "itl_p95_s": _quantile(run.tpot[served], 0.95),
+        "itl_p99_s": _quantile(run.tpot[served], 0.99),
+        "token_gap_p99_s": run.itl_p99_s,
+        "energy_j": run.energy_j,
+        "energy_j_per_token": run.energy_j / tokens if tokens else 0.0,
+        "errors": int(run.error.sum()),
+        "preemptions": run.preemptions,
+        "duration_s": span,
+        "clipped_prompts": w.clipped,
+    }
+    if with_actions:
+        summary["actions"] = [d.to_json() for d in run.actions]
+    else:
+        summary["actions_count"] = len(run.actions)
+    return summary
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """A fixed-width text table of summaries (one row each), for the terminal."""
+    cols: list[tuple[str, str]] = [
+        ("policy", "<14"),
+        ("goodput", ">10"),
+        ("thruput", ">10"),
+        ("SLO att", ">9"),
+    ]
+    cols += [("TTFT p99", ">10"), ("ITL p99", ">9"), ("J/tok", ">8")]
+    head = "".join(f"{name:{fmt}}" for name, fmt in cols)
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['policy']:<14}{r['goodput_tps']:>10.1f}{r['throughput_tps']:>10.1f}{r['slo_attainment']:>9.2%}"
+            f"{r['ttft_p99_s']:>10.3f}{r['itl_p99_s']:>9.3f}{r['energy_j_per_token']:>8.3f}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,152 @@
+"""The arbiter: merges every policy's proposals into at most one bounded decision per knob.
+
+Order of authority (highest first): the circuit breaker, the SLO guard, energy, throughput tuning. A
+proposal's ``priority`` field carries its class (see :data:`PRIORITY`); for each knob the highest class
+wins and lower ones are recorded as overruled. The winner then passes, in order:
+
+1. **bounds**: clamp to ``[lower, upper]`` of the knob;
+2. **hysteresis**: a relative change smaller than ``hysteresis`` of the current value is dropped;
+3. **max step**: the move is cut to ``max_step`` (relative) of the current value;
+4. **rate of change and cooldown**: no change within ``cooldown_s`` of the previous one, unless the
+   winner is the breaker (safety overrides comfort);
+5. **clamp again** at the end, every time.
+
+Categorical knobs (``route.upstream``) skip 2-3. Every decision carries the reason chain, so an operator
+can read why a value was chosen or refused. Pure: ``decide(proposals, actual, state, now)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from policies.base import Proposal
+from policies.knobs import clamp
+
+#: Priority classes of proposals; higher wins.
+PRIORITY: Mapping[str, int] = MappingProxyType(
+    {"breaker": 40, "slo_guard": 30, "energy": 20, "throughput": 10}
+)
+
+
+@dataclass(frozen=True)
+class KnobRule:
+    """How far and how often one numeric knob may move."""
+
+    lower: float
+    upper: float
+    max_step: float = 1.0
+    hysteresis: float = 0.0
+    cooldown_s: float = 0.0
+    integer: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.lower <= self.upper:
+            raise ValueError(f"knob bounds must satisfy lower <= upper, got [{self.lower}, {self.upper}]")
+        if self.max_step <= 0 or self.hysteresis < 0 or self.cooldown_s < 0:
+            raise ValueError("max_step must be > 0; hysteresis and cooldown_s >= 0")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the arbiter decided for one knob: the value to apply (absolute) and the whole reason."""
+
+    knob: str
+    value: float | str
+    previous: float | str | None
+    policy: str
+    reason: str
+    at: float
+    overruled: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "knob": self.knob,
+            "value": self.value,
+            "previous": self.previous,
+            "policy": self.policy,
+            "reason": self.reason,
+            "at": self.at,
+            "overruled": list(self.overruled),
+        }
+
+
+@dataclass(frozen=True)
+class ArbiterState:
+    """When each knob last changed."""
+
+    changed_at: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Arbiter:
+    """Merges proposals by priority and applies each knob's :class:`KnobRule`."""
+
+    rules: Mapping[str, KnobRule]
+    breaker_priority: int = PRIORITY["breaker"]
+
+    def decide(
+        self,
+        proposals: Sequence[Proposal],
+        actual: Mapping[str, float | str],
+        state: ArbiterState | None,
+        now: float,
+    ) -> tuple[ArbiterState, list[Decision]]:
+        """Decisions for knobs whose value should change; ``actual`` holds the values in force now."""
+        state = state or ArbiterState()
+        by_knob: dict[str, list[Proposal]] = {}
+        for proposal in proposals:
+            by_knob.setdefault(proposal.knob, []).append(proposal)
+        decisions: list[Decision] = []
+        changed = dict(state.changed_at)
+        for knob, group in sorted(by_knob.items()):
+            group.sort(key=lambda p: -p.priority)
+            winner = group[0]
+            overruled = tuple(f"{p.policy}={p.value}" for p in group[1:] if p.value != winner.value)
+            current = actual.get(knob)
+            decision = self._one(knob, winner, current, changed.get(knob), now)
+            if decision is None:
+                continue
+            changed[knob] = now
+            decisions.append(replace(decision, overruled=overruled))
+        return ArbiterState(MappingProxyType(changed)), decisions
+
+    def _one(
+        self, knob: str, winner: Proposal, current: float | str | None, last: float | None, now: float
+    ) -> Decision | None:
+        value = winner.value
+        reason = f"{winner.policy}: {winner.reason}"
+        urgent = winner.priority >= self.breaker_priority
+        if isinstance(value, str) or isinstance(current, str):
+            if value == current:
+                return None
+            if not urgent and last is not None and now - last < self.rules.get(knob, _ANY).cooldown_s:
+                return None
+            return Decision(knob, value, current, winner.policy, reason, now)
+        rule = self.rules.get(knob)
+        if rule is None:
+            return None if current == value else Decision(knob, value, current, winner.policy, reason, now)
+        target = clamp(float(value), rule.lower, rule.upper)
+        if target != value:
+            reason += f"; bounded to [{rule.lower:g}, {rule.upper:g}]"
+        if current is not None:
+            base = float(current)
+            if abs(target - base) <= rule.hysteresis * abs(base):
+                return None
+            if not urgent:
+                if last is not None and now - last < rule.cooldown_s:
+                    return None
+                step = rule.max_step * max(abs(base), 1.0)
+                if abs(target - base) > step:
+                    target = base + step if target > base else base - step
+                    reason += f"; step limited to {rule.max_step:.0%}"
+        target = clamp(target, rule.lower, rule.upper)
+        if rule.integer:
+            target = float(round(target))
+        if current is not None and target == float(current):
+            return None
+        return Decision(knob, target, current, winner.policy, reason, now)
+
+
+_ANY = KnobRule(lower=float("-inf"), upper=float("inf"))

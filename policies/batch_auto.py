@@ -1,0 +1,100 @@
+"""SLO-aware batch sizing: a gradient controller on latency against the SLO, guarded by KV-cache signals.
+
+After Netflix's Gradient2 and Envoy's adaptive concurrency: the limit follows the ratio of a latency
+target to the measured latency, and grows by a queue allowance only when there is work waiting. What
+differs is the target: not a learned no-load latency but the operator's SLO, with headroom ``h``::
+
+    g_itl   = h * itl_slo / itl_mean            (window mean of inter-token latency)
+    g_ttft  = h * ttft_slo / ttft_p99
+    thrash  = preemptions > 0 or kv_usage > kv_high
+
+    thrash                       ->  L = min(L, running) * md             KV cache thrashes: back off
+    g_itl < 1                    ->  L = L * max(md, g_itl)              ITL over target: shrink
+    queue > 0 and L binds and
+      g_itl > 1 / ai_margin and kv_usage < kv_target
+                                 ->  L = L + max(1, sqrt(L))             room to grow: additive increase
+    otherwise                    ->  hold
+    L = min(upper, max(lower, L))
+
+When ITL and TTFT are both at risk the engine is overloaded and shrinking would only move the violation
+from ITL to TTFT (prefill-bound steps do not get faster with fewer sequences): the controller holds.
+The queue wait is estimated by Little's law, ``queue / finish rate``.
+
+A limit that does not bind (fewer running than allowed and no queue) never grows: the controller only
+probes upward when the queue asks for it, so an idle period cannot leave a huge limit behind. TTFT enters
+through the queue: a long queue with ITL headroom grows the limit; a TTFT at risk with ITL at target holds
+(more concurrency would only trade one violation for another).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from detectors.base import Finding
+from detectors.snapshot import Snapshot
+from policies import knobs
+from policies.arbiter import PRIORITY
+from policies.base import Proposal
+
+
+@dataclass(frozen=True)
+class AutoState:
+    limit: float
+
+
+@dataclass(frozen=True)
+class AutoBatch:
+    """The SLO-aware batch controller (see module docstring for the update rule)."""
+
+    ttft_slo_s: float
+    itl_slo_s: float
+    lower: float = 8.0
+    upper: float = 512.0
+    initial: float = 64.0
+    headroom: float = 0.8
+    kv_target: float = 0.85
+    kv_high: float = 0.95
+    md: float = 0.95
+    ai_margin: float = 1.1
+    name: str = "batch_auto"
+
+    def __post_init__(self) -> None:
+        if not (self.ttft_slo_s > 0 and self.itl_slo_s > 0):
+            raise ValueError("SLO targets must be > 0")
+        if not 0 < self.lower <= self.initial <= self.upper:
+            raise ValueError("bounds must satisfy 0 < lower <= initial <= upper")
+
+    def decide(
+        self, snapshot: Snapshot, findings: Sequence[Finding], state: AutoState | None, now: float
+    ) -> tuple[AutoState | None, list[Proposal]]:
+        running = snapshot.get(knobs.RUNNING)
+        if running is None:
+            return state, []  # the engine did not answer this tick: hold
+        current = snapshot.get(knobs.GATE_LIMIT)
+        limit = current if current is not None else (state.limit if state is not None else self.initial)
+        # behind the gate the queue is the gate's; the engine's own queue adds to it
+        waiting = (snapshot.get(knobs.WAITING) or 0.0) + (snapshot.get(knobs.GATE_QUEUE) or 0.0)
+        kv = snapshot.get(knobs.KV_USAGE) or 0.0
+        preempt = snapshot.get(knobs.PREEMPTIONS) or 0.0
+        itl = snapshot.get(knobs.ITL_MEAN)
+        g_itl = self.headroom * self.itl_slo_s / itl if itl else math.inf
+        binds = waiting > 0 and running >= limit - 1
+        ttft = snapshot.get(knobs.TTFT_P99) or 0.0
+        finished = snapshot.get(knobs.FINISHED) or 0.0
+        wait = waiting / finished if finished > 0 else (math.inf if waiting > 0 else 0.0)
+        ttft_risk = ttft > self.headroom * self.ttft_slo_s or wait > 0.5 * self.ttft_slo_s
+        if preempt > 0 or kv > self.kv_high:
+            new = min(limit, running) * self.md
+            why = f"KV cache thrashing (usage {kv:.0%}, {preempt:.2g} preemptions/s)"
+        elif g_itl < 1.0 and not ttft_risk:
+            new = min(limit, max(running, 1.0)) * max(self.md, g_itl)
+            why = f"ITL {itl:.3f}s above target {self.headroom * self.itl_slo_s:.3f}s"
+        elif binds and g_itl > self.ai_margin and kv < self.kv_target:
+            new = limit + max(1.0, math.sqrt(limit))
+            why = f"{waiting:.0f} queued, ITL {itl or 0:.3f}s and KV {kv:.0%} leave room"
+        else:
+            return AutoState(limit), []
+        new = min(self.upper, max(self.lower, new))
+        return AutoState(new), [Proposal(self.name, knobs.BATCH, round(new), why, PRIORITY["throughput"])]

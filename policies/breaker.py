@@ -1,0 +1,228 @@
+"""Multi-level circuit breaker: L0 normal, L1 smaller batch, L2 fp8 upstream, L3 small model.
+
+A state machine with an explicit transition table (after gobreaker): ``(phase, event) -> (phase, step)``.
+Each tick one event is derived from the signals, and a transition is taken only when the table allows it
+and ``dwell_s`` has passed since the last level change, so the level changes at most once per dwell::
+
+    steady  + trip     -> steady, +1      escalate one level
+    steady  + healthy  -> probe,  -1      half-open: try one level lower
+    probe   + trip     -> steady, +1      the probe failed: back up, and the dwell doubles (backoff)
+    probe   + healthy  -> steady,  0      after ``probe_s`` of health: the lower level is committed
+
+A failed probe goes back at once (it is the half-open circuit re-opening, not a new decision).
+
+**Trip** when any of these holds (Google SRE workbook's multiwindow, multi-burn-rate alerts; burn rate
+``b = bad_ratio / (1 - slo_target)``)::
+
+    b(1 h) >= 14.4 and b(5 m) >= 14.4        fast burn: 2% of a 30-day budget in an hour
+    b(6 h) >= 6    and b(30 m) >= 6          slow burn: 5% of the budget in six hours
+    (both only while b(last 2 m) >= 1: a burn that has stopped does not escalate further)
+    5xx ratio over 1 m >= error_max          an error storm
+    preemptions/s >= preempt_max             KV thrash / OOM storm
+    memory used / total >= memory_max        an OOM is coming (a leak)
+
+**Healthy** when none holds and ``b(5 m) < 1`` (within budget). Short windows only count outcomes of the
+current *generation* (since the last level change), so stale outcomes from before a change never push
+the breaker further: each change bumps ``generation``. An operator can force a level (``force``), which
+freezes the machine until ``release``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+
+from detectors.base import Finding
+from detectors.snapshot import Snapshot
+from policies import knobs
+from policies.arbiter import PRIORITY
+from policies.base import Proposal
+from policies.windows import Buckets, rolling_sum
+
+LEVELS = ("L0 normal", "L1 smaller batch", "L2 fp8 upstream", "L3 small model")
+UPSTREAM_BY_LEVEL = ("primary", "primary", "fp8", "small")
+BUCKET_S = 60.0
+
+#: The transition table: (phase, event) -> (next phase, level step, action name).
+TRANSITIONS: Mapping[tuple[str, str], tuple[str, int, str]] = MappingProxyType(
+    {
+        ("steady", "trip"): ("steady", +1, "escalate"),
+        ("steady", "healthy"): ("probe", -1, "half-open probe"),
+        ("probe", "trip"): ("steady", +1, "probe failed"),
+        ("probe", "healthy"): ("steady", 0, "probe passed"),
+    }
+)
+
+
+@dataclass(frozen=True)
+class BreakerState:
+    level: int = 0
+    phase: str = "steady"
+    generation: int = 0
+    changed_at: float = -1e18
+    dwell_s: float = 0.0
+    batch_cap: float | None = None
+    buckets: Buckets = ()
+    forced: int | None = None
+    reason: str = "normal"
+
+
+@dataclass(frozen=True)
+class Breaker:
+    """The breaker policy. ``dwell_s``: least time between level changes; ``probe_s``: half-open trial."""
+
+    slo_target: float = 0.99
+    dwell_s: float = 300.0
+    max_dwell_s: float = 3600.0
+    probe_s: float = 120.0
+    error_max: float = 0.05
+    preempt_max: float = 5.0
+    memory_max: float = 0.97
+    batch_factor: float = 0.5
+    batch_floor: float = 8.0
+    max_level: int = 3
+    name: str = "breaker"
+
+    # -- operator overrides -------------------------------------------------------------------------
+    def force(self, state: BreakerState | None, level: int, now: float) -> BreakerState:
+        """Pin ``level`` (0-3) until :meth:`release`; the change starts a new generation."""
+        if not 0 <= level <= self.max_level:
+            raise ValueError(f"breaker level must be in [0, {self.max_level}], got {level}")
+        state = state or BreakerState(dwell_s=self.dwell_s)
+        return replace(
+            state,
+            level=level,
+            phase="steady",
+            forced=level,
+            generation=state.generation + 1,
+            changed_at=now,
+            reason=f"forced to {LEVELS[level]} by the operator",
+        )
+
+    def release(self, state: BreakerState, now: float) -> BreakerState:
+        """Hand control back to the automatic transitions (the level stays until they move it)."""
+        return replace(state, forced=None, changed_at=now, reason="released by the operator")
+
+    # -- signals ------------------------------------------------------------------------------------
+    def _burns(self, state: BreakerState, now: float) -> tuple[float, float, float, float]:
+        """Burn rates over 2 m, 5 m and 30 m of the current generation and over 1 h overall. One pass
+        over the last hour of minute buckets, newest first: this runs every tick, so it stays cheap."""
+        key_now = int(now // BUCKET_S)
+        since = int(state.changed_at // BUCKET_S) if state.changed_at > -1e17 else -(1 << 62)
+        s = [0.0] * 8
+        for key, good, bad in reversed(state.buckets[-60:]):
+            age = key_now - key
+            if age >= 60:
+                break
+            s[6] += good
+            s[7] += bad
+            if key >= since and age < 30:
+                s[4] += good
+                s[5] += bad
+                if age < 5:
+                    s[2] += good
+                    s[3] += bad
+                    if age < 2:
+                        s[0] += good
+                        s[1] += bad
+        return self._rate(s[0], s[1]), self._rate(s[2], s[3]), self._rate(s[4], s[5]), self._rate(s[6], s[7])
+
+    def _rate(self, good: float, bad: float) -> float:
+        total = good + bad
+        return (bad / total) / (1.0 - self.slo_target) if total > 0 else 0.0
+
+    def _burn_6h(self, state: BreakerState) -> float:
+        return self._rate(sum(b[1] for b in state.buckets), sum(b[2] for b in state.buckets))
+
+    def _trip(
+        self, snapshot: Snapshot, state: BreakerState, burns: tuple[float, float, float, float]
+    ) -> str | None:
+        b2, b5, b30, b1h = burns
+        # Burning still, in the last two minutes: a burn that stopped must not push the level further.
+        burning = b2 >= 1.0
+        if burning and b1h >= 14.4 and b5 >= 14.4:
+            return f"fast burn: {b5:.1f}x over 5 m and {b1h:.1f}x over 1 h (>= 14.4x)"
+        if burning and b30 >= 6.0 and (b6h := self._burn_6h(state)) >= 6.0:
+            return f"slow burn: {b30:.1f}x over 30 m and {b6h:.1f}x over 6 h (>= 6x)"
+        requests = snapshot.get(knobs.GATE_REQUESTS) or 0.0
+        errors = snapshot.get(knobs.GATE_ERRORS) or 0.0
+        if requests >= 5 and errors / requests >= self.error_max:
+            return f"5xx storm: {errors / requests:.0%} of answers (>= {self.error_max:.0%})"
+        preempt = snapshot.get(knobs.PREEMPTIONS) or 0.0
+        if preempt >= self.preempt_max:
+            return f"preemption storm: {preempt:.1f}/s (>= {self.preempt_max:g}/s)"
+        used, total = snapshot.get(knobs.MEMORY_USED), snapshot.get(knobs.MEMORY_TOTAL)
+        if used is not None and total and used / total >= self.memory_max:
+            return f"memory {used / total:.1%} of the GPU (>= {self.memory_max:.0%}): OOM risk"
+        return None
+
+    # -- the policy ---------------------------------------------------------------------------------
+    def decide(
+        self, snapshot: Snapshot, findings: Sequence[Finding], state: BreakerState | None, now: float
+    ) -> tuple[BreakerState, list[Proposal]]:
+        state = state or BreakerState(dwell_s=self.dwell_s)
+        requests = snapshot.get(knobs.GATE_REQUESTS) or 0.0
+        bad = min(requests, snapshot.get(knobs.GATE_SLO_BAD) or 0.0)
+        state = replace(
+            state, buckets=rolling_sum(state.buckets, now, BUCKET_S, 6 * 3600.0, requests - bad, bad)
+        )
+        if state.forced is None:
+            state = self._step(snapshot, state, now)
+        return state, self._proposals(snapshot, state)
+
+    def _step(self, snapshot: Snapshot, state: BreakerState, now: float) -> BreakerState:
+        burns = self._burns(state, now)
+        why = self._trip(snapshot, state, burns)
+        if why is not None:
+            event = "trip"
+        elif burns[1] < 1.0:
+            event = "healthy"
+        else:
+            return state
+        if state.phase == "steady" and (
+            (event == "healthy" and state.level == 0) or (event == "trip" and state.level >= self.max_level)
+        ):
+            return state  # nothing below L0, nothing above the top level
+        phase, step, action = TRANSITIONS[(state.phase, event)]
+        elapsed = now - state.changed_at
+        dwell = state.dwell_s
+        if state.phase == "probe":
+            if event == "healthy" and elapsed < self.probe_s:
+                return state
+            if event == "trip":
+                dwell = min(self.max_dwell_s, dwell * 2)  # back off: the next probe waits longer
+            if event == "healthy":
+                dwell = self.dwell_s
+        elif elapsed < dwell:
+            return state
+        level = min(self.max_level, max(0, state.level + step))
+        if level == state.level and phase == state.phase:
+            return state
+        cap = state.batch_cap
+        if level >= 1 and state.level == 0:
+            limit = snapshot.get(knobs.GATE_LIMIT)
+            cap = max(self.batch_floor, (limit or self.batch_floor * 4) * self.batch_factor)
+        if level == 0:
+            cap = None
+        reason = f"{action}: {why}" if why else f"{action}: within the error budget"
+        generation = state.generation + (1 if level != state.level else 0)
+        return replace(
+            state,
+            level=level,
+            phase=phase,
+            generation=generation,
+            changed_at=now if level != state.level else state.changed_at,
+            dwell_s=dwell,
+            batch_cap=cap,
+            reason=reason,
+        )
+
+    def _proposals(self, snapshot: Snapshot, state: BreakerState) -> list[Proposal]:
+        priority = PRIORITY["breaker"]
+        why = f"{LEVELS[state.level]} (gen {state.generation}): {state.reason}"
+        out = [Proposal(self.name, knobs.UPSTREAM, UPSTREAM_BY_LEVEL[state.level], why, priority)]
+        if state.level >= 1:
+            cap = state.batch_cap or self.batch_floor
+            out.append(Proposal(self.name, knobs.BATCH, round(cap), why, priority))
+        return out

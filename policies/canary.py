@@ -1,0 +1,132 @@
+"""Precision canary: a perplexity gate, then a stepped fp8 rollout with automatic rollback.
+
+The Flagger / Argo Rollouts pattern as a pure state machine. The agent measures perplexity on a
+validation set through both upstreams' completions API (prompt logprobs) and feeds the two numbers in
+(``canary.ppl_primary``, ``canary.ppl_fp8`` in the snapshot); the policy never does I/O::
+
+    idle      --start-->               gate
+    gate      ppl delta < max_delta -> step 0 (5 %)            delta = ppl_fp8 / ppl_primary - 1
+              otherwise             -> rolled_back
+              no PPL for gate_timeout_s -> rolled_back
+    step k    healthy for step_s    -> step k+1 ... -> promoted (100 %)
+              a failed check        -> failures + 1; > failure_limit -> rolled_back (0 %)
+              missing metrics       -> counts as a failed check
+    promoted / rolled_back: terminal (start again to retry)
+
+A check is healthy when the SLO-bad share and the 5xx share of the tick's answers stay under their
+limits. The policy proposes ``route.fp8_share`` at every tick, so a rollback is level-based too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from detectors.base import Finding
+from detectors.snapshot import Snapshot
+from policies import knobs
+from policies.arbiter import PRIORITY
+from policies.base import Proposal
+
+PPL_PRIMARY = "canary.ppl_primary"
+PPL_FP8 = "canary.ppl_fp8"
+
+
+@dataclass(frozen=True)
+class CanaryState:
+    phase: str = "idle"
+    step: int = 0
+    entered_at: float = 0.0
+    failures: int = 0
+    reason: str = "not started"
+
+
+@dataclass(frozen=True)
+class Canary:
+    """The precision canary. ``steps`` are traffic shares to fp8; ``max_ppl_delta`` is relative."""
+
+    steps: tuple[float, ...] = (0.05, 0.25, 0.5, 1.0)
+    max_ppl_delta: float = 0.005
+    step_s: float = 300.0
+    gate_timeout_s: float = 600.0
+    failure_limit: int = 2
+    max_bad_ratio: float = 0.05
+    max_error_ratio: float = 0.01
+    name: str = "canary"
+
+    def __post_init__(self) -> None:
+        if (
+            not self.steps
+            or any(not 0 < s <= 1 for s in self.steps)
+            or list(self.steps) != sorted(self.steps)
+        ):
+            raise ValueError("canary steps must be increasing shares in (0, 1]")
+
+    def start(self, state: CanaryState | None, now: float) -> CanaryState:
+        """Begin (or restart) a rollout: first the perplexity gate."""
+        return CanaryState("gate", 0, now, 0, "measuring perplexity")
+
+    def share(self, state: CanaryState) -> float:
+        if state.phase == "rolling":
+            return self.steps[state.step]
+        return 1.0 if state.phase == "promoted" else 0.0
+
+    def decide(
+        self, snapshot: Snapshot, findings: Sequence[Finding], state: CanaryState | None, now: float
+    ) -> tuple[CanaryState, list[Proposal]]:
+        state = state or CanaryState()
+        if state.phase == "gate":
+            state = self._gate(snapshot, state, now)
+        elif state.phase == "rolling":
+            state = self._check(snapshot, state, now)
+        if state.phase == "idle":
+            return state, []
+        share = self.share(state)
+        return state, [Proposal(self.name, knobs.FP8_SHARE, share, state.reason, PRIORITY["slo_guard"])]
+
+    def _gate(self, snapshot: Snapshot, state: CanaryState, now: float) -> CanaryState:
+        primary, fp8 = snapshot.get(PPL_PRIMARY), snapshot.get(PPL_FP8)
+        if primary is None or fp8 is None or primary <= 0:
+            if now - state.entered_at >= self.gate_timeout_s:
+                return replace(state, phase="rolled_back", reason="no perplexity within the gate timeout")
+            return state
+        delta = fp8 / primary - 1.0
+        if delta >= self.max_ppl_delta:
+            return replace(
+                state,
+                phase="rolled_back",
+                reason=f"perplexity +{delta:.2%} >= {self.max_ppl_delta:.2%}: fp8 refused",
+            )
+        return CanaryState("rolling", 0, now, 0, f"perplexity +{delta:.2%}: fp8 at {self.steps[0]:.0%}")
+
+    def _check(self, snapshot: Snapshot, state: CanaryState, now: float) -> CanaryState:
+        requests = snapshot.get(knobs.GATE_REQUESTS)
+        bad = snapshot.get(knobs.GATE_SLO_BAD)
+        errors = snapshot.get(knobs.GATE_ERRORS)
+        if requests is None or bad is None or errors is None:
+            healthy, why = False, "metrics missing"
+        elif requests == 0:
+            healthy, why = True, ""
+        else:
+            healthy = bad / requests <= self.max_bad_ratio and errors / requests <= self.max_error_ratio
+            why = f"SLO-bad {bad / requests:.0%}, 5xx {errors / requests:.0%}"
+        if not healthy:
+            failures = state.failures + 1
+            if failures > self.failure_limit:
+                return replace(
+                    state,
+                    phase="rolled_back",
+                    failures=failures,
+                    reason=f"rolled back at {self.steps[state.step]:.0%}: {why}",
+                )
+            return replace(
+                state, failures=failures, reason=f"check failed ({failures}/{self.failure_limit}): {why}"
+            )
+        if now - state.entered_at < self.step_s:
+            return state
+        if state.step + 1 >= len(self.steps):
+            return replace(state, phase="promoted", reason="fp8 promoted to 100%")
+        step = state.step + 1
+        return CanaryState(
+            "rolling", step, now, 0, f"healthy for {self.step_s:g}s: fp8 at {self.steps[step]:.0%}"
+        )

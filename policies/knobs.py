@@ -1,0 +1,44 @@
+"""Names and safe bounds of the knobs policies propose values for (data, shared with the actuators).
+
+``batch.max_in_flight`` is the effective batch: the admission gate's in-flight limit (and the engine's
+``max_num_seqs`` where a control adapter allows it). ``route.upstream`` picks the deployment that serves
+traffic (``primary``, the ``fp8`` variant, or the ``small`` model); ``route.fp8_share`` is the share of
+traffic a precision canary sends to the fp8 upstream.
+"""
+
+from __future__ import annotations
+
+BATCH = "batch.max_in_flight"
+SM_CLOCK = "gpu.sm_clock_mhz"
+POWER_LIMIT = "gpu.power_limit_w"
+UPSTREAM = "route.upstream"
+FP8_SHARE = "route.fp8_share"
+
+UPSTREAMS: tuple[str, ...] = ("primary", "fp8", "small")
+
+#: Signals the policies read (published by the collectors, the gate and the replay alike).
+RUNNING = "engine.requests_running"
+WAITING = "engine.requests_waiting"
+KV_USAGE = "engine.kv_cache_usage_ratio"
+PREEMPTIONS = "engine.preemptions_per_second"
+FINISHED = "engine.requests_finished_per_second"
+GEN_TPS = "engine.generation_tokens_per_second"
+TTFT_P99 = "engine.ttft_seconds.p99"
+ITL_P99 = "engine.itl_seconds.p99"
+ITL_MEAN = "engine.itl_seconds.mean"
+GPU_UTIL = "nvml.gpu0.utilization_ratio.mean"
+MEM_BW_UTIL = "nvml.gpu0.memory_bandwidth_utilization_ratio.mean"
+SM_CLOCK_HZ = "nvml.gpu0.sm_clock_hz.mean"
+MEMORY_USED = "nvml.gpu0.memory_used_bytes"
+MEMORY_TOTAL = "nvml.gpu0.memory_total_bytes"
+GATE_LIMIT = "gate.limit"
+GATE_QUEUE = "gate.queue_depth"
+#: Requests answered in the tick, and how many of them met the latency SLO / got a 5xx.
+GATE_REQUESTS = "gate.requests"
+GATE_SLO_BAD = "gate.slo_bad"
+GATE_ERRORS = "gate.errors"
+
+
+def clamp(value: float, lower: float, upper: float) -> float:
+    """``min(upper, max(lower, value))``: every policy ends with it."""
+    return min(upper, max(lower, value))

@@ -1,0 +1,92 @@
+"""The explicit registry of policies, by name, each with a default on/off, and the policy sets.
+
+Call :func:`register_defaults` once at start-up; importing this module registers nothing. Factories take
+no arguments and build a policy with its defaults (an SLO of 2 s TTFT / 100 ms ITL); the agent and
+``servepilot replay`` build SLO-specific instances with :func:`build_set`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from policies import base
+from policies.arbiter import Arbiter, KnobRule
+from policies.base import Policy
+from policies.batch_auto import AutoBatch
+from policies.batch_seed import SeedBatch
+from policies.breaker import Breaker
+from policies.canary import Canary
+from policies.energy import Energy
+from policies.knobs import BATCH, POWER_LIMIT, SM_CLOCK
+
+DEFAULT_TTFT_S = 2.0
+DEFAULT_ITL_S = 0.1
+
+
+def _policy(name: str, factory: Callable[[], Policy], default_enabled: bool, description: str) -> None:
+    if name not in base.REGISTRY:
+        base.register(name, factory, default_enabled=default_enabled, description=description)
+
+
+def register_defaults() -> None:
+    """Register every built-in policy (idempotent)."""
+    _policy("breaker", Breaker, True, "multi-level circuit breaker on SLO burn rate, 5xx, preemption, memory")
+    _policy("batch_auto", lambda: AutoBatch(DEFAULT_TTFT_S, DEFAULT_ITL_S), True, "SLO-aware batch limit")
+    _policy("batch_seed", SeedBatch, False, "the published utilisation rule (baseline)")
+    _policy("canary", Canary, False, "perplexity-gated, stepped fp8 rollout with rollback")
+    _policy(
+        "energy",
+        lambda: Energy(DEFAULT_TTFT_S, DEFAULT_ITL_S, (1980.0, 1700.0, 1400.0, 1100.0)),
+        False,
+        "lowest GPU clock that meets the SLO",
+    )
+
+
+def clock_levels(clock_max_mhz: float, clock_floor_mhz: float, count: int = 8) -> tuple[float, ...]:
+    """``count`` clocks from ``clock_max_mhz`` down to ``clock_floor_mhz``, evenly spaced, rounded."""
+    if count < 1 or clock_floor_mhz > clock_max_mhz:
+        raise ValueError("need count >= 1 and floor <= max")
+    if count == 1:
+        return (float(clock_max_mhz),)
+    step = (clock_max_mhz - clock_floor_mhz) / (count - 1)
+    return tuple(float(round(clock_max_mhz - i * step)) for i in range(count))
+
+
+def build_set(
+    name: str,
+    *,
+    ttft_slo_s: float,
+    itl_slo_s: float,
+    batch_bounds: tuple[float, float] = (8.0, 512.0),
+    initial_batch: float = 64.0,
+    clock_levels_mhz: tuple[float, ...] = (),
+    breaker: bool = True,
+) -> list[Policy]:
+    """The policies of a named set: ``auto`` (SLO-aware batch + breaker, + energy when clock levels are
+    given) or ``seed`` (the published rule alone, with its [8, 32] bounds)."""
+    if name == "seed":
+        return [SeedBatch()]
+    if name != "auto":
+        raise ValueError(f"unknown policy set {name!r}; known: auto, seed, static:N")
+    lower, upper = batch_bounds
+    policies: list[Policy] = [
+        AutoBatch(ttft_slo_s, itl_slo_s, lower=lower, upper=upper, initial=initial_batch)
+    ]
+    if clock_levels_mhz:
+        policies.append(Energy(ttft_slo_s, itl_slo_s, clock_levels_mhz))
+    if breaker:
+        policies.append(Breaker())
+    return policies
+
+
+def default_arbiter(
+    batch_bounds: tuple[float, float] = (1.0, 1024.0), clock_bounds: tuple[float, float] = (0.0, 1e5)
+) -> Arbiter:
+    """Knob rules: batch moves at most 50% per tick, clocks by any amount (the energy ladder steps)."""
+    return Arbiter(
+        {
+            BATCH: KnobRule(batch_bounds[0], batch_bounds[1], max_step=0.5, integer=True),
+            SM_CLOCK: KnobRule(clock_bounds[0], clock_bounds[1], hysteresis=0.0),
+            POWER_LIMIT: KnobRule(0.0, 1e5, max_step=0.25, cooldown_s=5.0),
+        }
+    )

@@ -1,0 +1,62 @@
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.commands import replay
+from agent.commands.replay import parse_slo
+
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "replay" / "azure_conv_head300.csv"
+
+
+@pytest.fixture
+def conv() -> Path:
+    return FIXTURE
+
+
+def _main(argv):
+    from agent.cli import UsageError
+
+    parser = argparse.ArgumentParser()
+    replay.register(parser.add_subparsers())
+    args = parser.parse_args(["replay", *argv])
+    try:
+        return args.func(args)
+    except UsageError as error:
+        return str(error)
+
+
+def test_json_output_has_the_contract_keys(conv, capsys):
+    assert _main(["--trace", str(conv), "--policy", "static:32", "--rate-scale", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"policy", "goodput_tps", "slo_attainment", "actions"} <= set(out)
+
+
+def test_sweep_reports_the_best_static(conv, capsys):
+    _main(["--trace", str(conv), "--rate-scale", "5", "--sweep", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["best_static"]["policy"].startswith("static:") and len(out["sweep"]) > 3
+
+
+def test_report_file_is_written(conv, tmp_path):
+    target = tmp_path / "r.html"
+    _main(["--trace", str(conv), "--policy", "static:32", "--rate-scale", "5", "--report", str(target)])
+    assert "<svg" in target.read_text()
+
+
+def test_bad_policy_is_one_line_usage_error(conv):
+    assert "--policy" in _main(["--trace", str(conv), "--policy", "fast"])
+
+
+def test_missing_trace_is_one_line_usage_error(tmp_path):
+    assert "no such file" in _main(["--trace", str(tmp_path / "x.csv")])
+
+
+def test_slo_accepts_milliseconds():
+    assert parse_slo("ttft=500ms,itl=80ms") == pytest.approx((0.5, 0.08))
+
+
+def test_slo_needs_both_targets():
+    with pytest.raises(argparse.ArgumentTypeError, match="both"):
+        parse_slo("ttft=2")

@@ -1,0 +1,59 @@
+import numpy as np
+import pytest
+
+from agent.replay.workload import load
+from agent.traces import TraceError
+
+
+def test_azure_trace_starts_at_zero_in_arrival_order(conv):
+    w = load(conv, max_model_len=4096)
+    assert w.arrivals[0] == 0.0 and np.all(np.diff(w.arrivals) >= 0)
+
+
+def test_rate_scale_compresses_time(conv):
+    assert load(conv, max_model_len=4096, rate_scale=2.0).duration_s == pytest.approx(
+        load(conv, max_model_len=4096).duration_s / 2
+    )
+
+
+def test_prompts_longer_than_the_context_are_clipped(code):
+    w = load(code, max_model_len=2048)
+    assert int((w.prompts + w.outputs).max()) <= 2048 and w.clipped > 0
+
+
+def test_mooncake_ticks_are_spread_within_three_seconds(mooncake):
+    w = load(mooncake, max_model_len=8192)
+    assert len(np.unique(w.arrivals)) == len(w)
+
+
+def test_count_series_needs_a_lengths_trace(counts):
+    with pytest.raises(TraceError, match="--lengths"):
+        load(counts, max_model_len=4096)
+
+
+def test_count_series_draws_about_the_scaled_count(counts, code):
+    w = load(counts, max_model_len=4096, lengths=code, rate_scale=0.1)
+    total = sum(int(line.split(",")[1]) for line in counts.read_text().splitlines()[1:])
+    assert abs(len(w) - 0.1 * total) < 4 * np.sqrt(0.1 * total)
+
+
+def test_count_series_takes_lengths_from_the_lengths_trace(counts, code):
+    w = load(counts, max_model_len=8192, lengths=code, rate_scale=0.1)
+    pool = {int(line.split(",")[2]) for line in code.read_text().splitlines()[1:]}
+    assert set(w.outputs.tolist()) <= pool
+
+
+def test_same_seed_same_workload(counts, code):
+    a = load(counts, max_model_len=4096, lengths=code, rate_scale=0.1, seed=3)
+    b = load(counts, max_model_len=4096, lengths=code, rate_scale=0.1, seed=3)
+    assert np.array_equal(a.arrivals, b.arrivals)
+
+
+def test_missing_file_is_one_line_error(tmp_path):
+    with pytest.raises(TraceError, match="no such file"):
+        load(tmp_path / "nope.csv", max_model_len=4096)
+
+
+def test_zero_rate_scale_is_refused(conv):
+    with pytest.raises(TraceError, match="rate scale"):
+        load(conv, max_model_len=4096, rate_scale=0.0)

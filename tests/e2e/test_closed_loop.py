@@ -1,0 +1,91 @@
+"""The whole loop live, in act mode: simulator <- gate <- load, sidecar deciding the gate's batch limit.
+
+The auto policy sees requests queue at the gate with ITL and KV-cache headroom in the engine, proposes a
+larger effective batch, the arbiter bounds the step, Actuation writes it to the gate and the audit log
+records it; in observe mode the same situation changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from agent import config
+from agent.loadgen import LoadGenerator
+from agent.sidecar import Sidecar
+from simulator.engine import make_core
+from simulator.server import SimServer
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _run(tmp_path: Path, mode: str, ticks: int) -> tuple[Sidecar, list[dict[str, Any]], int]:
+    sim = SimServer(make_core("h100-sxm", "llama-3-8b"))
+    runner = web.AppRunner(sim.app(), access_log=None)
+    await runner.setup()
+    engine_port, gate_port = _free_port(), _free_port()
+    await web.TCPSite(runner, "127.0.0.1", engine_port).start()
+    engine = f"http://127.0.0.1:{engine_port}"
+    cfg = config.build(
+        {
+            "agent": {"interval_s": 0.25, "listen_port": _free_port(), "admin_listen_port": None},
+            "engine": {"kind": "vllm", "url": engine, "quantile_window_s": 5},
+            "nvml": {"backend": "simulated", "simulated_url": engine},
+            "probe": {"enabled": False},
+            "gate": {
+                "enabled": True,
+                "listen_port": gate_port,
+                "upstreams": {"primary": engine},
+                "split": {"primary": 1.0},
+                "max_in_flight": 4,
+                "default_requests_per_min": 1e6,
+            },
+            "actuators": {"mode": mode},
+            "audit": {"path": str(tmp_path / "audit.jsonl")},
+            "policies": {"set": "auto", "batch_min": 4, "initial_batch": 4, "batch_max": 64},
+        }
+    )
+    sidecar = Sidecar(cfg)
+    await sidecar.start()
+    trace = [[i * 0.02, 256, 64] for i in range(400)]  # 50 req/s offered: far above 4 in flight
+    import numpy as np
+
+    gen = LoadGenerator(f"http://127.0.0.1:{gate_port}", np.array(trace, dtype=float), model=sim.model_name)
+    stop = asyncio.Event()
+    load = asyncio.create_task(gen.run(stop))
+    try:
+        while sidecar.loop.state.stats.ticks < ticks:
+            await asyncio.sleep(0.05)  # a live loop on real sockets: wait for its ticks
+    finally:
+        stop.set()
+        await load
+        limit = sidecar.knobs.gate.limit
+        await sidecar.stop()
+        await runner.cleanup()
+    path = tmp_path / "audit.jsonl"
+    actions = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return sidecar, actions, limit
+
+
+async def test_act_mode_raises_the_gate_batch_limit_when_requests_queue(tmp_path: Path) -> None:
+    _, actions, limit = await _run(tmp_path, "act", ticks=24)
+    raised = [a for a in actions if a["knob"] == "batch.max_in_flight" and a["result"] == "ok"]
+    assert raised, actions
+    assert limit > 4
+    assert all(a["mode"] == "act" and a["policy"] for a in raised)
+    assert all(a["to"] <= 64 for a in raised)
+
+
+async def test_observe_mode_leaves_the_limit_alone(tmp_path: Path) -> None:
+    _, actions, limit = await _run(tmp_path, "observe", ticks=16)
+    assert limit == 4
+    assert actions == []

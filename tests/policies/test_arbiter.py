@@ -1,0 +1,65 @@
+from policies import knobs
+from policies.arbiter import PRIORITY, Arbiter, ArbiterState, KnobRule
+from policies.base import Proposal
+
+ARBITER = Arbiter(
+    {knobs.BATCH: KnobRule(8, 256, max_step=0.5, hysteresis=0.05, cooldown_s=10.0, integer=True)}
+)
+
+
+def _p(policy: str, value: float | str, klass: str, knob: str = knobs.BATCH) -> Proposal:
+    return Proposal(policy, knob, value, "because", PRIORITY[klass])
+
+
+def test_breaker_outranks_throughput_tuning():
+    _, [d] = ARBITER.decide(
+        [_p("auto", 100, "throughput"), _p("breaker", 40, "breaker")], {knobs.BATCH: 64}, None, 0
+    )
+    assert (d.value, d.policy) == (40, "breaker")
+
+
+def test_overruled_proposals_are_recorded():
+    _, [d] = ARBITER.decide(
+        [_p("auto", 100, "throughput"), _p("breaker", 40, "breaker")], {knobs.BATCH: 64}, None, 0
+    )
+    assert d.overruled == ("auto=100",)
+
+
+def test_value_is_clamped_to_bounds():
+    _, [d] = ARBITER.decide([_p("breaker", 1000, "breaker")], {knobs.BATCH: 200}, None, 0)
+    assert d.value == 256 and "bounded" in d.reason
+
+
+def test_step_is_limited_for_comfort_changes():
+    _, [d] = ARBITER.decide([_p("auto", 200, "throughput")], {knobs.BATCH: 64}, None, 0)
+    assert d.value == 96
+
+
+def test_change_within_hysteresis_is_dropped():
+    assert ARBITER.decide([_p("auto", 66, "throughput")], {knobs.BATCH: 64}, None, 0)[1] == []
+
+
+def test_cooldown_blocks_a_second_comfort_change():
+    state = ArbiterState({knobs.BATCH: 0.0})
+    assert ARBITER.decide([_p("auto", 32, "throughput")], {knobs.BATCH: 64}, state, 5.0)[1] == []
+
+
+def test_breaker_ignores_the_cooldown():
+    state = ArbiterState({knobs.BATCH: 0.0})
+    assert len(ARBITER.decide([_p("breaker", 32, "breaker")], {knobs.BATCH: 64}, state, 5.0)[1]) == 1
+
+
+def test_same_value_makes_no_decision():
+    assert ARBITER.decide([_p("auto", 64, "throughput")], {knobs.BATCH: 64}, None, 0)[1] == []
+
+
+def test_categorical_knob_changes_with_reason():
+    _, [d] = ARBITER.decide(
+        [_p("breaker", "fp8", "breaker", knobs.UPSTREAM)], {knobs.UPSTREAM: "primary"}, None, 0
+    )
+    assert (d.value, d.previous) == ("fp8", "primary") and d.reason.startswith("breaker:")
+
+
+def test_decision_records_when_the_knob_changed():
+    state, _ = ARBITER.decide([_p("auto", 32, "throughput")], {knobs.BATCH: 64}, None, 7.0)
+    assert state.changed_at[knobs.BATCH] == 7.0

@@ -1,0 +1,124 @@
+"""The breaker under injected faults: escalation and recovery order, dwell, probes, generations, force."""
+
+import itertools
+from collections.abc import Callable
+
+import pytest
+
+from policies import knobs
+from policies.breaker import TRANSITIONS, Breaker, BreakerState
+from tests.policies.conftest import make_snapshot
+
+BREAKER = Breaker(dwell_s=300.0, probe_s=120.0)
+GIB = 1024**3
+
+
+def _healthy(t: float) -> dict[str, float]:
+    return {"gate__requests": 10.0, "gate__slo_bad": 0.0, "gate__errors": 0.0, "gate__limit": 128.0}
+
+
+def _latency_spike(t: float) -> dict[str, float]:
+    return {**_healthy(t), "gate__slo_bad": 6.0}
+
+
+def _error_storm(t: float) -> dict[str, float]:
+    return {**_healthy(t), "gate__slo_bad": 3.0, "gate__errors": 3.0}
+
+
+def _leak(t: float) -> dict[str, float]:
+    return {
+        **_healthy(t),
+        "nvml__gpu0__memory_used_bytes": 79.5 * GIB,
+        "nvml__gpu0__memory_total_bytes": 80 * GIB,
+    }
+
+
+def _run(
+    fault: Callable[[float], dict[str, float]], fault_s: float, total_s: float
+) -> list[tuple[float, int]]:
+    """Tick once a second; the fault holds for the first ``fault_s``. Returns (time, level) at each change."""
+    state: BreakerState | None = None
+    changes: list[tuple[float, int]] = []
+    level = 0
+    for t in range(int(total_s)):
+        values = fault(t) if t < fault_s else _healthy(t)
+        state, _ = BREAKER.decide(make_snapshot(float(t), **values), [], state, float(t))
+        if state.level != level:
+            level = state.level
+            changes.append((float(t), level))
+    return changes
+
+
+@pytest.mark.parametrize("fault", [_latency_spike, _error_storm, _leak], ids=["latency", "5xx", "leak"])
+def test_fault_escalates_one_level_at_a_time_then_recovers_in_reverse(fault):
+    changes = _run(fault, fault_s=1200.0, total_s=4000.0)
+    assert [level for _, level in changes] == [1, 2, 3, 2, 1, 0]
+
+
+@pytest.mark.parametrize("fault", [_latency_spike, _error_storm, _leak], ids=["latency", "5xx", "leak"])
+def test_level_changes_at_most_once_per_dwell(fault):
+    times = [t for t, _ in _run(fault, fault_s=1200.0, total_s=4000.0)]
+    assert all(b - a >= BREAKER.dwell_s for a, b in itertools.pairwise(times))
+
+
+def test_short_fault_escalates_once_and_recovers():
+    changes = _run(_latency_spike, fault_s=100.0, total_s=2000.0)
+    assert [level for _, level in changes] == [1, 0]
+
+
+def test_healthy_traffic_never_trips():
+    assert _run(_healthy, fault_s=0.0, total_s=2000.0) == []
+
+
+def test_escalation_starts_a_new_generation():
+    state, _ = BREAKER.decide(make_snapshot(0.0, **_error_storm(0)), [], None, 0.0)
+    assert (state.level, state.generation) == (1, 1)
+
+
+def test_stale_outcomes_of_the_previous_generation_do_not_escalate():
+    """After a change, the 5 m burn only counts outcomes since it: clean traffic does not trip again."""
+    state = None
+    for t in range(0, 200):
+        state, _ = BREAKER.decide(make_snapshot(float(t), **_latency_spike(t)), [], state, float(t))
+    for t in range(200, 700):
+        state, _ = BREAKER.decide(make_snapshot(float(t), **_healthy(t)), [], state, float(t))
+    assert state.level <= 1
+
+
+def test_failed_probe_returns_up_and_doubles_the_dwell():
+    state = BreakerState(level=1, phase="probe", generation=3, changed_at=0.0, dwell_s=300.0, batch_cap=32.0)
+    state, _ = BREAKER.decide(make_snapshot(10.0, **_error_storm(10)), [], state, 10.0)
+    assert (state.level, state.phase, state.dwell_s) == (2, "steady", 600.0)
+
+
+def test_probe_is_committed_after_probe_time():
+    state = BreakerState(level=1, phase="probe", generation=3, changed_at=0.0, dwell_s=300.0, batch_cap=32.0)
+    state, _ = BREAKER.decide(make_snapshot(130.0, **_healthy(130)), [], state, 130.0)
+    assert (state.level, state.phase) == (1, "steady")
+
+
+def test_forced_level_is_held_against_healthy_signals():
+    state = BREAKER.force(None, 2, now=0.0)
+    for t in range(0, 2000, 10):
+        state, proposals = BREAKER.decide(make_snapshot(float(t), **_healthy(t)), [], state, float(t))
+    assert state.level == 2 and {p.value for p in proposals if p.knob == knobs.UPSTREAM} == {"fp8"}
+
+
+def test_force_rejects_unknown_level():
+    with pytest.raises(ValueError, match="level"):
+        BREAKER.force(None, 4, now=0.0)
+
+
+def test_level_two_routes_to_fp8_with_a_smaller_batch():
+    state = BreakerState(level=2, changed_at=0.0, dwell_s=300.0, batch_cap=64.0)
+    _, proposals = BREAKER.decide(make_snapshot(0.0, **_healthy(0)), [], state, 0.0)
+    assert {p.knob: p.value for p in proposals} == {knobs.UPSTREAM: "fp8", knobs.BATCH: 64}
+
+
+def test_l1_caps_the_batch_at_half_the_limit():
+    _state, proposals = BREAKER.decide(make_snapshot(0.0, **_error_storm(0)), [], None, 0.0)
+    assert {p.knob: p.value for p in proposals}[knobs.BATCH] == 64
+
+
+def test_transition_table_covers_every_phase_and_event():
+    assert set(TRANSITIONS) == {(p, e) for p in ("steady", "probe") for e in ("trip", "healthy")}

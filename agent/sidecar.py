@@ -10,6 +10,7 @@ import contextlib
 import logging
 import ssl
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -83,13 +84,19 @@ def build_policies(cfg: Config) -> list[Policy]:
     )
 
 
-def build_detectors() -> list[Detector]:
-    """Every registered detector that is enabled by default."""
+def build_detectors(executor: Executor | None = None) -> list[Detector]:
+    """Every registered detector that is enabled by default. Detectors with periodic heavy refits (an
+    ``executor`` attribute) get ``executor`` so the refit runs in a worker thread, not in the tick."""
     from detectors import base, registry
 
     if not base.REGISTRY:
         registry.register_defaults()
-    return [reg.factory() for reg in base.REGISTRY.values() if reg.default_enabled]
+    detectors = [reg.factory() for reg in base.REGISTRY.values() if reg.default_enabled]
+    if executor is not None:
+        for detector in detectors:
+            if hasattr(detector, "executor"):
+                detector.executor = executor
+    return detectors
 
 
 class Sidecar:
@@ -110,13 +117,15 @@ class Sidecar:
             self.collectors.append(self.forecaster)
         from agent.cost import CostTracker
 
+        self._refits = ThreadPoolExecutor(1, thread_name_prefix="servepilot-refit")
+
         self.cost = CostTracker(cfg.cost.price_per_gpu_hour_usd, window_s=cfg.cost.window_s)
         self.loop = Loop(
             self.collectors,
             self.store,
             interval_s=cfg.agent.interval_s,
             source_timeout_s=cfg.agent.source_timeout_s,
-            detectors=build_detectors(),
+            detectors=build_detectors(self._refits),
             policies=build_policies(cfg),
             act=self._act,
             derive=[self.cost.update],
@@ -220,6 +229,7 @@ class Sidecar:
             await self.webhooks.stop()  # pending alerts stay in the on-disk outbox for the next start
         if self._evidence_task is not None:
             self._evidence_task.cancel()
+        self._refits.shutdown(wait=False, cancel_futures=True)
         await self.knobs.stop()  # GPU and engine settings back to their defaults
         for collector in self.collectors:
             with contextlib.suppress(Exception):

@@ -21,6 +21,7 @@ import resource
 import socket
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +88,7 @@ async def _run(
         Store(cfg.agent.history_points, cfg.agent.max_series),
         interval_s=1.0,
         source_timeout_s=0.8,
-        detectors=build_detectors(),
+        detectors=build_detectors(ThreadPoolExecutor(1)),  # as the sidecar: refits off the tick
     )
     exporter = Exporter()
     loop.subscribe(exporter.publish)
@@ -145,9 +146,7 @@ def main() -> int:
         f"servepilot tick benchmark: {args.gpus} GPUs (fake NVML backend) sampled every 100 ms, "
         f"full vLLM scrape ({VLLM_SCRAPE.stat().st_size} bytes) + probe, 1 s tick, {wall:.0f} s"
     )
-    print(
-        f"  ticks {len(ticks)};  series in store {series};  load average {os.getloadavg()[0]:.2f}"
-    )
+    print(f"  ticks {len(ticks)};  series in store {series};  load average {os.getloadavg()[0]:.2f}")
     for label, column in (
         ("tick wall", 0),
         ("tick CPU (main)", 1),

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -121,6 +123,21 @@ class FlatForest:
         return np.asarray(2.0 ** (-depths / self.norm), dtype=np.float64)
 
 
+@dataclass(frozen=True)
+class _Fit:
+    seen: npt.NDArray[np.bool_]
+    median: FloatArray
+    scale: FloatArray
+    rotation: FloatArray
+    forest: FlatForest
+    threshold: float
+
+
+def _embed(rows: FloatArray, median: FloatArray, scale: FloatArray, rotation: FloatArray) -> FloatArray:
+    z = (rows - median) / scale
+    return np.asarray(z @ rotation.T, dtype=np.float64)
+
+
 class MultivariateAnomalyDetector:
     """Isolation Forest over the engine and GPU state, refitted from a bounded window on a schedule."""
 
@@ -139,6 +156,7 @@ class MultivariateAnomalyDetector:
         seed: int = 0,
         k: int = 3,
         n: int = 5,
+        executor: Executor | None = None,
     ) -> None:
         self.features = features
         self.window = window
@@ -160,6 +178,10 @@ class MultivariateAnomalyDetector:
         self.threshold_: float = 1.0
         self.since_fit_: int = 0
         self.gate_ = KOfN(k, n)
+        # None: refits run inline (deterministic: tests, replay). The live agent passes a worker thread so
+        # a refit (sklearn's fit: ~0.1-0.5 s) never stalls a tick; the old forest scores until it lands.
+        self.executor = executor
+        self.pending_: Future[_Fit] | None = None
 
     def update(self, snapshot: Snapshot) -> list[Finding]:
         """Score the state vector with the current forest, then add it to the window (refit when due)."""
@@ -176,40 +198,55 @@ class MultivariateAnomalyDetector:
                 findings.append(self._finding(filled, present, score, snapshot.now))
         self.rows_.append(row)
         self.since_fit_ += 1
-        if len(self.rows_) >= self.min_fit and (self.forest_ is None or self.since_fit_ >= self.refit_every):
-            self._fit()
+        if self.pending_ is not None and self.pending_.done():
+            pending, self.pending_ = self.pending_, None
+            self._apply(pending.result())
+        due = len(self.rows_) >= self.min_fit and (
+            self.forest_ is None or self.since_fit_ >= self.refit_every
+        )
+        if due and self.pending_ is None:
+            data = np.array(self.rows_)
+            if self.executor is None:
+                self._apply(self._compute(data))
+            else:
+                self.since_fit_ = 0
+                self.pending_ = self.executor.submit(self._compute, data)
         return findings
 
-    def _fit(self) -> None:
+    def _apply(self, fit: _Fit) -> None:
+        self.seen_, self.median_, self.scale_, self.rotation_ = fit.seen, fit.median, fit.scale, fit.rotation
+        self.forest_, self.threshold_ = fit.forest, fit.threshold
+        self.since_fit_ = 0
+
+    def _compute(self, data: FloatArray) -> _Fit:
+        """A new forest and its standardisation from ``data`` (pure: safe in a worker thread)."""
         from sklearn.ensemble import IsolationForest  # heavy import, only when a fit is due
 
-        data = np.array(self.rows_)
         finite = np.isfinite(data)
         # A feature never seen in the window carries no notion of normal: it is masked when scoring.
-        self.seen_ = np.asarray(finite.any(axis=0), dtype=bool)
+        seen = np.asarray(finite.any(axis=0), dtype=bool)
         median = np.array(
             [float(np.median(c[ok])) if ok.any() else 0.0 for c, ok in zip(data.T, finite.T, strict=True)]
         )
         data = np.where(finite, data, median)
         mad = np.median(np.abs(data - median), axis=0) * 1.4826
-        self.median_, self.scale_ = median, np.where(mad > 0, mad, np.maximum(np.abs(median) * 0.01, 1e-9))
-        z = (data - median) / self.scale_
-        self.rotation_ = np.linalg.svd(z - z.mean(axis=0), full_matrices=False)[2]
-        embedded = self._embed(data)
-        forest = IsolationForest(
-            n_estimators=self.n_estimators,
-            max_samples=min(self.max_samples, len(data)),
-            random_state=self.seed,
-        ).fit(embedded)
-        self.forest_ = FlatForest(forest)
-        train = self.forest_.score(embedded)
-        self.threshold_ = float(np.quantile(train, 1.0 - self.contamination))
-        self.since_fit_ = 0
+        scale = np.where(mad > 0, mad, np.maximum(np.abs(median) * 0.01, 1e-9))
+        z = (data - median) / scale
+        rotation = np.linalg.svd(z - z.mean(axis=0), full_matrices=False)[2]
+        embedded = _embed(data, median, scale, rotation)
+        forest = FlatForest(
+            IsolationForest(
+                n_estimators=self.n_estimators,
+                max_samples=min(self.max_samples, len(data)),
+                random_state=self.seed,
+            ).fit(embedded)
+        )
+        threshold = float(np.quantile(forest.score(embedded), 1.0 - self.contamination))
+        return _Fit(seen, median, scale, rotation, forest, threshold)
 
     def _embed(self, rows: FloatArray) -> FloatArray:
         """Robustly standardised features projected onto the training window's principal axes."""
-        z = (rows - self.median_) / self.scale_
-        return np.asarray(z @ self.rotation_.T, dtype=np.float64)
+        return _embed(rows, self.median_, self.scale_, self.rotation_)
 
     def _finding(self, row: FloatArray, present: npt.NDArray[np.bool_], score: float, now: float) -> Finding:
         z = np.where(present, (row - self.median_) / self.scale_, 0.0)

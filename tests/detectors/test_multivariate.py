@@ -101,3 +101,23 @@ def test_deterministic() -> None:
     assert a.forest_ is not None and b.forest_ is not None
     probe = np.array([[0.3, -1.2, 0.6, 0.4]])
     assert a.forest_.score(probe)[0] == b.forest_.score(probe)[0]
+
+
+def test_with_an_executor_the_refit_runs_off_the_tick_and_lands_later() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    from detectors.multivariate import MultivariateAnomalyDetector
+    from detectors.snapshot import Snapshot
+
+    features = ("a", "b")
+    rng = np.random.default_rng(0)
+    with ThreadPoolExecutor(1) as pool:
+        det = MultivariateAnomalyDetector(features=features, min_fit=64, refit_every=64, executor=pool)
+        for i in range(64):
+            det.update(Snapshot(float(i), {"a": float(rng.normal()), "b": float(rng.normal())}, {}))
+        assert det.forest_ is None and det.pending_ is not None  # submitted, not waited for
+        det.pending_.result(timeout=30)
+        det.update(Snapshot(64.0, {"a": 0.0, "b": 0.0}, {}))
+        assert det.forest_ is not None and det.pending_ is None

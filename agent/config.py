@@ -44,6 +44,10 @@ class AgentConfig(_Section):
     )
     tls_cert_file: str | None = Field(None, description="PEM certificate: serve the agent API over TLS")
     tls_key_file: str | None = Field(None, description="PEM private key for tls_cert_file")
+    state_path: str | None = Field(
+        None, description="brain state (breaker, detector baselines) kept across restarts; null: off"
+    )
+    state_save_interval_s: float = Field(60.0, ge=1, le=86400, description="brain state is saved this often")
 
     @model_validator(mode="after")
     def _admin_stays_local(self) -> AgentConfig:
@@ -196,6 +200,9 @@ class GateConfig(_Section):
     max_body_bytes: int = Field(4 << 20, ge=1024, le=1 << 30, description="larger request bodies get 413")
     connect_timeout_s: float = Field(5.0, gt=0, le=600, description="upstream connect timeout")
     read_timeout_s: float = Field(300.0, gt=0, le=86400, description="longest silence from the upstream")
+    drain_s: float = Field(
+        10.0, ge=0.1, le=3600, description="on shutdown, in-flight requests get this long to finish"
+    )
     health_path: str = Field("/health", description="upstream health-check path")
     health_interval_s: float = Field(5.0, ge=0.1, le=600, description="upstream health-check period")
     length_edges: tuple[int, ...] = Field((256, 1024, 4096), description="prompt-token bucket edges")

@@ -43,8 +43,8 @@ class Knobs:
         self.gpu_knob = ""
         self.collectors: list[Collector] = []
         if cfg.gate.enabled:
-            from agent.gate.proxy import Gate
             from agent.gate.collector import GateCollector
+            from agent.gate.proxy import Gate
 
             self.gate = Gate(cfg.gate, registry)
             self.collectors.append(GateCollector(self.gate))

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from agent.collectors.base import Collector
@@ -67,6 +68,14 @@ class Loop:
         self._detector_errors: dict[str, int] = {}
         self._policy_errors: dict[str, int] = {}
         self._overruns = 0
+
+    def policy_state(self, name: str) -> Any:
+        """The state the policy ``name`` returned on the last tick (``None`` before it ran)."""
+        return self._policy_state.get(name)
+
+    def set_policy_state(self, name: str, state: Any) -> None:
+        """Seed the state the policy ``name`` gets on the next tick (restored after a restart)."""
+        self._policy_state[name] = state
 
     def subscribe(self, listener: Listener) -> None:
         """Call ``listener(state)`` after every tick (the exporter and the demo view use this)."""
@@ -154,6 +163,7 @@ class Loop:
             findings=findings,
             proposals=proposals,
             knobs=knobs,
+            policy_states=MappingProxyType(dict(self._policy_state)),
             stats=TickStats(
                 ticks=self.state.stats.ticks + 1,
                 last_duration_s=duration,

@@ -106,7 +106,7 @@ class Sidecar:
         self.cfg = cfg
         self.collectors = list(collectors) if collectors is not None else build_collectors(cfg)
         self.store = Store(cfg.agent.history_points, cfg.agent.max_series)
-        self.exporter = Exporter()
+        self.exporter = Exporter(slo={"ttft": cfg.policies.ttft_slo_s, "itl": cfg.policies.itl_slo_s})
         self.knobs = Knobs(cfg, self.exporter.registry)
         self.collectors.extend(self.knobs.collectors)
         self.forecaster: LiveForecaster | None = None
@@ -151,7 +151,29 @@ class Sidecar:
         self._runner: web.AppRunner | None = None
         self._admin_runner: web.AppRunner | None = None
         self._task: asyncio.Task[None] | None = None
+        self._save_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+
+    async def save_state(self) -> None:
+        """Write the brain state (agent/persist.py) when ``agent.state_path`` is set: captured here, between
+        ticks, and written from a worker thread. A failed write is logged; the previous file stays."""
+        path = self.cfg.agent.state_path
+        if path is None:
+            return
+        from agent import persist
+
+        data = persist.capture(self.loop, self.loop.clock())
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, persist.write_atomically, path, data)
+        except OSError as error:
+            log.error("brain state not saved to %s: %s", path, error)
+
+    async def _save_periodically(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=self.cfg.agent.state_save_interval_s)
+            if not self._stop.is_set():
+                await self.save_state()
 
     async def _leak_evidence(self, findings: tuple[Finding, ...], snapshot: Snapshot) -> tuple[Finding, ...]:
         """When the leak detector fires, ask the probe (in the background) to record allocator history."""
@@ -191,6 +213,12 @@ class Sidecar:
     async def start(self) -> None:
         if self.forecaster is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.forecaster.restore)
+        if self.cfg.agent.state_path is not None:
+            from agent import persist
+
+            await asyncio.get_running_loop().run_in_executor(
+                None, persist.load_into, self.cfg.agent.state_path, self.loop
+            )
         await self.knobs.start()
         from agent.admin import add_admin_routes
 
@@ -217,14 +245,22 @@ class Sidecar:
         scheme = "https" if ssl_context else "http"
         log.info("agent API on %s://%s:%d", scheme, agent_cfg.listen_host, agent_cfg.listen_port)
         self._task = asyncio.create_task(self.loop.run(self._stop), name="servepilot-loop")
+        if self.cfg.agent.state_path is not None:
+            self._save_task = asyncio.create_task(self._save_periodically(), name="servepilot-save-state")
         if self.webhooks is not None:
             self.webhooks.start()
 
     async def stop(self) -> None:
+        if self.knobs.gate is not None:  # drain first, while the loop still renews leases and exports
+            await self.knobs.gate.drain()
         self._stop.set()
         if self._task is not None:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self._task, timeout=2.0)
+        if self._save_task is not None:
+            await self._save_task
+        if self._task is not None:  # only a started agent has state worth keeping
+            await self.save_state()
         if self.webhooks is not None:
             await self.webhooks.stop()  # pending alerts stay in the on-disk outbox for the next start
         if self._evidence_task is not None:

@@ -70,6 +70,7 @@ class Gate:
 
     Knobs: :meth:`set_limit` (effective batch), :meth:`set_split` (traffic split). Signals:
     :meth:`snapshot_values`. Time for latencies and windows comes from ``clock`` (monotonic).
+    ``in_progress`` counts requests being served (queued or relaying); ``cut`` those a drain ended.
     """
 
     def __init__(
@@ -103,6 +104,9 @@ class Gate:
         self._health_stop = asyncio.Event()
         self._health_task: asyncio.Task[None] | None = None
         self.port: int | None = None
+        self.in_progress = 0
+        self.cut = 0
+        self._draining = False
         self._g_in_flight = Gauge("servepilot_gate_in_flight", "Requests upstream now.", registry=registry)
         self._g_queue = Gauge(
             "servepilot_gate_queue_depth", "Requests waiting for admission.", registry=registry
@@ -136,7 +140,11 @@ class Gate:
         """Listen on ``host:port`` (config defaults; port 0 picks a free one) and return the port."""
         self._session = self._new_session()
         self._runner = web.AppRunner(
-            self.app, access_log=None, handle_signals=False, handler_cancellation=True
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,
+            shutdown_timeout=self.cfg.drain_s,
         )
         await self._runner.setup()
         site = web.TCPSite(
@@ -154,13 +162,33 @@ class Gate:
         )
         return self.port
 
+    async def drain(self) -> None:
+        """Stop accepting and let accepted requests finish, for at most ``drain_s``; idempotent.
+
+        aiohttp's runner does the work: the listener closes (new connections are refused, so a load
+        balancer or client retries elsewhere), idle kept-alive connections close, and each connection
+        with a request in progress (relaying upstream or still queued for admission) closes after its
+        response, or has its handler cancelled at ``drain_s``, which drops the upstream request so the
+        engine aborts it. The upstream session stays open meanwhile: the streams need it.
+        """
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        self._draining, busy = True, self.in_progress
+        started = time.monotonic()
+        if busy:
+            log.info("gate draining: %d request(s) in progress, up to %g s", busy, self.cfg.drain_s)
+        await runner.cleanup()
+        if busy:
+            log.info("gate drained in %.2f s (%d cut at the limit)", time.monotonic() - started, self.cut)
+
     async def stop(self) -> None:
+        """Drain (see :meth:`drain`), then close the upstream session and the cache; idempotent."""
         self._health_stop.set()
         if self._health_task is not None:
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 await asyncio.wait_for(self._health_task, timeout=2.0)
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self.drain()
         if self._session is not None:
             await self._session.close()
         if self.cache is not None:
@@ -226,6 +254,18 @@ class Gate:
         return b"".join(chunks)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        """Counts requests in progress, and those a drain cuts at ``drain_s`` (see :meth:`drain`)."""
+        self.in_progress += 1
+        try:
+            return await self._serve(request)
+        except asyncio.CancelledError:
+            if self._draining:
+                self.cut += 1
+            raise
+        finally:
+            self.in_progress -= 1
+
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
         arrived = self.clock()
         body = await self._read_body(request)
         if body is None:

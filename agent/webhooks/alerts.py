@@ -113,7 +113,9 @@ class AlertTracker:
         if snapshot is None:
             return out
         for name, reading in snapshot.readings.items():
-            if reading.status is SourceStatus.OK:
+            # "no data" is not an outage (a forecaster still learning, an idle engine with nothing to
+            # report): only errors count towards ServepilotSourceDown
+            if reading.status is not SourceStatus.ERROR:
                 self._failing_since.pop(name, None)
                 continue
             since = self._failing_since.setdefault(name, now)

@@ -124,6 +124,9 @@ async def _engine_itl(engine: RunningEngine) -> float:
     return itl
 
 
+# Timing-sensitive on 2 shared cores (real engine, wall-clock load): one rerun, reported by pytest as
+# "rerun", never hidden; a real regression fails both attempts.
+@pytest.mark.flaky(reruns=1)
 async def test_auto_policy_settles_within_15_percent_of_the_best_static_limit(engine: RunningEngine) -> None:
     itl = await _engine_itl(engine)
     tps = await capacity(engine.url, scaled_trace(1.0, 1.0, 1e9)[:64])

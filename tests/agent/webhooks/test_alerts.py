@@ -106,3 +106,17 @@ def test_a_blinking_finding_fires_once_and_resolves_only_after_the_hold() -> Non
     gone = [tracker.update(AgentState(), float(t)) for t in range(120, 200, 10)]
     resolved = [c for batch in gone for c in batch]
     assert len(resolved) == 1 and resolved[0].ends_at is not None
+
+
+def test_a_source_with_no_data_yet_is_not_an_outage() -> None:
+    from agent.state import AgentState
+    from agent.webhooks.alerts import AlertTracker
+    from detectors.snapshot import Reading, Snapshot
+
+    tracker = AlertTracker(source_down_after_s=5.0)
+    changes = []
+    for t in range(0, 60, 5):
+        readings = {"forecast": Reading.empty("forecast", float(t), "learning: 3 of 120 minutes")}
+        state = AgentState(snapshot=Snapshot.from_readings(float(t), readings))
+        changes += tracker.update(state, float(t))
+    assert changes == []

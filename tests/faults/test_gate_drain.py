@@ -1,0 +1,172 @@
+"""SIGTERM while the gate relays requests: accepted requests finish, new connections are refused.
+
+In-process tests hold an upstream stream open with an event the test controls, so "in flight" is exact.
+The end-to-end test runs ``servepilot sim`` and ``servepilot run`` (gate enabled) as real processes,
+starts three slow streams through the gate, sends SIGTERM once each has its first token, and checks
+every stream arrives whole. Only the subprocess test waits on real time (start-up, ~2 s of streaming).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from agent.config import GateConfig
+from agent.gate.proxy import Gate
+from tests.faults.conftest import serve
+
+ROOT = Path(__file__).resolve().parents[2]
+BODY = {"model": "m", "prompt": "hi", "max_tokens": 2, "stream": True}
+
+
+def _stream_upstream(release: asyncio.Event) -> web.Application:
+    """An upstream that sends one event, then the rest only when ``release`` is set."""
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: one\n\n")
+        await release.wait()
+        await response.write(b"data: two\n\ndata: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    return app
+
+
+async def _refused(port: int, attempts: int = 200) -> bool:
+    """True once a new connection to ``port`` is refused (each attempt yields to the event loop)."""
+    for _ in range(attempts):
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            return True
+        writer.close()
+        await asyncio.sleep(0)
+    return False
+
+
+@pytest.fixture
+async def release() -> AsyncIterator[asyncio.Event]:
+    event = asyncio.Event()
+    yield event
+    event.set()  # never leave the upstream handler waiting
+
+
+async def _gate(upstream: str, drain_s: float) -> tuple[Gate, str]:
+    cfg = GateConfig(enabled=True, upstreams={"primary": upstream}, drain_s=drain_s, health_interval_s=600)
+    gate = Gate(cfg, CollectorRegistry())
+    port = await gate.start("127.0.0.1", 0)
+    return gate, f"http://127.0.0.1:{port}"
+
+
+async def test_an_accepted_stream_finishes_while_new_connections_are_refused(release: asyncio.Event) -> None:
+    async with serve(_stream_upstream(release)) as upstream, aiohttp.ClientSession() as http:
+        gate, url = await _gate(upstream, drain_s=30.0)
+        response = await http.post(f"{url}/v1/completions", json=BODY)
+        assert await response.content.readuntil(b"\n\n") == b"data: one\n\n"
+        stopping = asyncio.create_task(gate.stop())
+        assert await _refused(gate.port or 0)
+        assert not stopping.done() and gate.in_progress == 1
+        release.set()
+        assert await response.read() == b"data: two\n\ndata: [DONE]\n\n"
+        await asyncio.wait_for(stopping, timeout=5)
+        assert gate.cut == 0
+
+
+async def test_the_drain_is_bounded_by_drain_s(release: asyncio.Event) -> None:
+    async with serve(_stream_upstream(release)) as upstream, aiohttp.ClientSession() as http:
+        gate, url = await _gate(upstream, drain_s=0.1)
+        response = await http.post(f"{url}/v1/completions", json=BODY)
+        await response.content.readuntil(b"\n\n")
+        started = time.monotonic()
+        await gate.stop()  # the upstream never finishes: the stream is cut at drain_s
+        assert time.monotonic() - started < 2.0
+        assert gate.cut == 1
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await response.read()
+        release.set()  # let the upstream handler end so its server stops at once
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+TOKENS = 150  # ~1.5 s per stream on the simulated A100: SIGTERM lands well inside it
+
+
+async def _stream(http: aiohttp.ClientSession, url: str, started: asyncio.Event) -> tuple[int, bytes]:
+    body = {"model": "meta-llama/Meta-Llama-3-8B-Instruct", "prompt": "hello " * 50}
+    async with http.post(url, json={**body, "max_tokens": TOKENS, "stream": True}) as response:
+        first = await response.content.readuntil(b"\n\n")
+        started.set()
+        return response.status, first + await response.read()
+
+
+async def _wait_ready(http: aiohttp.ClientSession, url: str, procs: list[subprocess.Popen[str]]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert all(p.poll() is None for p in procs), "a process exited during start-up"
+        try:
+            async with http.get(url) as response:
+                if response.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.1)  # polling real processes that are starting up
+    raise AssertionError(f"{url} never answered")
+
+
+async def test_sigterm_drains_the_gate_of_servepilot_run(tmp_path: Path) -> None:
+    sim_port, gate_port = _free_port(), _free_port()
+    (tmp_path / "agent.yaml").write_text(
+        f"agent: {{listen_port: {_free_port()}, admin_listen_port: {_free_port()}}}\n"
+        f"engine: {{url: 'http://127.0.0.1:{sim_port}'}}\n"
+        "nvml: {backend: 'off'}\naudit: {path: null}\nforecast: {enabled: false}\n"
+        f"gate: {{enabled: true, listen_port: {gate_port}, drain_s: 20,"
+        f" upstreams: {{primary: 'http://127.0.0.1:{sim_port}'}}}}\n"
+    )
+    cli = [sys.executable, "-m", "agent.cli"]
+    sim = subprocess.Popen([*cli, "sim", "--port", str(sim_port)], cwd=ROOT, stdout=subprocess.DEVNULL)
+    run = subprocess.Popen(
+        [*cli, "run", "--config", str(tmp_path / "agent.yaml")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    gate = f"http://127.0.0.1:{gate_port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            await _wait_ready(http, f"{gate}/v1/models", [sim, run])
+            started = [asyncio.Event() for _ in range(3)]
+            streams = [asyncio.create_task(_stream(http, f"{gate}/v1/completions", s)) for s in started]
+            await asyncio.wait_for(asyncio.gather(*(s.wait() for s in started)), timeout=10)
+            run.send_signal(signal.SIGTERM)
+            results = await asyncio.wait_for(asyncio.gather(*streams), timeout=20)
+        code = await asyncio.to_thread(run.wait, 20)
+    finally:
+        for proc in (run, sim):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    output = run.stdout.read() if run.stdout else ""
+    assert code == 0, output
+    for status, body in results:
+        assert status == 200
+        assert body.count(b"data: ") == TOKENS + 2  # every token, the finish event and [DONE]
+        assert body.endswith(b"data: [DONE]\n\n")
+    assert "gate draining: 3 request(s) in progress" in output
+    assert "(0 cut at the limit)" in output

@@ -1,0 +1,215 @@
+"""Restart with persisted brain state: the breaker level and the detector baselines resume.
+
+The breaker is escalated through its own API (a 5xx storm fed to ``Breaker.decide``), the sidecar is
+stopped (which saves ``agent.state_path``) and a new Sidecar starts from the same file. Detector baselines
+are checked on two Loops directly (a Sidecar adds nothing there). Time is passed in by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from agent import config, persist
+from agent.loop import Loop
+from agent.sidecar import Sidecar, build_detectors
+from agent.store import Store
+from detectors.snapshot import Reading, Snapshot, SourceStatus
+from policies.breaker import Breaker, BreakerState
+
+
+class OneValue:
+    name = "engine"
+
+    async def collect(self, now: float) -> Reading:
+        return Reading("engine", now, SourceStatus.OK, {"engine.requests_running": 2.0})
+
+    async def close(self) -> None:
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cfg(tmp_path: Path, state_path: str | None = None) -> config.Config:
+    return config.build(
+        {
+            "agent": {
+                "listen_port": _free_port(),
+                "admin_listen_port": _free_port(),
+                "state_path": state_path or str(tmp_path / "brain.state"),
+            },
+            "audit": {"path": None},
+            "forecast": {"enabled": False},
+        }
+    )
+
+
+def _storm(now: float) -> Snapshot:
+    """A 5xx storm as the gate reports it: 50 % of 100 answers failed."""
+    values = {"gate.requests": 100.0, "gate.errors": 50.0, "gate.slo_bad": 0.0}
+    return Snapshot.from_readings(now, {"gate": Reading("gate", now, SourceStatus.OK, values)})
+
+
+def _breaker(sidecar: Sidecar) -> BreakerState:
+    state = sidecar.loop.policy_state("breaker")
+    assert isinstance(state, BreakerState)
+    return state
+
+
+async def test_the_breaker_level_survives_a_restart(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    now = time.time()
+    first = Sidecar(cfg, collectors=[OneValue()])
+    await first.start()
+    try:
+        escalated, _ = Breaker().decide(_storm(now), [], None, now)
+        assert escalated.level == 1
+        first.loop.set_policy_state("breaker", escalated)
+    finally:
+        await first.stop()  # saves the state file
+
+    second = Sidecar(cfg, collectors=[OneValue()])
+    await second.start()
+    try:
+        restored = _breaker(second)
+        assert (restored.level, restored.generation, restored.reason) == (1, 1, escalated.reason)
+        assert restored.buckets == escalated.buckets
+        await second.loop.tick(now + 1.0)  # healthy now, but within the dwell: the level holds
+        assert _breaker(second).level == 1
+    finally:
+        await second.stop()
+
+
+async def test_a_forced_breaker_level_stays_forced_after_a_restart(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    first = Sidecar(cfg, collectors=[OneValue()])
+    await first.start()
+    try:
+        first.loop.set_policy_state("breaker", Breaker().force(None, 3, time.time()))
+    finally:
+        await first.stop()
+    second = Sidecar(cfg, collectors=[OneValue()])
+    await second.start()
+    try:
+        await second.loop.tick(time.time())
+        assert (_breaker(second).level, _breaker(second).forced) == (3, 3)
+    finally:
+        await second.stop()
+
+
+def _loop() -> Loop:
+    return Loop([], Store(100, 64), interval_s=1.0, source_timeout_s=0.5, detectors=build_detectors())
+
+
+def _feed(loop: Loop, start: int, count: int) -> None:
+    for i in range(start, start + count):
+        values = {"engine.gpu_cache_usage_perc": 0.5 + 0.01 * (i % 7)}
+        reading = Reading("engine", float(i), SourceStatus.OK, values)
+        loop.think(Snapshot.from_readings(float(i), {"engine": reading}))
+
+
+def _general(loop: Loop) -> object:
+    return next(d for d in loop.detectors if d.name == "general")
+
+
+def test_detector_baselines_survive_a_restart(tmp_path: Path) -> None:
+    path = str(tmp_path / "brain.state")
+    before = _loop()
+    _feed(before, 0, 200)
+    persist.write_atomically(path, persist.capture(before, 200.0))
+    after = _loop()
+    assert persist.load_into(path, after) == ["1 detector baseline(s)"]
+    scorer = _general(after).scorers_["engine.gpu_cache_usage_perc"]  # type: ignore[attr-defined]
+    assert scorer.learned_ == 200  # past the 150-point warm-up: scores at once, no re-learning
+    original = _general(before).scorers_["engine.gpu_cache_usage_perc"]  # type: ignore[attr-defined]
+    assert scorer.score_one(201.0, 5.0) == original.score_one(201.0, 5.0) > 0.0
+
+
+def test_baselines_of_another_version_are_dropped_but_the_breaker_restores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "brain.state")
+    before = _loop()
+    before.policies = [Breaker()]
+    _feed(before, 0, 10)
+    before.set_policy_state("breaker", Breaker().force(None, 2, 10.0))
+    persist.write_atomically(path, persist.capture(before, 10.0))
+    monkeypatch.setattr(persist, "_servepilot_version", lambda: "9.9.9")
+    after = _loop()
+    after.policies = [Breaker()]
+    assert persist.load_into(path, after) == ["breaker L2 (gen 1)"]
+    assert _general(after).scorers_ == {}  # type: ignore[attr-defined]
+
+
+class _Exploit:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("touch pwned",))
+
+
+def test_a_state_file_naming_other_callables_is_refused_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "brain.state"
+    path.write_bytes(pickle.dumps({"version": 1, "policies": {}, "x": _Exploit()}))
+    monkeypatch.chdir(tmp_path)
+    assert persist.read(str(path), _loop()) is None
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_truncated_state_file_means_a_fresh_start(tmp_path: Path) -> None:
+    path = str(tmp_path / "brain.state")
+    loop = _loop()
+    _feed(loop, 0, 10)
+    data = persist.capture(loop, 10.0)
+    Path(path).write_bytes(data[: len(data) // 2])
+    assert persist.load_into(path, _loop()) == []
+
+
+def test_a_failed_save_leaves_the_previous_state_and_no_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "brain.state")
+    persist.write_atomically(path, b"previous")
+
+    def full_disk(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError):
+        persist.write_atomically(path, b"new")
+    assert Path(path).read_bytes() == b"previous"
+    assert [p.name for p in tmp_path.iterdir()] == ["brain.state"]
+
+
+async def test_a_periodic_save_alone_restores_the_level_after_a_kill(tmp_path: Path) -> None:
+    """SIGKILL leaves no save on stop: the last periodic save (``save_state``) must be enough."""
+    cfg = _cfg(tmp_path)
+    running = Sidecar(cfg, collectors=[OneValue()])
+    await running.start()
+    try:
+        running.loop.set_policy_state("breaker", Breaker().force(None, 2, time.time()))
+        await running.save_state()  # what the periodic task does every agent.state_save_interval_s
+        fresh = _loop()
+        fresh.policies = [Breaker()]
+        assert persist.load_into(str(cfg.agent.state_path), fresh)[0] == "breaker L2 (gen 1)"
+    finally:
+        await running.stop()
+
+
+async def test_an_unwritable_state_path_costs_the_save_not_the_agent(tmp_path: Path) -> None:
+    sidecar = Sidecar(_cfg(tmp_path, state_path="/"), collectors=[OneValue()])
+    await sidecar.start()
+    try:
+        await sidecar.save_state()  # a directory, not a file: os.replace fails, the agent goes on
+        assert (await sidecar.loop.tick(time.time())).stats.ticks >= 1
+    finally:
+        await sidecar.stop()

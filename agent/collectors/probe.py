@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
+from agent.collectors.exposition import parse_exposition
 from agent.config import ProbeConfig
 from agent.probe.stats import fragmentation
 from detectors.snapshot import Reading, SourceStatus
@@ -68,29 +68,32 @@ class ProbeScrape:
 
 
 def parse_scrape(text: str) -> ProbeScrape:
-    """Parse probe exposition text. Raises :class:`ProbeFormatError` on garbage or a non-probe endpoint."""
+    """Parse probe exposition text. Raises :class:`ProbeFormatError` on garbage or a non-probe endpoint.
+
+    Parsing goes through :func:`agent.collectors.exposition.parse_exposition` (prometheus_client's parser
+    with the series-key memo), like the engine's scrape: it runs every tick.
+    """
+    exposition = parse_exposition(text, 0.0)
+    series = [*(g for gs in exposition.gauges.values() for g in gs)]
+    series += [c for cs in exposition.counters.values() for c in cs]
     up: float | None = None
     cuda = 0.0
     devices: dict[int, dict[str, float]] = {}
     info: dict[str, str] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                name = sample.name.removeprefix(_PREFIX)
-                if name == "up":
-                    up = sample.value
-                elif name == "cuda_available":
-                    cuda = sample.value
-                elif name == "info":
-                    info = {k: v for k, v in sample.labels.items() if k in ("pid", "torch_version")}
-                elif name in METRICS and math.isfinite(sample.value):
-                    devices.setdefault(_device(sample.labels), {})[METRICS[name]] = float(sample.value)
-    except ProbeFormatError:
-        raise
-    except Exception as error:  # the parser raises ValueError, IndexError, ... on garbage
-        line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ProbeFormatError(f"not Prometheus text: {line[:120]}") from None
+    for sample in series:
+        name = sample.name.removeprefix(_PREFIX)
+        labels = dict(sample.labels)
+        if name == "up":
+            up = sample.value
+        elif name == "cuda_available":
+            cuda = sample.value
+        elif name == "info":
+            info = {k: v for k, v in labels.items() if k in ("pid", "torch_version")}
+        elif name in METRICS and math.isfinite(sample.value):
+            devices.setdefault(_device(labels), {})[METRICS[name]] = float(sample.value)
     if up is None:
+        if exposition.errors:
+            raise ProbeFormatError(f"not Prometheus text: {exposition.errors[0][:120]}")
         raise ProbeFormatError("no servepilot_probe_up sample: not a servepilot probe endpoint")
     return ProbeScrape(up == 1, cuda == 1, devices, info)
 

@@ -9,7 +9,7 @@ rates, its 100 ms-sampled aggregates (mean/max within the tick), its findings an
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -19,6 +19,8 @@ from prometheus_client.registry import Collector as PromCollector
 from agent.state import AgentState
 from detectors.snapshot import SourceStatus
 
+BREAKER = "breaker"
+"""Name of the circuit-breaker policy whose state carries ``level`` (policies/registry.py)."""
 QUANTILES = {"p50": "0.5", "p90": "0.9", "p95": "0.95", "p99": "0.99"}
 
 
@@ -143,10 +145,16 @@ def translate(signal: str) -> Translation | None:
 
 
 class StateCollector(PromCollector):
-    """Builds the families from the latest :class:`AgentState` at scrape time (nothing kept in between)."""
+    """Builds the families from the latest :class:`AgentState` at scrape time (nothing kept in between).
 
-    def __init__(self) -> None:
+    ``slo`` holds the configured latency targets (``{"ttft": s, "itl": s}``), exported as
+    ``servepilot_slo_<name>_seconds`` so panels and rules can draw and compare against them without
+    copying the config into PromQL.
+    """
+
+    def __init__(self, slo: Mapping[str, float] | None = None) -> None:
         self.state = AgentState()
+        self.slo = dict(slo or {})
         self._cache: dict[str, Translation | None] = {}
 
     def update(self, state: AgentState) -> None:
@@ -209,6 +217,16 @@ class StateCollector(PromCollector):
         yield from (f for f in ups.values() if f.samples)
         yield from families.values()
         yield from self._brain_families(state)
+        yield from self._config_families()
+
+    def _config_families(self) -> Iterator[Metric]:
+        for name, target_s in sorted(self.slo.items()):
+            slo = GaugeMetricFamily(
+                f"servepilot_slo_{name}_seconds",
+                f"Configured {name.upper()} target (P99 for TTFT, mean for ITL).",
+            )
+            slo.add_metric([], target_s)
+            yield slo
 
     @staticmethod
     def _brain_families(state: AgentState) -> Iterator[Metric]:
@@ -234,6 +252,15 @@ class StateCollector(PromCollector):
             if isinstance(value, int | float):
                 knobs.add_metric([knob], float(value))
         yield knobs
+        breaker = state.policy_states.get(BREAKER)
+        level = getattr(breaker, "level", None)
+        if isinstance(level, int | float):  # absent until the breaker policy has run once
+            family = GaugeMetricFamily(
+                "servepilot_breaker_level",
+                "Circuit breaker level: 0 normal, 1 smaller batch, 2 fp8 upstream, 3 small model.",
+            )
+            family.add_metric([], float(level))
+            yield family
         ticks = CounterMetricFamily("servepilot_ticks", "Ticks completed by the control loop.")
         ticks.add_metric([], state.stats.ticks)
         yield ticks
@@ -251,11 +278,12 @@ class StateCollector(PromCollector):
 
 
 class Exporter:
-    """Owns the agent's :class:`CollectorRegistry` (never the global one)."""
+    """Owns the agent's :class:`CollectorRegistry` (never the global one). ``slo``: see
+    :class:`StateCollector`."""
 
-    def __init__(self) -> None:
+    def __init__(self, slo: Mapping[str, float] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.state_collector = StateCollector()
+        self.state_collector = StateCollector(slo)
         self.registry.register(self.state_collector)
         self.tick_duration = Histogram(
             "servepilot_tick_duration_seconds",

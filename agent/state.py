@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from detectors.base import Finding
 from detectors.snapshot import Snapshot
@@ -34,6 +35,8 @@ class AgentState:
     proposals: tuple[Proposal, ...] = ()
     knobs: Mapping[str, float | str] = field(default_factory=lambda: MappingProxyType({}))
     stats: TickStats = TickStats()
+    policy_states: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """Each policy's state after this tick, by policy name (the breaker's level is exported from it)."""
 
     def to_json(self) -> dict[str, object]:
         snap = self.snapshot

@@ -2,8 +2,8 @@
 
 Panels prefer the agent's ``servepilot_`` series (engine-agnostic: the agent maps vLLM, SGLang and
 llama.cpp names to one table) and use the engine's own histograms where Prometheus must do the math
-over its own windows (SLO miss ratios, quantiles per model). Series not exported yet are listed as
-planned in :mod:`dashboards.series`; their panels stay empty until the feature lands.
+over its own windows (SLO miss ratios, quantiles per model). Some series exist only when a feature is on
+(the gate, forecasts, actions); :mod:`dashboards.series` says which component exports each.
 """
 
 from __future__ import annotations
@@ -92,7 +92,10 @@ def overview() -> dashboard.Dashboard:
             ts(
                 "Effective batch",
                 "short",
-                q('servepilot_knob_value{@POD, knob=~"max_in_flight|max_num_seqs"}', "{{pod}} {{knob}}"),
+                q(
+                    'servepilot_knob_value{@POD, knob=~"batch.max_in_flight|.*max_num_seqs"}',
+                    "{{pod}} {{knob}}",
+                ),
                 q("servepilot_gate_limit{@POD}", "{{pod}} gate limit", "B"),
                 q("servepilot_engine_requests_running{@POD}", "{{pod}} running", "C"),
                 desc="The in-flight limit servepilot sets against what the engine runs.",
@@ -161,7 +164,7 @@ def overview() -> dashboard.Dashboard:
                 q('servepilot_forecast_requests_per_second{@POD, quantile="0.5"}', "{{pod}} forecast", "B"),
                 q('servepilot_forecast_requests_per_second{@POD, quantile="0.1"}', "{{pod}} 10 %", "C"),
                 q('servepilot_forecast_requests_per_second{@POD, quantile="0.9"}', "{{pod}} 90 %", "D"),
-                q("servepilot_capacity_requests_per_second{@POD}", "{{pod}} capacity", "E"),
+                q("servepilot_forecast_capacity_requests_per_second{@POD}", "{{pod}} capacity", "E"),
                 w=24,
             )
         )

@@ -197,7 +197,7 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
         _alert(
             "ServepilotForecastAboveCapacity",
             f'max by ({BY}) (servepilot_forecast_requests_per_second{{quantile="0.9"}})\n'
-            f"> on ({BY}) max by ({BY}) (servepilot_capacity_requests_per_second)",
+            f"> on ({BY}) max by ({BY}) (servepilot_forecast_capacity_requests_per_second)",
             p.for_(600),
             "warning",
             "forecast demand of {{ $labels.pod }} exceeds its capacity",
@@ -206,8 +206,7 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
         ),
         _alert(
             "ServepilotActuationFailing",
-            f"sum by ({BY}, knob) "
-            f'(increase(servepilot_actions_total{{outcome="failed"}}[{p.w("30m")}])) >= 3',
+            f'sum by ({BY}, knob) (increase(servepilot_actions_total{{result="error"}}[{p.w("30m")}])) >= 3',
             p.for_(60),
             "warning",
             "servepilot cannot change {{ $labels.knob }} in {{ $labels.pod }}",

@@ -59,6 +59,16 @@ AGENT: list[Series] = _agent(
     "servepilot_tick_duration_seconds_bucket",
     "servepilot_webhook_deliveries_total",
     "servepilot_webhook_oldest_pending_age_seconds",
+    # forecasts (forecast.enabled; once a model is fitted: restored state or enough live minutes)
+    "servepilot_forecast_requests_per_second",
+    "servepilot_forecast_capacity_requests_per_second",
+    # decisions: breaker policy state, audited actions, the configured SLO targets
+    "servepilot_breaker_level",
+    "servepilot_actions_total",
+    "servepilot_slo_ttft_seconds",
+    # the admission gate's own series (gate.enabled)
+    "servepilot_gate_ttft_seconds_bucket",
+    "servepilot_gate_limit",
 )
 
 ENGINE: list[Series] = [
@@ -76,16 +86,8 @@ ENGINE: list[Series] = [
 
 PROMETHEUS: list[Series] = [Series("up", "prometheus", "scrape health, added by Prometheus to every target")]
 
-#: Series that components still being built will export. Shrinks as features land.
-PLANNED: list[Series] = [
-    Series("servepilot_forecast_requests_per_second", "planned", "detectors/forecast: {horizon,quantile}"),
-    Series("servepilot_capacity_requests_per_second", "planned", "policies batch sizing: sustainable rate"),
-    Series("servepilot_breaker_level", "planned", "policies/breaker: 0 closed .. 3 fallback"),
-    Series("servepilot_actions_total", "planned", "arbiter/actuators: {knob,outcome=ok|failed|advised}"),
-    Series("servepilot_gate_ttft_seconds_bucket", "planned", "agent/gate when gate.enabled: {bucket,le}"),
-    Series("servepilot_gate_limit", "planned", "agent/gate: in-flight limit (effective batch)"),
-    Series("servepilot_slo_ttft_seconds", "planned", "config-driven SLO target exported by the agent"),
-]
+#: Series that components still being built will export. Shrinks as features land (empty: all are real).
+PLANNED: list[Series] = []
 
 ALL: dict[str, Series] = {s.name: s for s in [*AGENT, *ENGINE, *PROMETHEUS, *PLANNED]}
 

@@ -2,7 +2,9 @@
 
 Produced by running the real control loop, collectors and exporter against loopback servers that
 replay real captures (vLLM 0.32 CPU scrapes, an allocator-probe scrape) and the in-process fake NVML
-backend, with the webhook dispatcher attached to the agent's registry as the sidecar wires it. The
+backend, with the webhook dispatcher, the admission gate and the audit log attached to the agent's
+registry, the breaker policy in the loop, the configured SLO targets and a live forecaster restored from
+a seeded state (see :mod:`tests.dashboards.forecast_seed`), as the sidecar wires them. The
 result is a sorted list of ``sample_name{label,...}`` lines, independent of values, so it only changes
 when the agent's exported surface changes. Regenerate with::
 
@@ -18,16 +20,29 @@ from aiohttp.test_utils import TestServer
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.audit import AuditLog
 from agent.collectors.engine_metrics import EngineMetricsCollector
 from agent.collectors.nvml import NvmlCollector
 from agent.collectors.nvml_fake import FakeNvmlBackend
 from agent.collectors.probe import ProbeCollector
-from agent.config import EngineConfig, NvmlConfig, ProbeConfig, WebhookConfig
+from agent.config import (
+    AuditConfig,
+    EngineConfig,
+    ForecastConfig,
+    GateConfig,
+    NvmlConfig,
+    ProbeConfig,
+    WebhookConfig,
+)
 from agent.exporter import Exporter
+from agent.forecasting import LiveForecaster
+from agent.gate.proxy import Gate
 from agent.loop import Loop
 from agent.store import Store
 from agent.webhooks.dispatcher import WebhookDispatcher
 from agent.webhooks.sinks import GenericSink
+from policies.breaker import Breaker
+from tests.dashboards.forecast_seed import write_forecast_state
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 GOLDEN = Path(__file__).resolve().parent / "golden" / "agent_metrics.txt"
@@ -78,13 +93,20 @@ async def agent_exposition(tmp_path: Path) -> str:
     await server.start_server()
     base = str(server.make_url("")).rstrip("/")
     nvml = NvmlCollector(NvmlConfig(backend="off"), backend=FakeNvmlBackend(gpu_count=2))
+    start = 1_700_000_000.0
+    state = write_forecast_state(tmp_path / "forecast.json", start, [1.0, 2.0, 3.0])
+    forecaster = LiveForecaster(ForecastConfig(enabled=True, state_path=str(state)))
+    assert forecaster.restore()
     collectors = [
         EngineMetricsCollector(EngineConfig(kind="vllm", url=base)),
         nvml,
         ProbeCollector(ProbeConfig(url=f"{base}/probe")),
+        forecaster,
     ]
-    exporter = Exporter()
-    loop = Loop(collectors, Store(100, 4096), interval_s=1.0, source_timeout_s=1.0)
+    exporter = Exporter(slo={"ttft": 2.0, "itl": 0.1})
+    Gate(GateConfig(enabled=True), exporter.registry)  # registers servepilot_gate_* (not started)
+    audit = AuditLog(AuditConfig(path=None), exporter.registry)
+    loop = Loop(collectors, Store(100, 4096), interval_s=1.0, source_timeout_s=1.0, policies=[Breaker()])
     loop.subscribe(exporter.publish)
     hooks = WebhookDispatcher(
         WebhookConfig(enabled=True, queue_path=str(tmp_path / "outbox.sqlite")),
@@ -94,7 +116,7 @@ async def agent_exposition(tmp_path: Path) -> str:
     loop.subscribe(hooks.observe)
     try:
         for tick in range(len(ENGINE_SCRAPES)):
-            now = 1_700_000_000.0 + tick
+            now = start + tick
             assert nvml.sampler is not None
             for k in range(10):
                 nvml.sampler.sample_once(tick + k * 0.1)
@@ -102,6 +124,7 @@ async def agent_exposition(tmp_path: Path) -> str:
         return generate_latest(exporter.registry).decode("utf-8")
     finally:
         await hooks.stop()
+        audit.close()
         for collector in collectors:
             await collector.close()
         await server.close()

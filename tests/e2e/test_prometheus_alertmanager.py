@@ -1,10 +1,17 @@
 """End to end with a real Prometheus and Alertmanager (Debian packages), all on loopback, free ports.
 
-The demo (simulated engine + sidecar + trace load) is scraped by Prometheus every second with
-servepilot's rules loaded in the FAST profile (same expressions, seconds instead of minutes). Checks:
+The demo is scraped by Prometheus every second with servepilot's rules loaded in the FAST profile (same
+expressions, seconds instead of minutes). The demo is the full product, not an observer: the trace load
+goes through the admission gate in front of the simulated engine; the auto policy set (batch + breaker)
+drives the gate's in-flight limit in ``act`` mode, audited, with a simulated GPU power-limit actuator
+bound (its value is a knob; no policy in the auto set moves it); a GPU price makes cost per token; the
+simulator runs with allocator fragmentation so the fragmentation detector raises a finding; and
+forecasts are on. A live forecaster needs closed minutes of history before it can
+fit (days for the seasonal models), so the test writes the state file the agent restores at start
+(:mod:`tests.dashboards.forecast_seed`: 4 hours of per-minute rates of the bundled trace, ``last_value``
+model) -- the path a restarted agent takes. Checks:
 
-1. every dashboard query returns data, except those naming a planned series or a condition that is
-   absent on a healthy demo (listed in ``QUIET`` with the reason);
+1. every dashboard query returns data (``QUIET`` lists exceptions with the reason; it is empty);
 2. a fault in the simulator (``/metrics`` slower than the agent's deadline) makes
    ``ServepilotEngineDown`` fire in Prometheus, reach Alertmanager and arrive at a webhook receiver;
 3. the agent's own signed webhook reaches a verifying receiver that was down when the alert fired
@@ -43,15 +50,14 @@ from agent.webhooks.signing import decode_secret
 from dashboards import generate, queries, rules, series
 from simulator.engine import make_core
 from simulator.server import SimServer
+from tests.dashboards.forecast_seed import minute_rates, write_forecast_state
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "whsec_c2VydmVwaWxvdC1lMmUtc2VjcmV0LWtleS0zMmJ5dGVzIQ=="
 RATE_WINDOW = "15s"
-#: Queries allowed to be empty on a healthy demo, beyond those naming planned series: (substring, why).
-QUIET = {
-    "servepilot_finding": "no finding on a healthy engine",
-    "servepilot_knob_value": "no knob is driven in observe mode",
-}
+#: Queries allowed to be empty, beyond those naming planned series: (substring, why). None today: the
+#: demo drives knobs, raises a finding and restores forecasts (see the module docstring).
+QUIET: dict[str, str] = {}
 
 
 def _binaries() -> tuple[str, str]:
@@ -159,14 +165,36 @@ def _alertmanager_config(tmp: Path, receiver_port: int) -> Path:
 
 
 def _agent_config(
-    tmp: Path, agent_port: int, engine_port: int, am_port: int, hook_port: int
+    tmp: Path, agent_port: int, engine_port: int, am_port: int, hook_port: int, gate_port: int
 ) -> config.Config:
     data = yaml.safe_load((ROOT / "examples" / "demo.yaml").read_text(encoding="utf-8"))
     engine = f"http://127.0.0.1:{engine_port}"
     data["agent"]["listen_port"] = agent_port
     data["engine"]["url"] = engine
     data["nvml"]["simulated_url"] = engine
+    # simulator, gate, load generator and agent share one event loop on a small CI runner: a simulated
+    # NVML read can wait behind the gate's relays for longer than the default 0.5 s
+    data["nvml"]["simulated_timeout_s"] = 3.0
     data["probe"]["url"] = f"{engine}/sim/probe/metrics"
+    data["gate"] = {
+        "enabled": True,
+        "listen_port": gate_port,
+        "upstreams": {"primary": engine},
+        "split": {"primary": 1.0},
+        "max_in_flight": 4,  # far below the offered load: the auto policy raises it (actions)
+        "default_requests_per_min": 1e6,
+    }
+    data["actuators"] = {
+        "mode": "act",
+        "gpu": "power_limit",
+        "gpu_backend": "simulated",
+        "gpu_state_file": str(tmp / "gpu.json"),
+    }
+    data["audit"] = {"path": str(tmp / "audit.jsonl")}
+    data["policies"] = {"set": "auto", "batch_min": 4, "initial_batch": 4, "batch_max": 64}
+    data["cost"] = {"price_per_gpu_hour_usd": 2.5, "window_s": 10}
+    state = write_forecast_state(tmp / "forecast.json", time.time(), minute_rates(bundled_trace(), speed=4.0))
+    data["forecast"] = {"enabled": True, "state_path": str(state)}
     (tmp / "secret").write_text(SECRET, encoding="utf-8")
     data["webhooks"] = {
         "enabled": True,
@@ -212,7 +240,9 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
     tmp_path: Path,
 ) -> None:
     prom_bin, am_bin = _binaries()
-    agent_port, engine_port, prom_port, am_port, am_hook_port, hook_port = (_free_port() for _ in range(6))
+    agent_port, engine_port, prom_port, am_port, am_hook_port, hook_port, gate_port = (
+        _free_port() for _ in range(7)
+    )
     started = time.monotonic()
 
     sim = SimServer(make_core("a100-80g", "llama-2-7b"), speed=1.0)
@@ -220,7 +250,7 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
     await sim_runner.setup()
     await web.TCPSite(sim_runner, "127.0.0.1", engine_port).start()
 
-    cfg = _agent_config(tmp_path, agent_port, engine_port, am_port, hook_port)
+    cfg = _agent_config(tmp_path, agent_port, engine_port, am_port, hook_port, gate_port)
     sidecar = Sidecar(cfg)
     hooks = getattr(sidecar, "webhooks", None)
     if hooks is None:  # until Sidecar wires agent.webhooks itself, wire it the documented way
@@ -229,8 +259,9 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
     await sidecar.start()
     hooks.start()
     stop_load = asyncio.Event()
-    gen = LoadGenerator(cfg.engine.url, bundled_trace(), model=sim.model_name, speed=4.0, max_in_flight=64)
-    load = asyncio.create_task(gen.run(stop_load))
+    gate_url = f"http://127.0.0.1:{gate_port}"
+    gen = LoadGenerator(gate_url, bundled_trace(), model=sim.model_name, speed=4.0, max_in_flight=64)
+    load: asyncio.Task[None] | None = None
 
     am_received: list[dict[str, Any]] = []
 
@@ -269,14 +300,26 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
                     return list(body["data"]["result"])
 
                 # -- 1. every dashboard query returns data ------------------------------------------
+                # The load starts once Prometheus has the knobs' starting values: the auto policy raises
+                # the gate's limit within seconds of the first queue, and Prometheus must see the change.
+                await _until(lambda: instant("servepilot_knob_value"), 30, "knob values in Prometheus")
+                load = asyncio.create_task(gen.run(stop_load))
                 await _until(
                     lambda: instant("rate(vllm:generation_tokens_total[15s]) > 0"), 60, "tokens in Prometheus"
                 )
+                # Fragmentation in the engine's allocator: the detector raises a finding.
+                async with http.post(
+                    f"http://127.0.0.1:{engine_port}/sim/faults", json={"fragmentation_ratio": 0.5}
+                ) as r:
+                    assert r.status == 200
                 await _until(
                     lambda: instant("namespace_pod:servepilot_energy_joules_per_token:ratio_rate5m"),
                     30,
                     "energy per token",
                 )
+                await _until(lambda: instant("servepilot_finding_score"), 30, "a finding")
+                await _until(lambda: instant("increase(servepilot_actions_total[2m]) > 0"), 30, "actions")
+                await _until(lambda: instant("changes(servepilot_knob_value[2m]) > 0"), 30, "a knob change")
                 with_data, quiet, empty = await _dashboard_results(instant)
                 assert empty == [], "dashboard queries without data:\n" + "\n".join(empty)
                 assert with_data > 2 * len(quiet), (with_data, quiet)
@@ -317,7 +360,16 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
 
                 # -- 3. the agent's own signed webhook survives a receiver outage -------------------
                 await _until(
-                    lambda: asyncio.sleep(0, hooks.outbox.pending("generic") > 0), 20, "queued agent webhook"
+                    lambda: asyncio.sleep(
+                        0,
+                        hooks.outbox.pending("generic") > 0
+                        and any(
+                            a.labels.get("alertname") == "ServepilotSourceDown"
+                            for a in hooks.tracker.active.values()
+                        ),
+                    ),
+                    20,
+                    "queued agent webhook for the engine outage",
                 )
                 await _until(
                     lambda: asyncio.sleep(
@@ -326,26 +378,33 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
                     20,
                     "failed attempts while the receiver is down",
                 )
+
+                def source_down(status: str) -> list[dict[str, Any]]:
+                    # the fragmentation finding sends its own messages; this check is about the outage
+                    return [
+                        m
+                        for m in hook_log.messages
+                        if m["status"] == status
+                        and any(a["labels"]["alertname"] == "ServepilotSourceDown" for a in m["alerts"])
+                    ]
+
                 async with _site(hook_app, hook_port):
                     firing = await _until(
-                        lambda: asyncio.sleep(0, [m for m in hook_log.messages if m["status"] == "firing"]),
-                        20,
-                        "agent webhook after the outage",
+                        lambda: asyncio.sleep(0, source_down("firing")), 20, "agent webhook after the outage"
                     )
-                    assert firing[0]["alerts"][0]["labels"]["alertname"] == "ServepilotSourceDown"
-                    assert firing[0]["alerts"][0]["labels"]["source"] == "engine"
+                    alert = next(
+                        a for a in firing[0]["alerts"] if a["labels"]["alertname"] == "ServepilotSourceDown"
+                    )
+                    assert alert["labels"]["source"] == "engine"
                     async with http.post(
                         f"http://127.0.0.1:{engine_port}/sim/faults", json={"metrics_delay_s": 0}
                     ) as r:
                         assert r.status == 200
-                    await _until(
-                        lambda: asyncio.sleep(0, [m for m in hook_log.messages if m["status"] == "resolved"]),
-                        30,
-                        "resolution webhook",
-                    )
+                    await _until(lambda: asyncio.sleep(0, source_down("resolved")), 30, "resolution webhook")
                 assert hook_log.rejected == []
-                statuses = [m["status"] for m in hook_log.messages]
-                assert statuses.index("firing") < statuses.index("resolved")
+                assert hook_log.messages.index(source_down("firing")[0]) < hook_log.messages.index(
+                    source_down("resolved")[0]
+                )
 
                 # the agent's alerts also reached Alertmanager through its v2 API
                 async with http.get(
@@ -360,7 +419,8 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
     finally:
         stop_load.set()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(load, timeout=3)
+            if load is not None:
+                await asyncio.wait_for(load, timeout=3)
         await hooks.stop()
         await sidecar.stop()
         await sim_runner.cleanup()

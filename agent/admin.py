@@ -121,10 +121,10 @@ def add_admin_routes(app: web.Application, actuation: Actuation, audit: AuditLog
         level = (await body(request)).get("level", "missing")
         if level is None:
             actuation.forced.pop("breaker.level", None)
-        elif isinstance(level, int) and not isinstance(level, bool) and 0 <= level <= 10:
+        elif isinstance(level, int) and not isinstance(level, bool) and 0 <= level <= 3:
             actuation.forced["breaker.level"] = level
         else:
-            return _error(400, f"level must be an integer in [0, 10] or null, got {level!r}")
+            return _error(400, f"level must be an integer in [0, 3] (L0-L3) or null, got {level!r}")
         return web.json_response(actuation.state())
 
     app.router.add_get("/api/actions", actions)

@@ -84,10 +84,9 @@ class Knobs:
         return self.gate.limit
 
     async def _gate_upstream(self) -> Any:
-        split = getattr(self.gate, "split", None)
-        if isinstance(split, dict) and len(split) == 1:
-            return next(iter(split))
-        return None
+        """The upstream that takes all traffic, or None while traffic is split."""
+        carrying = [name for name, weight in self.gate.pool.weights.items() if weight > 0]
+        return carrying[0] if len(carrying) == 1 else None
 
     async def _set_gate_upstream(self, value: Any) -> Any:
         self.gate.set_split({str(value): 1.0})

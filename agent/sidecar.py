@@ -175,6 +175,19 @@ class Sidecar:
             if not self._stop.is_set():
                 await self.save_state()
 
+    def _apply_forced_breaker(self, now: float) -> None:
+        """Carry an operator's forced breaker level (admin API) into the breaker policy's state."""
+        breaker: Any = next((p for p in self.loop.policies if p.name == "breaker"), None)
+        if breaker is None:
+            return
+        wanted = self.knobs.actuation.forced.get("breaker.level")
+        state = self.loop.policy_state("breaker")
+        current = getattr(state, "forced", None)
+        if wanted is not None and current != int(wanted):
+            self.loop.set_policy_state("breaker", breaker.force(state, int(wanted), now))
+        elif wanted is None and current is not None:
+            self.loop.set_policy_state("breaker", breaker.release(state, now))
+
     async def _leak_evidence(self, findings: tuple[Finding, ...], snapshot: Snapshot) -> tuple[Finding, ...]:
         """When the leak detector fires, ask the probe (in the background) to record allocator history."""
         if self.evidence.wanted(findings, snapshot.now) and self._evidence_task is None:
@@ -198,6 +211,8 @@ class Sidecar:
     async def _act(self, proposals: Sequence[Proposal], snapshot: Snapshot) -> Mapping[str, float | str]:
         """Proposals -> arbiter (priority, bounds, steps, cooldowns, hysteresis) -> actuation (mode, pause,
         pins and audit are the Actuation's); then renew the leases that keep settings alive."""
+        actuation = self.knobs.actuation
+        self._apply_forced_breaker(snapshot.now)
         actual = self.knobs.values()
         self._arbiter_state, decisions = self.arbiter.decide(
             proposals, actual, self._arbiter_state, snapshot.now
@@ -206,7 +221,11 @@ class Sidecar:
             why = decision.reason
             if decision.overruled:
                 why += f" (over {', '.join(decision.overruled)})"
-            await self.knobs.actuation.execute(Proposal(decision.policy, decision.knob, decision.value, why))
+            await actuation.execute(Proposal(decision.policy, decision.knob, decision.value, why))
+        decided = {d.knob for d in decisions}
+        for knob, value in list(actuation.pins.items()):  # a pin holds even while no policy proposes
+            if knob not in decided:
+                await actuation.execute(Proposal("operator", knob, value, "pinned by operator"))
         self.knobs.renew()
         return self.knobs.values()
 

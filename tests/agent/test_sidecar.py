@@ -152,3 +152,51 @@ async def test_a_leak_finding_asks_the_probe_for_a_memory_recording_and_links_it
     finally:
         await sidecar.stop()
         await runner.cleanup()
+
+
+def _act_cfg(tmp_path: Path) -> config.Config:
+    return config.build(
+        {
+            "agent": {"listen_port": _free_port(), "admin_listen_port": None},
+            "gate": {
+                "enabled": True,
+                "listen_port": _free_port(),
+                "upstreams": {"primary": "http://127.0.0.1:9", "fp8": "http://127.0.0.1:9"},
+                "split": {"primary": 1.0},
+                "max_in_flight": 4,
+            },
+            "actuators": {"mode": "act"},
+            "audit": {"path": str(tmp_path / "audit.jsonl")},
+            "probe": {"enabled": False},
+        }
+    )
+
+
+async def test_an_operator_pin_holds_even_when_no_policy_proposes_the_knob(tmp_path: Path) -> None:
+    sidecar = Sidecar(_act_cfg(tmp_path), collectors=[])
+    await sidecar.knobs.start()
+    try:
+        sidecar.knobs.actuation.pins["batch.max_in_flight"] = 7
+        await sidecar.loop.tick(1.0)
+        assert sidecar.knobs.gate.limit == 7
+        assert await sidecar.knobs._gate_upstream() == "primary"  # read back from the gate's real split
+    finally:
+        await sidecar.stop()
+
+
+async def test_a_breaker_level_forced_through_the_admin_api_reaches_the_breaker_policy(
+    tmp_path: Path,
+) -> None:
+    sidecar = Sidecar(_act_cfg(tmp_path), collectors=[OneValue()])
+    await sidecar.knobs.start()
+    try:
+        sidecar.knobs.actuation.forced["breaker.level"] = 2
+        await sidecar.loop.tick(1.0)
+        await sidecar.loop.tick(2.0)
+        state = sidecar.loop.policy_state("breaker")
+        assert (state.level, state.forced) == (2, 2)
+        del sidecar.knobs.actuation.forced["breaker.level"]
+        await sidecar.loop.tick(3.0)
+        assert sidecar.loop.policy_state("breaker").forced is None
+    finally:
+        await sidecar.stop()

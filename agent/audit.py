@@ -91,6 +91,11 @@ class AuditLog:
     def write_error(self) -> str | None:
         return self._open_error or (self._handler.error if self._handler else None)
 
+    def declare(self, knob: str) -> None:
+        """Export ``servepilot_actions_total{knob, result="ok"}`` at 0 before the first action, so the
+        first action is an increase Prometheus can see (a series born at 1 has no increase)."""
+        self._counter.labels(knob, "ok")
+
     def record(self, action: Action) -> None:
         self._recent.append(action)
         self._counter.labels(action.knob, action.result.split(":", 1)[0]).inc()

@@ -62,6 +62,7 @@ class Actuation:
 
     def bind(self, name: str, read: Reader, write: Writer) -> None:
         self._knobs[name] = KnobBinding(name, read, write)
+        self.audit.declare(name)
 
     @property
     def knobs(self) -> list[str]:

@@ -238,6 +238,10 @@ class Sidecar:
             await asyncio.get_running_loop().run_in_executor(
                 None, persist.load_into, self.cfg.agent.state_path, self.loop
             )
+            # an operator's forced level was saved with the breaker: the override survives the restart
+            forced = getattr(self.loop.policy_state("breaker"), "forced", None)
+            if forced is not None:
+                self.knobs.actuation.forced["breaker.level"] = forced
         await self.knobs.start()
         from agent.admin import add_admin_routes
 

@@ -259,6 +259,7 @@ class ControlConfig(_Section):
     adapter: Literal["auto", "generic", "sglang", "vllm"] = Field("auto", description="API flavour")
     lease_s: float = Field(30.0, ge=1, le=3600, description="the engine reverts to defaults after this")
     timeout_s: float = Field(2.0, gt=0, le=60, description="HTTP timeout of one control call")
+    token_file: str | None = Field(None, description="bearer token for the engine's control API (file)")
 
     @field_validator("url")
     @classmethod

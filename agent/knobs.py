@@ -63,6 +63,13 @@ class Knobs:
             self.gpu_knob = knobs.POWER_LIMIT if cfg.actuators.gpu == "power_limit" else knobs.SM_CLOCK
             self.actuation.bind(self.gpu_knob, self._gpu_value, self._set_gpu_value)
         self.token = self._admin_token()
+        if cfg.control.enabled and cfg.control.token_file:
+            from agent.admin import load_token
+
+            try:
+                load_token(cfg.control.token_file)  # a bad file is a config error at start, not later
+            except ValueError as error:
+                raise ConfigError("control.token_file", str(error)) from None
 
     def _admin_token(self) -> str | None:
         path = self.cfg.actuators.admin_token_file

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import os
 import time
@@ -53,10 +54,12 @@ class SimServer:
         sleep: Sleep = asyncio.sleep,
         seed: int = 0,
         pid: int | None = None,
+        control_token: str | None = None,
     ) -> None:
         if speed <= 0:
             raise ValueError(f"speed must be > 0, got {speed}")
         self.core = core
+        self.control_token = control_token  # when set, the control API wants "Authorization: Bearer <it>"
         self.model_name = core.model.served_name
         self.speed = speed
         self.clock = clock
@@ -295,13 +298,31 @@ class SimServer:
         return web.json_response(faults.to_json())
 
     # -- control API --------------------------------------------------------------------------------
+    def _unauthorized(self, request: web.Request) -> web.Response | None:
+        """401 unless the request carries the control token (constant-time comparison)."""
+        if self.control_token is None:
+            return None
+        header = request.headers.get("Authorization", "")
+        presented = header[7:].strip() if header[:7].lower() == "bearer " else ""
+        if hmac.compare_digest(presented.encode(), self.control_token.encode()):
+            return None
+        response = _error(401, "missing or wrong bearer token", "AuthenticationError")
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
     async def control_state(self, request: web.Request) -> web.Response:
+        if (denied := self._unauthorized(request)) is not None:
+            return denied
         return web.json_response(self.control.state(self.clock()))
 
     async def control_apply(self, request: web.Request) -> web.Response:
+        if (denied := self._unauthorized(request)) is not None:
+            return denied
         return await self._control(request, self.control.apply)
 
     async def control_lease(self, request: web.Request) -> web.Response:
+        if (denied := self._unauthorized(request)) is not None:
+            return denied
         return await self._control(request, self.control.renew, allow_empty=True)
 
     async def _control(

@@ -27,6 +27,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget per step")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share of GPU memory used")
     parser.add_argument("--seed", type=int, default=0, help="seed for fault draws and GPU UUIDs")
+    parser.add_argument(
+        "--control-token-file", help="require this bearer token (file contents) on the control API"
+    )
     parser.add_argument("--speed", type=float, default=1.0, help="time scale: 10 runs ten times faster")
     faults = parser.add_argument_group("faults (also settable at run time with POST /sim/faults)")
     faults.add_argument(
@@ -76,7 +79,15 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FaultError) as error:
         raise UsageError(str(error)) from None
     core.set_faults(faults, core.time)
-    server = SimServer(core, speed=args.speed, seed=args.seed)
+    token = None
+    if args.control_token_file:
+        from agent.admin import load_token
+
+        try:
+            token = load_token(args.control_token_file)
+        except ValueError as error:
+            raise UsageError(f"--control-token-file: {error}") from None
+    server = SimServer(core, speed=args.speed, seed=args.seed, control_token=token)
     print(
         f"servepilot sim: {core.model.served_name} ({args.precision}) on {core.gpu.name} x{core.gpu.tp}, "
         f"{core.budget.num_blocks} KV blocks, http://{args.host}:{args.port}",

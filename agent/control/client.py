@@ -86,7 +86,12 @@ class ControlClient:
     async def start(self) -> Capabilities:
         """Discover the engine's control API; ControlError when none is served."""
         if self.session is None:
-            self.session = aiohttp.ClientSession()
+            headers = {}
+            if self.cfg.token_file:
+                from agent.admin import load_token
+
+                headers["Authorization"] = f"Bearer {load_token(self.cfg.token_file)}"
+            self.session = aiohttp.ClientSession(headers=headers)
         names = list(ADAPTERS) if self.cfg.adapter == "auto" else [self.cfg.adapter]
         reasons = []
         for name in names:

@@ -200,3 +200,31 @@ def test_kill_9_of_the_sidecar_returns_the_engine_to_safe_defaults() -> None:
             holder.kill()
         sim.send_signal(signal.SIGTERM)
         sim.wait(timeout=10)
+
+
+async def test_a_token_protected_control_api_refuses_without_the_token_and_accepts_with_it(
+    tmp_path: Path,
+) -> None:
+    import aiohttp
+
+    token = "s3cret-control-token-0123"
+    server = SimServer(make_core("a100-80g", "llama-2-7b", "fp16", 256), control_token=token)
+    runner, url = await _serve(server.app())
+    try:
+        async with aiohttp.ClientSession() as http:
+            for method, path in (("GET", "state"), ("POST", "apply"), ("POST", "lease")):
+                async with http.request(method, f"{url}/v1/control/{path}", json={}) as response:
+                    assert response.status == 401, path
+                    assert response.headers["WWW-Authenticate"] == "Bearer"
+            wrong = {"Authorization": "Bearer not-the-token-at-all"}
+            async with http.get(f"{url}/v1/control/state", headers=wrong) as response:
+                assert response.status == 401
+        (tmp_path / "token").write_text(token + "\n")
+        client = await _client(url, token_file=str(tmp_path / "token"))
+        try:
+            result = await client.apply({"max_num_seqs": 64})
+            assert result.ok and result.read_back["max_num_seqs"] == 64
+        finally:
+            await client.close()
+    finally:
+        await runner.cleanup()

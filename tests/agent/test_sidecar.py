@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import ssl
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import pytest
 import trustme
 
 from agent import config
+from agent.engines.launcher import free_port as _free_port
 from agent.sidecar import Sidecar
 from detectors.snapshot import Reading, SourceStatus
 
@@ -24,12 +24,6 @@ class OneValue:
 
     async def close(self) -> None:
         pass
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cfg(tmp_path: Path, **agent: Any) -> config.Config:

@@ -9,23 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from agent import config
+from agent.engines.launcher import free_port as _free_port
 from agent.loadgen import LoadGenerator
 from agent.sidecar import Sidecar
 from simulator.engine import make_core
 from simulator.server import SimServer
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _run(tmp_path: Path, mode: str, ticks: int) -> tuple[Sidecar, list[dict[str, Any]], int]:

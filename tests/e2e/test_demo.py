@@ -17,13 +17,9 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.engines.launcher import free_port as _free_port
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _scrape(port: int) -> dict[str, float]:

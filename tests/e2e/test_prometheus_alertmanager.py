@@ -27,7 +27,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -42,6 +41,7 @@ from aiohttp.test_utils import TestServer
 
 from agent import config
 from agent.demo_runner import bundled_trace
+from agent.engines.launcher import free_port as _free_port
 from agent.loadgen import LoadGenerator
 from agent.sidecar import Sidecar
 from agent.webhooks.dispatcher import WebhookDispatcher
@@ -74,12 +74,6 @@ def _binaries() -> tuple[str, str]:
             pytest.fail(message)
         pytest.skip(message)
     return prom, am
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _until(check: Callable[[], Awaitable[Any]], timeout_s: float, what: str) -> Any:

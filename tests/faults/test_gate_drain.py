@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from agent.config import GateConfig
+from agent.engines.launcher import free_port as _free_port
 from agent.gate.proxy import Gate
 from tests.faults.conftest import serve
 
@@ -99,12 +99,6 @@ async def test_the_drain_is_bounded_by_drain_s(release: asyncio.Event) -> None:
         with pytest.raises(aiohttp.ClientPayloadError):
             await response.read()
         release.set()  # let the upstream handler end so its server stops at once
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 TOKENS = 150  # ~1.5 s per stream on the simulated A100: SIGTERM lands well inside it

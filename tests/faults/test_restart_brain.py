@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import time
 from pathlib import Path
 
 import pytest
 
 from agent import config, persist
+from agent.engines.launcher import free_port as _free_port
 from agent.loop import Loop
 from agent.sidecar import Sidecar, build_detectors
 from agent.store import Store
@@ -31,12 +31,6 @@ class OneValue:
 
     async def close(self) -> None:
         pass
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cfg(tmp_path: Path, state_path: str | None = None) -> config.Config:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from aiohttp import web
 from agent.config import ControlConfig
 from agent.control.base import Capabilities, ControlError, KnobSpec, Value
 from agent.control.client import ControlClient
+from agent.engines.launcher import free_port as _free_port
 from simulator.engine import make_core
 from simulator.server import SimServer
 
@@ -166,12 +166,6 @@ def _wait_for_settings(url: str, want: int, deadline_s: float) -> float:
             pass  # not listening yet
         time.sleep(0.05)
     raise AssertionError(f"max_num_seqs never became {want} within {deadline_s} s")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_kill_9_of_the_sidecar_returns_the_engine_to_safe_defaults() -> None:

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ from aiohttp.test_utils import TestServer
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from agent.config import WebhookConfig
+from agent.engines.launcher import free_port as _free_port
 from agent.state import AgentState
 from agent.webhooks.dispatcher import WebhookDispatcher, sinks_from_config
 from agent.webhooks.outbox import Outbox
@@ -35,12 +35,6 @@ class Clock:
 def _state(now: float, *findings: Finding) -> AgentState:
     reading = Reading("engine", now, SourceStatus.OK, {"engine.requests_running": 1.0})
     return AgentState(snapshot=Snapshot.from_readings(now, {"engine": reading}), findings=findings)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _dispatcher(

@@ -133,7 +133,12 @@ class Loop:
         if not derived:
             return snapshot
         reading = Reading("derived", snapshot.now, SourceStatus.OK, derived)
-        return Snapshot.from_readings(snapshot.now, {**snapshot.readings, "derived": reading})
+        # merge only the derived values into the already-merged snapshot (not every source again)
+        return Snapshot(
+            snapshot.now,
+            MappingProxyType({**snapshot.values, **reading.values}),
+            MappingProxyType({**snapshot.readings, "derived": reading}),
+        )
 
     async def tick(self, now: float) -> AgentState:
         """One full tick at time ``now``."""

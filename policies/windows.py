@@ -29,15 +29,21 @@ class WrapperState:
 
 
 @dataclass(frozen=True)
-class Windowed:
-    """Ask ``inner`` at most once per ``window_s``; repeat its last proposals in between."""
+class _Wrapper:
+    """A policy around another one: it keeps the inner policy's name (and so its arbiter priority)."""
 
     inner: Policy
-    window_s: float
 
     @property
     def name(self) -> str:
         return self.inner.name
+
+
+@dataclass(frozen=True)
+class Windowed(_Wrapper):
+    """Ask ``inner`` at most once per ``window_s``; repeat its last proposals in between."""
+
+    window_s: float
 
     def decide(
         self, snapshot: Snapshot, findings: Sequence[Finding], state: WrapperState | None, now: float
@@ -50,15 +56,10 @@ class Windowed:
 
 
 @dataclass(frozen=True)
-class Hysteresis:
+class Hysteresis(_Wrapper):
     """Drop numeric proposals within ``band`` (relative) of the last one let through for that knob."""
 
-    inner: Policy
     band: float
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
 
     def decide(
         self, snapshot: Snapshot, findings: Sequence[Finding], state: WrapperState | None, now: float

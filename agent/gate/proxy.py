@@ -100,6 +100,7 @@ class Gate:
         self._rng = rng or random.Random()
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
         self._session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None  # opened on the first stale-connection retry
         self._runner: web.AppRunner | None = None
         self._health_stop = asyncio.Event()
         self._health_task: asyncio.Task[None] | None = None
@@ -189,13 +190,15 @@ class Gate:
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 await asyncio.wait_for(self._health_task, timeout=2.0)
         await self.drain()
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
         if self.cache is not None:
             self.cache.close()
 
-    def _new_session(self) -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
+    def _new_session(self, *, fresh: bool = False) -> aiohttp.ClientSession:
+        """The upstream session; ``fresh``: one that never reuses a connection (the stale-socket retry)."""
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, force_close=fresh)
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=self.cfg.connect_timeout_s, sock_read=self.cfg.read_timeout_s
         )
@@ -401,18 +404,23 @@ class Gate:
         self, method: str, url: str, body: bytes, headers: Mapping[str, str]
     ) -> aiohttp.ClientResponse:
         """One upstream request. A kept-alive connection the upstream closed meanwhile (llama.cpp closes
-        after 100 requests) fails before any response byte: either the write fails or the read sees the
-        disconnect at once. That is retried once on a fresh connection instead of marking a healthy
-        upstream down (as Go's HTTP transport does for reused connections). A refused connection is not
-        retried. The cost of the rare case where an upstream died mid-request: one duplicate attempt."""
+        after 100 requests or 5 s idle) fails before any response byte: either the write fails or the read
+        sees the disconnect at once. That is retried once on a new connection instead of marking a healthy
+        upstream down (as Go's HTTP transport does for reused connections). The retry goes through a
+        session that never reuses connections: the pool may hold several sockets the upstream closed at
+        the same moment, and a retry that picked another of them would fail the same way. A refused
+        connection is not retried. The cost of the rare case where an upstream died mid-request: one
+        duplicate attempt."""
         assert self._session is not None
         try:
             return await self._session.request(method, url, data=body or None, headers=headers)
         except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as error:
             if isinstance(error, aiohttp.ClientConnectorError):  # refused / unreachable: not a stale socket
                 raise
-            log.info("upstream connection went stale (%s); retrying once on a fresh one", error)
-            return await self._session.request(method, url, data=body or None, headers=headers)
+            log.info("upstream connection went stale (%s); retrying once on a new one", error)
+            if self._fresh is None:
+                self._fresh = self._new_session(fresh=True)
+            return await self._fresh.request(method, url, data=body or None, headers=headers)
 
     async def _relay(
         self,
@@ -443,12 +451,12 @@ class Gate:
                 self._fill_cache(fill, up, False, record)
             return web.Response(status=up.status, body=payload, headers=_forward_headers(up.headers))
         resp = web.StreamResponse(status=up.status, headers=_forward_headers(up.headers))
-        await resp.prepare(request)
         last: float | None = None
         events = 0
         tail = b""
         itl = record.itl_s if record is not None else []
         try:
+            await resp.prepare(request)  # the client may have gone while the upstream was answering
             async for chunk in up.content.iter_any():
                 now = clock()
                 if last is None:
@@ -463,13 +471,15 @@ class Gate:
                     fill.feed(chunk)
                 await resp.write(chunk)
             await resp.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError):
+        except (ConnectionResetError, asyncio.CancelledError) as error:
             up.close()  # the client is gone: drop the upstream connection so the engine aborts
             if record is not None:
                 record.outcome, record.status = "disconnected", 499
                 record.e2e_s = clock() - record.arrived
                 self.stats.record(record, clock())
-            raise
+            if isinstance(error, asyncio.CancelledError):
+                raise
+            return resp  # nobody to answer: not a server error worth a traceback in the log
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as error:
             up.close()
             log.warning("upstream stream broke: %s", error)

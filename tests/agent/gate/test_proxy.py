@@ -304,6 +304,29 @@ async def test_a_stale_keepalive_write_is_retried_once_not_marked_down(
         await gate.stop()
 
 
+async def test_the_retry_takes_a_new_connection_when_every_pooled_one_went_stale(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """An upstream that closes idle connections closes them all at once: a retry through the same pool
+    would pick another dead socket. The retry must open a new connection."""
+    gate = await _gate({"primary": upstream.url})
+    assert gate._session is not None
+    pooled = 0
+
+    async def every_pooled_socket_is_dead(*args: Any, **kwargs: Any) -> aiohttp.ClientResponse:
+        nonlocal pooled
+        pooled += 1
+        raise aiohttp.ClientOSError(32, "Can not write request body")
+
+    gate._session.request = every_pooled_socket_is_dead  # type: ignore[method-assign]
+    try:
+        statuses = [(await _post(client, gate, _body())).status for _ in range(3)]
+        assert statuses == [200, 200, 200] and pooled == 3 and upstream.seen == 3
+        assert gate.snapshot_values()["gate.upstreams_healthy"] == 1
+    finally:
+        await gate.stop()
+
+
 async def test_a_refused_connection_is_not_retried_on_the_same_upstream(
     client: aiohttp.ClientSession,
 ) -> None:

@@ -11,8 +11,9 @@ differs is the target: not a learned no-load latency but the operator's SLO, wit
     thrash                       ->  L = min(L, running) * md             KV cache thrashes: back off
     g_itl < 1                    ->  L = L * max(md, g_itl)              ITL over target: shrink
     queue > 0 and L binds and
-      g_itl > 1 / ai_margin and kv_usage < kv_target
-                                 ->  L = L + max(1, sqrt(L))             room to grow: additive increase
+      g_itl > ai_margin and kv_usage < kv_target
+                                 ->  L = max(L + max(1, sqrt(L)),        room to grow: additive increase,
+                                             L * min(2, sqrt(g_itl / ai_margin)))   or faster far below target
     otherwise                    ->  hold
     L = min(upper, max(lower, L))
 
@@ -92,7 +93,9 @@ class AutoBatch:
             new = min(limit, max(running, 1.0)) * max(self.md, g_itl)
             why = f"ITL {itl:.3f}s above target {self.headroom * self.itl_slo_s:.3f}s"
         elif binds and g_itl > self.ai_margin and kv < self.kv_target:
-            new = limit + max(1.0, math.sqrt(limit))
+            # far below the ITL target (a cold start at a small limit) the gradient's square root
+            # outgrows the additive step: the operating point is reached in a few ticks, not dozens
+            new = max(limit + max(1.0, math.sqrt(limit)), limit * min(2.0, math.sqrt(g_itl / self.ai_margin)))
             why = f"{waiting:.0f} queued, ITL {itl or 0:.3f}s and KV {kv:.0%} leave room"
         else:
             return AutoState(limit), []

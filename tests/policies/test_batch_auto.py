@@ -17,8 +17,16 @@ def test_grows_additively_when_queue_waits_and_latency_has_room():
         engine__requests_running=64,
         engine__requests_waiting=10,
         engine__kv_cache_usage_ratio=0.5,
-        engine__itl_seconds__mean=0.03,
+        engine__itl_seconds__mean=0.07,
     ) == [72]
+
+
+def test_grows_by_the_gradients_square_root_far_below_the_itl_target():
+    """A cold start at limit 16 with ITL at a tenth of the SLO doubles instead of adding 4."""
+    q = {"engine__requests_waiting": 10, "engine__kv_cache_usage_ratio": 0.1}
+    assert _decide(gate__limit=16, engine__requests_running=16, engine__itl_seconds__mean=0.01, **q) == [32]
+    # nearer the target: the square root of the gradient, 64 * sqrt(0.08 / 0.04 / 1.1) = 86
+    assert _decide(gate__limit=64, engine__requests_running=64, engine__itl_seconds__mean=0.04, **q) == [86]
 
 
 def test_shrinks_when_itl_is_over_target():

@@ -8,10 +8,14 @@ sequences takes roughly :math:`\tau(B) = a + bB` seconds (:math:`a`: reading the
 
 :math:`a, b` are fitted by recursive least squares with forgetting on :math:`y = B / T` (observed seconds
 per step) against :math:`x = (1, B)`, with :math:`B` = ``engine.batch_size_mean`` (or
-``engine.requests_running``) and :math:`T` = ``engine.generation_tokens_per_second``. Each tick is scored
-first, :math:`d = (T - \hat T)/\hat T`, then learned, but only while :math:`|d|` is within the threshold:
-a degraded period must not teach the model that degraded is normal (guarded learning). During
-``warmup`` ticks everything is learned and nothing is reported.
+``engine.requests_running``) and :math:`T` = ``engine.generation_tokens_per_second``, both averaged over
+the last ``smooth`` busy ticks: a per-tick rate of a small engine swings by half between ticks, and
+:math:`B/T` of a noisy :math:`T` is biased upward (Jensen), which fitted a model far below the engine's
+real throughput. Each tick is scored first, :math:`d = (T - \hat T)/\hat T`, then learned unless
+:math:`d` is below the threshold: a degraded period must not teach the model that degraded is normal
+(guarded learning), while an engine faster than the model says is news the model must take (guarding
+both sides froze a poor warm-up fit for good). During ``warmup`` ticks everything is learned and nothing
+is reported.
 
 A finding is raised when :math:`d < -\text{threshold}` (15%) in ``k`` of the last ``n`` ticks. The
 diagnosis checks, in this order, and names the first that holds (all are kept as evidence):
@@ -28,6 +32,8 @@ diagnosis checks, in this order, and names the first that holds (all are kept as
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 from detectors.base import Finding, Severity
 from detectors.domain_util import KOfN, RecursiveLeastSquares
@@ -62,6 +68,7 @@ class SchedulerEfficiencyDetector:
         baseline_alpha: float = 0.01,
         k: int = 3,
         n: int = 5,
+        smooth: int = 4,
     ) -> None:
         self.threshold = threshold
         self.warmup = warmup
@@ -76,6 +83,7 @@ class SchedulerEfficiencyDetector:
         self.gate_ = KOfN(k, n)
         self.prompt_len_ = _Ewma(baseline_alpha)
         self.queue_p95_ = _Ewma(baseline_alpha)
+        self.recent_: deque[tuple[float, float]] = deque(maxlen=smooth)  # (throughput, batch), busy ticks
 
     def expected_throughput(self, batch: float) -> float | None:
         """:math:`\\hat T(B)` under the current model, or ``None`` before it is usable."""
@@ -89,7 +97,12 @@ class SchedulerEfficiencyDetector:
         if batch is None:
             batch = snapshot.get("engine.requests_running")
         if throughput is None or batch is None or batch < self.min_batch or throughput <= 0:
-            return []  # idle or unobservable: efficiency has no meaning
+            # idle or unobservable: efficiency has no meaning. Not a stall either: llama.cpp counts a
+            # request's tokens when it finishes, so a short tick of a healthy engine can show none
+            return []
+        self.recent_.append((throughput, batch))
+        throughput = sum(t for t, _ in self.recent_) / len(self.recent_)
+        batch = sum(b for _, b in self.recent_) / len(self.recent_)
         prompt_len = _prompt_length(snapshot)
         queue_p95 = snapshot.get("engine.queue_seconds.p95")
         expected = self.expected_throughput(batch)
@@ -99,7 +112,7 @@ class SchedulerEfficiencyDetector:
         findings: list[Finding] = []
         if active and expected is not None:
             findings.append(self._finding(snapshot, throughput, expected, batch, deviation, prompt_len))
-        if not warm or abs(deviation) <= self.threshold:
+        if not warm or deviation >= -self.threshold:
             self.model_.learn((1.0, batch), batch / throughput)
             self.prompt_len_.learn(prompt_len)
             self.queue_p95_.learn(queue_p95)

@@ -83,23 +83,47 @@ def test_degraded_period_is_not_learned() -> None:
     _run(_healthy(600), detector)
     before = detector.expected_throughput(32.0)
     _run(_degraded() * 10, detector)
-    assert detector.expected_throughput(32.0) == pytest.approx(before)
+    # only the first smoothed tick of the drop (one degraded tick of four, -9%) is learned: < 0.1%
+    assert detector.expected_throughput(32.0) == pytest.approx(before, rel=1e-3)
 
 
-def test_idle_or_missing_signals_are_silent() -> None:
+def test_a_faster_engine_than_the_model_says_is_learned() -> None:
+    """Guarding both sides would freeze a warm-up fit that came out too low for good."""
     detector = SchedulerEfficiencyDetector()
-    assert detector.update(_snap(0.0, {})) == []
-    assert (
-        detector.update(
-            _snap(1.0, {"engine.batch_size_mean": 0.0, "engine.generation_tokens_per_second": 0.0})
-        )
-        == []
-    )
-    assert detector.update(_snap(2.0, {"engine.generation_tokens_per_second": math.nan})) == []
-    assert detector.model_.n_ == 0
+    _run(_healthy(600), detector)
+    before = detector.expected_throughput(32.0)
+    faster = _healthy(600, seed=2)
+    for row in faster:
+        row["engine.generation_tokens_per_second"] *= 1.3
+    assert _run(faster, detector) == []
+    after = detector.expected_throughput(32.0)
+    assert before is not None and after is not None and after > 1.1 * before
 
 
-def test_deterministic() -> None:
-    rows = _healthy(600) + _degraded()
-    first = [f.to_json() for f in _run(rows, SchedulerEfficiencyDetector())]
-    assert first == [f.to_json() for f in _run(rows, SchedulerEfficiencyDetector())]
+def _small_noisy_engine(n: int, seed: int, scale: float = 1.0) -> list[dict[str, float]]:
+    """A CPU engine at a batch of ~2 whose per-tick token rate swings by +-25% (llama.cpp on 2 cores at
+    0.25 s ticks: 544-864 tok/s around 700)."""
+    rng = np.random.default_rng(seed)
+    return [
+        {
+            "engine.batch_size_mean": 2.0 + rng.normal(0, 0.1),
+            "engine.requests_running": 3.0,
+            "engine.generation_tokens_per_second": 700.0 * scale * rng.uniform(0.75, 1.25),
+        }
+        for _ in range(n)
+    ]
+
+
+def test_per_tick_rate_noise_does_not_bias_the_fit_low() -> None:
+    detector = SchedulerEfficiencyDetector(warmup=30)
+    assert _run(_small_noisy_engine(60, seed=3), detector) == []
+    expected = detector.expected_throughput(2.0)
+    assert expected is not None and expected == pytest.approx(700.0, rel=0.12)
+
+
+def test_throttling_of_a_small_noisy_engine_is_flagged_within_ticks() -> None:
+    detector = SchedulerEfficiencyDetector(warmup=30)
+    _run(_small_noisy_engine(60, seed=4), detector)
+    throttled = _small_noisy_engine(10, seed=5, scale=0.4)
+    flagged = [i for i, row in enumerate(throttled) if detector.update(_snap(100.0 + i, row))]
+    assert flagged and flagged[0] <= 6

@@ -130,8 +130,14 @@ async def _engine_itl(engine: RunningEngine) -> float:
 async def test_auto_policy_settles_within_15_percent_of_the_best_static_limit(engine: RunningEngine) -> None:
     itl = await _engine_itl(engine)
     tps = await capacity(engine.url, scaled_trace(1.0, 1.0, 1e9)[:64])
-    slo = Slo(ttft_s=2.0, itl_s=4.0 * itl)
-    trace = scaled_trace(tps, load=0.8, seconds=30.0)
+    # The engine's ITL is measured alone; during a replay the load generator, the gate and the collectors
+    # share its 2 cores, so a per-token allowance of 4x that left no setting inside the SLO in CI. 8x keeps
+    # the SLO reachable for the right limits and out of reach for the starved ones (1, 2).
+    slo = Slo(ttft_s=2.0, itl_s=8.0 * itl)
+    # Capacity is measured closed loop (always 8 busy); the trace's bursts queue at far less. At 0.8 of it
+    # a machine whose engine ran slower during the replay than during the measurement put every setting,
+    # auto included, past the SLO (seen in CI).
+    trace = scaled_trace(tps, load=0.5, seconds=30.0)
     window = (10.0, 30.0)  # the first 10 s are the auto policy's time to settle
     sweep = [await replay(engine.url, trace, slo, limit=n, window=window) for n in (1, 2, 4, 8, 16)]
     auto = AutoBatch(slo.ttft_s, slo.itl_s, lower=1, upper=16, initial=1)

@@ -31,7 +31,7 @@ from agent.config import EngineConfig, GateConfig
 from agent.gate.collector import GateCollector
 from agent.gate.proxy import Gate
 from agent.traces import read_requests
-from detectors.snapshot import Reading, Snapshot, SourceStatus
+from detectors.snapshot import Reading, Snapshot
 from policies import knobs
 from policies.base import Policy
 from tests.engines.client import completion, stream
@@ -141,15 +141,8 @@ def score(done: Sequence[_Done], slo: Slo, window: tuple[float, float], name: st
 
 
 def _policy_snapshot(readings: Sequence[Reading], now: float) -> Snapshot:
-    """The tick's snapshot, with the gate's queue counted as waiting work (see the module docstring)."""
-    by_source = {r.source: r for r in readings}
-    engine = by_source.get("engine")
-    gate = by_source["gate"]
-    if engine is not None and engine.status is SourceStatus.OK:
-        values = dict(engine.values)
-        values[knobs.WAITING] = values.get(knobs.WAITING, 0.0) + gate.values.get(knobs.GATE_QUEUE, 0.0)
-        by_source["engine"] = Reading("engine", now, SourceStatus.OK, values)
-    return Snapshot.from_readings(now, by_source)
+    """The tick's snapshot as the sidecar builds it (the policy adds the gate's queue to the engine's)."""
+    return Snapshot.from_readings(now, {r.source: r for r in readings})
 
 
 async def replay(

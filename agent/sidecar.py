@@ -304,6 +304,9 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     sidecar = Sidecar(cfg)
     try:
         await sidecar.start()
+        from agent.heap import settle_after_start_up
+
+        settle_after_start_up()  # full GC passes would otherwise stall ticks and the gate's streams
         await stop.wait()
     finally:
         await sidecar.stop()

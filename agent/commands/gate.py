@@ -84,6 +84,9 @@ async def _serve(cfg: object, host: str | None, port: int | None) -> None:
         loop.add_signal_handler(sig, stop.set)
     gate = Gate(cfg, CollectorRegistry())
     bound = await gate.start(host, port)
+    from agent.heap import settle_after_start_up
+
+    settle_after_start_up()
     print(f"servepilot gate: http://{host or cfg.listen_host}:{bound} -> {dict(cfg.upstreams)}", flush=True)
     try:
         await stop.wait()

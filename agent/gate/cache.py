@@ -10,8 +10,10 @@ Consistency: the key is a SHA-256 of the path and the canonical JSON body (sorte
 in prompt or parameters is a different key. Entries live ``cache_ttl_s`` (wall time, so the on-disk tier
 stays valid across restarts). Each entry carries the identity of the model that produced it (the
 response's ``model`` and ``system_fingerprint``, OpenAI's field for "the backend changed", plus the
-operator's :meth:`ResponseCache.set_model_version`); when a fresh upstream response shows a different
-identity, every older entry is stale and is dropped on lookup: a model change invalidates.
+declared :meth:`ResponseCache.set_model_version`, which the gate sets to the upstream taking most of
+the traffic); when a fresh upstream response shows a different identity, every older entry is stale and
+is dropped on lookup: a model change invalidates. Each declared version keeps its own entries, so the
+breaker routing everything to ``fp8`` and back does not throw away the primary's answers.
 
 Tiers: an in-memory LRU bounded in bytes, and optionally a ``diskcache`` directory (SQLite index, LRU
 eviction, its own size bound) behind it; a disk hit is promoted to memory. Admission: the
@@ -184,8 +186,14 @@ class ResponseCache:
         return entry.identity == self._current() and self.clock() - entry.stored_at < self.cfg.cache_ttl_s
 
     # --- lookups and fills -------------------------------------------------------------------------
+    def _slot(self, key: str) -> str:
+        """Where ``key`` lives under the declared model version: each version keeps its own entries, so
+        routing away and back finds the first version's answers still there (until their TTL)."""
+        return f"{key}@{self.model_version}" if self.model_version else key
+
     def get(self, key: str) -> Entry | None:
         """A valid entry for ``key`` (memory first, then disk, promoted), counting a hit or a miss."""
+        key = self._slot(key)
         entry = self._memory.get(key)
         if entry is None and self.disk is not None:
             raw = self.disk.get(key)
@@ -224,6 +232,7 @@ class ResponseCache:
         self.observe_identity(identity)
         if len(body) > self.cfg.cache_max_entry_bytes or not body:
             return False
+        key = self._slot(key)
         entry = Entry(body, content_type, streaming, self.clock(), self._current(), gpu_s)
         self._put_memory(key, entry)
         if self.disk is not None:

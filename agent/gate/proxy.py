@@ -96,6 +96,7 @@ class Gate:
         self.lines = LineLimits(cfg, now)
         self.resolver = LineResolver(cfg)
         self.pool = UpstreamPool(cfg.upstreams, cfg.split)
+        self._sync_cache_version()
         self.stats = GateStats(registry, LengthBuckets(cfg.length_edges), cfg.stats_window_s, start=now)
         self._rng = rng or random.Random()
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
@@ -220,8 +221,19 @@ class Gate:
         self._wake(self.isolation.admission.set_limit(int(limit), self.clock()))
 
     def set_split(self, split: Mapping[str, float]) -> None:
-        """Set the traffic split (absolute weights per upstream name); ValueError on a bad split."""
+        """Set the traffic split (absolute weights per upstream name); ValueError on a bad split.
+
+        The response cache serves what the upstream taking most of the traffic would answer: when that
+        changes (the breaker routes everything to ``fp8`` or ``small``), entries made by the other model
+        stop being served, and come back if the split returns before they expire. A canary's small share
+        does not change it."""
         self.pool.set_split(split)
+        self._sync_cache_version()
+
+    def _sync_cache_version(self) -> None:
+        if self.cache is not None:
+            weights = self.pool.weights
+            self.cache.set_model_version(max(weights, key=lambda name: (weights[name], name)))
 
     def snapshot_values(self) -> dict[str, float]:
         """The gate's signals for the Snapshot (see :meth:`GateStats.values`) plus the admission state."""

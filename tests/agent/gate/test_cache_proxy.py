@@ -126,3 +126,36 @@ async def test_cache_signals_and_metrics(
         await _ask(client, gate)
     values = gate.snapshot_values()
     assert values["gate.cache.hit_ratio"] == pytest.approx(0.5) and values["gate.cache.entries"] == 1
+
+
+async def test_routing_everything_to_another_upstream_stops_serving_the_others_entries(
+    upstream: ModelUpstream, client: aiohttp.ClientSession
+) -> None:
+    """The breaker sends all traffic to fp8: primary's cached answers are not fp8's; back on primary,
+    they are served again. A canary's 5% share changes nothing."""
+    fp8 = ModelUpstream()
+    await fp8.start()
+    cfg = GateConfig(
+        enabled=True,
+        upstreams={"primary": upstream.url, "fp8": fp8.url},
+        split={"primary": 1.0},
+        health_interval_s=600,
+        cache_enabled=True,
+    )
+    g = Gate(cfg, CollectorRegistry())
+    await g.start("127.0.0.1", 0)
+    try:
+        await _ask(client, g)
+        stored, _ = await _ask(client, g)
+        g.set_split({"primary": 0.95, "fp8": 0.05})
+        assert (await _ask(client, g))[1]  # canary share: still primary's cache
+        g.set_split({"fp8": 1.0})
+        _, hit_on_fp8 = await _ask(client, g)
+        g.set_split({"primary": 1.0})
+        again, hit_back = await _ask(client, g)
+        assert not hit_on_fp8 and fp8.seen == 1
+        assert hit_back and again == stored and upstream.seen == 2
+    finally:
+        await g.stop()
+        assert fp8.runner is not None
+        await fp8.runner.cleanup()

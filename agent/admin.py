@@ -16,19 +16,28 @@ Routes::
     POST /api/admin/pin                {"knob": "gate.limit", "value": 32}
     DELETE /api/admin/pin/{knob}
     POST /api/admin/breaker            {"level": 2}   or {"level": null} to release
+    GET  /api/admin/canary             precision canary: phase, step, fp8 share, reason, perplexities
+    POST /api/admin/canary             start (or restart) a rollout: perplexity gate, then the steps
+    DELETE /api/admin/canary           abort: roll back to 0 % fp8 now
+
+The canary routes answer 404 while ``canary.enabled`` is false.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from agent.audit import AuditLog
 from agent.modes import Actuation
+
+if TYPE_CHECKING:
+    from agent.canary_live import LiveCanary
 
 
 def load_token(path: str | Path) -> str:
@@ -46,8 +55,16 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-def add_admin_routes(app: web.Application, actuation: Actuation, audit: AuditLog, token: str | None) -> None:
-    """Add the override routes and ``GET /api/actions`` to ``app`` (before it starts)."""
+def add_admin_routes(
+    app: web.Application,
+    actuation: Actuation,
+    audit: AuditLog,
+    token: str | None,
+    canary: LiveCanary | None = None,
+    clock: Any = time.time,
+) -> None:
+    """Add the override routes and ``GET /api/actions`` to ``app`` (before it starts); the canary
+    routes act on ``canary`` (``clock`` gives the time a start or abort is recorded at)."""
     expected = token.encode() if token else None
 
     def authorized(request: web.Request) -> web.Response | None:
@@ -127,6 +144,17 @@ def add_admin_routes(app: web.Application, actuation: Actuation, audit: AuditLog
             return _error(400, f"level must be an integer in [0, 3] (L0-L3) or null, got {level!r}")
         return web.json_response(actuation.state())
 
+    async def canary_route(request: web.Request) -> web.Response:
+        if (denied := authorized(request)) is not None:
+            return denied
+        if canary is None:
+            return _error(404, "the precision canary is disabled: set canary.enabled")
+        if request.method == "POST":
+            return web.json_response(canary.start(clock()))
+        if request.method == "DELETE":
+            return web.json_response(canary.abort(clock()))
+        return web.json_response(canary.status())
+
     app.router.add_get("/api/actions", actions)
     app.router.add_get("/api/admin/state", state)
     app.router.add_post("/api/admin/pause", pause)
@@ -134,3 +162,6 @@ def add_admin_routes(app: web.Application, actuation: Actuation, audit: AuditLog
     app.router.add_post("/api/admin/pin", pin)
     app.router.add_delete("/api/admin/pin/{knob}", unpin)
     app.router.add_post("/api/admin/breaker", breaker)
+    app.router.add_get("/api/admin/canary", canary_route)
+    app.router.add_post("/api/admin/canary", canary_route)
+    app.router.add_delete("/api/admin/canary", canary_route)

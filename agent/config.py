@@ -379,6 +379,34 @@ class PolicyConfig(_Section):
         return self
 
 
+class CanaryConfig(_Section):
+    """The precision canary (issue 6): a perplexity gate, then a stepped fp8 rollout. Off by default;
+    needs the gate (its split carries the fp8 share), and it starts only through POST /api/admin/canary."""
+
+    enabled: bool = Field(False, description="run the precision canary policy and its perplexity gate")
+    validation_file: str | None = Field(
+        None, description="validation texts: one per line, or JSONL with a text field"
+    )
+    primary: str = Field("primary", description="gate upstream serving the reference precision")
+    candidate: str = Field("fp8", description="gate upstream serving the fp8 candidate")
+    model: str | None = Field(None, description="model name sent to both; null: the first of /v1/models")
+    max_ppl_delta: float = Field(0.005, gt=0, lt=1, description="fp8 passes when its PPL rises by less")
+    steps: tuple[float, ...] = Field((0.05, 0.25, 0.5, 1.0), description="fp8 traffic shares, in order")
+    step_s: float = Field(300.0, ge=0.01, le=86400, description="healthy time before the next step")
+    failure_limit: int = Field(2, ge=0, le=1000, description="failed checks tolerated before a rollback")
+    gate_timeout_s: float = Field(600.0, ge=1, le=86400, description="no perplexity by then: rollback")
+    timeout_s: float = Field(30.0, gt=0, le=600, description="HTTP timeout of one perplexity request")
+    concurrency: int = Field(4, ge=1, le=256, description="perplexity requests in flight per upstream")
+    retry_s: float = Field(30.0, ge=0.1, le=3600, description="a failed measurement is retried after")
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if not value or any(not 0 < s <= 1 for s in value) or list(value) != sorted(set(value)):
+            raise ValueError("must be strictly increasing shares in (0, 1]")
+        return value
+
+
 class CostConfig(_Section):
     """Cost and energy per token, from measured throughput and power."""
 
@@ -403,6 +431,25 @@ class Config(_Section):
     forecast: ForecastConfig = ForecastConfig()
     cost: CostConfig = CostConfig()
     policies: PolicyConfig = PolicyConfig()
+    canary: CanaryConfig = CanaryConfig()
+
+    @model_validator(mode="after")
+    def _canary_wiring(self) -> Config:
+        canary = self.canary
+        if not canary.enabled:
+            return self
+        if not self.gate.enabled:
+            raise ValueError("canary.enabled needs gate.enabled (the gate's split carries the fp8 share)")
+        if canary.validation_file is None:
+            raise ValueError("canary.validation_file is required when the canary is enabled")
+        known = ", ".join(self.gate.upstreams)
+        for field in ("primary", "candidate"):
+            name = getattr(canary, field)
+            if name not in self.gate.upstreams:
+                raise ValueError(f"canary.{field} {name!r} is not one of gate.upstreams ({known})")
+        if canary.primary == canary.candidate:
+            raise ValueError("canary.candidate must differ from canary.primary")
+        return self
 
 
 class ConfigError(ValueError):

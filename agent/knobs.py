@@ -5,6 +5,8 @@ control when ``control.enabled``, the GPU knob when ``actuators.gpu`` is not ``o
 
 * ``batch.max_in_flight`` — the effective batch (the gate's in-flight limit);
 * ``route.upstream`` — route all traffic to one named upstream (breaker levels L2/L3);
+* ``route.fp8_share`` — the precision canary's share of traffic on ``canary.candidate`` (the rest goes to
+  ``canary.primary``; other upstreams get none while the canary drives the split);
 * ``engine.<knob>`` — whatever the engine's control API offers (e.g. ``engine.max_num_seqs``);
 * ``gpu.power_limit_w`` or ``gpu.sm_clock_mhz`` — the GPU actuator's knob.
 
@@ -47,9 +49,12 @@ class Knobs:
             from agent.gate.proxy import Gate
 
             self.gate = Gate(cfg.gate, registry)
+            self.gate.stats.slo = (cfg.policies.ttft_slo_s, cfg.policies.itl_slo_s)
             self.collectors.append(GateCollector(self.gate))
             self.actuation.bind(knobs.BATCH, self._gate_limit, self._set_gate_limit)
             self.actuation.bind(knobs.UPSTREAM, self._gate_upstream, self._set_gate_upstream)
+            if cfg.canary.enabled:
+                self.actuation.bind(knobs.FP8_SHARE, self._fp8_share, self._set_fp8_share)
         if cfg.actuators.gpu != "off":
             from agent.actuators.gpu import GpuActuator
             from agent.actuators.gpu_backend import NvmlGpuBackend, SimulatedGpuBackend
@@ -99,6 +104,18 @@ class Knobs:
         self.gate.set_split({str(value): 1.0})
         return str(value)
 
+    def _fp8_share_now(self) -> float:
+        return round(float(self.gate.pool.weights.get(self.cfg.canary.candidate, 0.0)), 6)
+
+    async def _fp8_share(self) -> Any:
+        return self._fp8_share_now()
+
+    async def _set_fp8_share(self, value: Any) -> Any:
+        share = min(1.0, max(0.0, float(value)))
+        canary = self.cfg.canary
+        self.gate.set_split({canary.primary: 1.0 - share, canary.candidate: share})
+        return self._fp8_share_now()
+
     async def _gpu_value(self) -> Any:
         return self.gpu.current()
 
@@ -146,6 +163,8 @@ class Knobs:
         out: dict[str, float | str] = {}
         if self.gate is not None:
             out[knobs.BATCH] = float(self.gate.limit)
+            if self.cfg.canary.enabled:
+                out[knobs.FP8_SHARE] = self._fp8_share_now()
         if self.gpu is not None:
             current = self.gpu.current()
             if current is not None:

@@ -27,6 +27,7 @@ from detectors.snapshot import Snapshot
 from policies.base import Policy, Proposal
 
 if TYPE_CHECKING:
+    from agent.canary_live import LiveCanary
     from agent.forecasting import LiveForecaster
     from agent.webhooks import WebhookDispatcher
 
@@ -120,17 +121,27 @@ class Sidecar:
         self._refits = ThreadPoolExecutor(1, thread_name_prefix="servepilot-refit")
 
         self.cost = CostTracker(cfg.cost.price_per_gpu_hour_usd, window_s=cfg.cost.window_s)
+        # -- precision canary (agent/canary_live.py): its meter is a collector, its policy joins the set
+        self.canary: LiveCanary | None = None
+        if cfg.canary.enabled:
+            from agent.canary_live import LiveCanary
+
+            self.canary = LiveCanary(cfg)
+            self.collectors.extend(self.canary.collectors())
+        # -- end precision canary
         self.loop = Loop(
             self.collectors,
             self.store,
             interval_s=cfg.agent.interval_s,
             source_timeout_s=cfg.agent.source_timeout_s,
             detectors=build_detectors(self._refits),
-            policies=build_policies(cfg),
+            policies=build_policies(cfg) + ([self.canary.policy] if self.canary is not None else []),
             act=self._act,
             derive=[self.cost.update],
             enrich=self._leak_evidence if cfg.probe.enabled else None,
         )
+        if self.canary is not None:
+            self.canary.attach(self.loop)
         from agent.probe.leak_evidence import LeakEvidence
         from policies.registry import default_arbiter
 
@@ -247,11 +258,12 @@ class Sidecar:
 
         agent_cfg = self.cfg.agent
         app = build_app(self.loop, self.exporter)
+        admin_args = (self.knobs.actuation, self.knobs.audit, self.knobs.token, self.canary, self.loop.clock)
         if agent_cfg.admin_listen_port is None:  # config validation allows this only on loopback
-            add_admin_routes(app, self.knobs.actuation, self.knobs.audit, self.knobs.token)
+            add_admin_routes(app, *admin_args)
         else:
             admin = web.Application(client_max_size=64 * 1024)
-            add_admin_routes(admin, self.knobs.actuation, self.knobs.audit, self.knobs.token)
+            add_admin_routes(admin, *admin_args)
             self._admin_runner = web.AppRunner(admin, access_log=None, handle_signals=False)
             await self._admin_runner.setup()
             await web.TCPSite(

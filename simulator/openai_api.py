@@ -4,12 +4,19 @@ Pure functions: the server does the I/O. Prompt length is estimated the way clie
 characters per token (a list of token ids counts exactly); chat messages add four tokens each for the chat
 template's role markers. Output text is filler: the simulated model is about timing, not words, and it
 never stops early (``finish_reason`` is always ``length``) unless the request is cut short.
+
+Completions also honour ``echo`` and ``logprobs`` (non-streaming), the way vLLM answers a perplexity
+probe: the prompt is split into the same four-character tokens its length was estimated from, and each
+token's log-probability is a pure function of its text, its position and the precision
+(:func:`token_logprob`), so a validation set has one stable perplexity per precision. fp8 raises every
+token's surprisal by ``log(1 + fp8_ppl_delta)``, which raises the perplexity by exactly that share.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,10 +66,23 @@ class ParsedRequest:
     max_tokens: int
     stream: bool
     include_usage: bool
+    echo: bool = False
+    logprobs: int | None = None
+    prompt_pieces: tuple[str, ...] = ()
 
 
 def estimate_tokens(text: str) -> int:
     return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+
+
+def prompt_pieces(prompt: Any) -> tuple[str, ...]:
+    """The prompt as the simulator's tokens: four-character pieces of a string, or the ids as text."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        pieces = [prompt[i : i + CHARS_PER_TOKEN] for i in range(0, len(prompt), CHARS_PER_TOKEN)]
+        return tuple(pieces) or ("",)
+    return tuple(str(t) for t in prompt)
 
 
 def _prompt_tokens(prompt: Any) -> int:
@@ -120,11 +140,60 @@ def parse(kind: str, body: Any, served_model: str) -> ParsedRequest:
         raise ApiError(400, "stream must be a boolean")
     options = body.get("stream_options") or {}
     include_usage = bool(isinstance(options, Mapping) and options.get("include_usage"))
-    return ParsedRequest(kind, str(model), prompt_tokens, max_tokens, stream, include_usage)
+    if kind == "chat":  # chat logprobs are not simulated: the fields are ignored as before
+        return ParsedRequest(kind, str(model), prompt_tokens, max_tokens, stream, include_usage)
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        raise ApiError(400, "echo must be a boolean")
+    logprobs = body.get("logprobs")
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
+        raise ApiError(400, f"logprobs must be an integer >= 0 or null, got {logprobs!r}")
+    pieces = prompt_pieces(body["prompt"]) if echo or logprobs is not None else ()
+    return ParsedRequest(
+        kind, str(model), prompt_tokens, max_tokens, stream, include_usage, echo, logprobs, pieces
+    )
 
 
 def token_text(index: int) -> str:
     return WORDS[index % len(WORDS)]
+
+
+def token_logprob(text: str, position: int, precision: str = "fp16", fp8_ppl_delta: float = 0.0) -> float:
+    """The simulated model's log-probability of token ``text`` at ``position``: a hash of both mapped
+    to ``-(0.5 + 4.5 u)`` with ``u`` in [0, 1) (a perplexity near e^2.75 ~ 16), minus
+    ``log(1 + fp8_ppl_delta)`` in fp8. fp16 and bf16 score alike."""
+    digest = hashlib.blake2b(f"{position}\x00{text}".encode(), digest_size=8).digest()
+    u = int.from_bytes(digest, "big") / 2.0**64
+    logprob = -(0.5 + 4.5 * u)
+    if precision == "fp8":
+        logprob -= math.log1p(fp8_ppl_delta)
+    return logprob
+
+
+def logprobs_block(
+    prompt: Sequence[str], generated: Sequence[str], echo: bool, precision: str, fp8_ppl_delta: float
+) -> dict[str, Any]:
+    """The completions ``logprobs`` object (vLLM's shape): with ``echo`` the prompt tokens come first and
+    the first of them has no log-probability (nothing precedes it); generated tokens follow."""
+    tokens: list[str] = []
+    values: list[float | None] = []
+    offset = 0
+    offsets: list[int] = []
+    if echo:
+        for position, piece in enumerate(prompt):
+            tokens.append(piece)
+            values.append(None if position == 0 else token_logprob(piece, position, precision, fp8_ppl_delta))
+            offsets.append(offset)
+            offset += len(piece)
+    else:
+        offset = sum(len(piece) for piece in prompt)
+    for i, piece in enumerate(generated):
+        tokens.append(piece)
+        values.append(token_logprob(piece, len(prompt) + i, precision, fp8_ppl_delta))
+        offsets.append(offset)
+        offset += len(piece)
+    top = [None if v is None else {t: v} for t, v in zip(tokens, values, strict=True)]
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": top, "text_offset": offsets}
 
 
 def chunk(
@@ -171,8 +240,9 @@ def full_response(
     finish_reason: str,
     prompt_tokens: int,
     completion_tokens: int,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The non-streaming answer."""
+    """The non-streaming answer (``logprobs``: a completions :func:`logprobs_block`)."""
     if kind == "chat":
         choice: dict[str, Any] = {
             "index": 0,
@@ -182,7 +252,7 @@ def full_response(
         }
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         obj = "text_completion"
     return {
         "id": request_id,

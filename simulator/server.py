@@ -55,10 +55,14 @@ class SimServer:
         seed: int = 0,
         pid: int | None = None,
         control_token: str | None = None,
+        fp8_ppl_delta: float = 0.003,
     ) -> None:
         if speed <= 0:
             raise ValueError(f"speed must be > 0, got {speed}")
+        if not 0 <= fp8_ppl_delta < 1:
+            raise ValueError(f"fp8_ppl_delta must be in [0, 1), got {fp8_ppl_delta}")
         self.core = core
+        self.fp8_ppl_delta = fp8_ppl_delta  # relative perplexity rise of fp8 (echo + logprobs answers)
         self.control_token = control_token  # when set, the control API wants "Authorization: Bearer <it>"
         self.model_name = core.model.served_name
         self.speed = speed
@@ -257,15 +261,23 @@ class SimServer:
             if what == "tokens":
                 pieces.extend(openai_api.token_text(len(pieces) + i) for i in range(value))
                 continue
+            logprobs = None
+            if parsed.logprobs is not None:  # precision read per answer: a control-API switch shows
+                precision = self.core.settings.precision
+                logprobs = openai_api.logprobs_block(
+                    parsed.prompt_pieces, pieces, parsed.echo, precision, self.fp8_ppl_delta
+                )
+            prefix = "".join(parsed.prompt_pieces) if parsed.echo else ""
             body = openai_api.full_response(
                 parsed.kind,
                 rid,
                 self.model_name,
                 int(time.time()),
-                "".join(pieces),
+                prefix + "".join(pieces),
                 value,
                 parsed.prompt_tokens,
                 len(pieces),
+                logprobs,
             )
             return web.json_response(body)
 

@@ -31,6 +31,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--control-token-file", help="require this bearer token (file contents) on the control API"
     )
     parser.add_argument("--speed", type=float, default=1.0, help="time scale: 10 runs ten times faster")
+    parser.add_argument(
+        "--fp8-ppl-delta",
+        type=float,
+        default=0.003,
+        help="relative perplexity rise in fp8 seen through echo + logprobs (default 0.003 = 0.3%%)",
+    )
     faults = parser.add_argument_group("faults (also settable at run time with POST /sim/faults)")
     faults.add_argument(
         "--fault-metrics-delay-s", type=float, default=0.0, help="delay every /metrics answer"
@@ -57,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--port must be in [1, 65535], got {args.port}")
     if args.speed <= 0:
         raise UsageError(f"--speed must be > 0, got {args.speed}")
+    if not 0 <= args.fp8_ppl_delta < 1:
+        raise UsageError(f"--fp8-ppl-delta must be in [0, 1), got {args.fp8_ppl_delta}")
     try:
         core = make_core(
             args.gpu,
@@ -87,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
             token = load_token(args.control_token_file)
         except ValueError as error:
             raise UsageError(f"--control-token-file: {error}") from None
-    server = SimServer(core, speed=args.speed, seed=args.seed, control_token=token)
+    server = SimServer(
+        core, speed=args.speed, seed=args.seed, control_token=token, fp8_ppl_delta=args.fp8_ppl_delta
+    )
     print(
         f"servepilot sim: {core.model.served_name} ({args.precision}) on {core.gpu.name} x{core.gpu.tp}, "
         f"{core.budget.num_blocks} KV blocks, http://{args.host}:{args.port}",

@@ -155,3 +155,26 @@ async def test_auto_policy_settles_within_15_percent_of_the_best_static_limit(en
     print("\n" + table)
     assert best.goodput_tps > 0, table
     assert result.goodput_tps >= 0.85 * best.goodput_tps, table
+
+
+# --- the precision canary's perplexity gate on a real engine -------------------------------------------
+
+
+async def test_perplexity_through_echo_and_prompt_logprobs_is_finite_and_repeatable(
+    engine: RunningEngine,
+) -> None:
+    import math
+
+    from agent.perplexity import measure
+
+    texts = [
+        "The quick brown fox jumps over the lazy dog.",
+        "Perplexity is the exponential of the mean negative log-likelihood per token.",
+    ]
+    async with aiohttp.ClientSession() as session:
+        first = await measure(session, "primary", engine.url, texts, concurrency=1, timeout_s=120)
+        second = await measure(session, "primary", engine.url, texts, concurrency=1, timeout_s=120)
+    assert first.model == "tiny-random-llama"  # asked of /v1/models
+    assert first.tokens >= 20  # real tokenizer: every prompt token after the first is scored
+    assert math.isfinite(first.ppl) and first.ppl > 1.0
+    assert second.ppl == pytest.approx(first.ppl, rel=1e-4)  # temperature 0, same prompts: same scores

@@ -10,6 +10,7 @@ import time
 
 from agent.gate.proxy import Gate
 from detectors.snapshot import Reading, SourceStatus
+from policies import knobs
 
 
 class GateCollector:
@@ -19,11 +20,22 @@ class GateCollector:
 
     def __init__(self, gate: Gate) -> None:
         self.gate = gate
+        self._totals = self._read_totals()
+
+    def _read_totals(self) -> tuple[int, int, int]:
+        stats = self.gate.stats
+        return stats.answered, stats.errors, stats.slo_bad
 
     async def collect(self, now: float) -> Reading:
         started = time.perf_counter()
         try:
             values = self.gate.snapshot_values()
+            # this tick's answers, for the breaker's burn rate and the canary's checks
+            totals, last = self._read_totals(), self._totals
+            self._totals = totals
+            values[knobs.GATE_REQUESTS], values[knobs.GATE_ERRORS], values[knobs.GATE_SLO_BAD] = (
+                float(a - b) for a, b in zip(totals, last, strict=True)
+            )
         except Exception as error:  # a bug here must not fail the tick
             return Reading.failed(
                 self.name, now, f"{type(error).__name__}: {error}", time.perf_counter() - started

@@ -117,6 +117,26 @@ class GateStats:
             (b, kind): _Window(window_s) for b in buckets.names for kind in ("ttft", "itl", "e2e", "done")
         }
         self._rejected = _Window(window_s)
+        #: (TTFT, mean ITL) targets for :attr:`slo_bad`; None judges only failures
+        self.slo: tuple[float, float] | None = None
+        #: running totals the breaker and the canary read as per-tick deltas (``gate.requests`` etc.):
+        #: answered requests (refused, expired and abandoned ones are not answers), their 5xx, and the
+        #: answers that missed the SLO (5xx included, as replay counts them)
+        self.answered = 0
+        self.errors = 0
+        self.slo_bad = 0
+
+    def missed_slo(self, rec: RequestRecord) -> bool:
+        """A failed answer, or a successful one whose TTFT or mean inter-token time (TPOT: the time after
+        the first token over the tokens after it, DistServe's definition) is over the SLO."""
+        if rec.outcome == "upstream_error":
+            return True
+        if rec.outcome != "ok" or self.slo is None:
+            return False
+        ttft_slo, itl_slo = self.slo
+        if rec.ttft_s is None or rec.ttft_s > ttft_slo:
+            return True
+        return rec.output_tokens > 1 and (rec.e2e_s - rec.ttft_s) / (rec.output_tokens - 1) > itl_slo
 
     def record(self, rec: RequestRecord, now: float) -> None:
         """Account one finished (or refused) request."""
@@ -124,6 +144,10 @@ class GateStats:
         if rec.outcome in ("rejected", "expired"):
             self._rejected.add(now, 1.0)
             return
+        if rec.outcome != "disconnected":
+            self.answered += 1
+            self.errors += rec.outcome == "upstream_error"
+            self.slo_bad += self.missed_slo(rec)
         bucket = self.buckets.name(rec.prompt_tokens)
         self.queue_wait.labels(rec.priority).observe(rec.queue_wait_s)
         self.tokens.labels(rec.line, "prompt").inc(rec.prompt_tokens)

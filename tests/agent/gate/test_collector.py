@@ -1,0 +1,54 @@
+"""The gate's collector: its signals, and this tick's answers for the breaker and the canary."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from agent.config import GateConfig
+from agent.gate.collector import GateCollector
+from agent.gate.proxy import Gate
+from agent.gate.records import RequestRecord
+from policies import knobs
+
+
+def _record(outcome: str, ttft: float | None, e2e: float = 1.0, tokens: float = 11.0) -> RequestRecord:
+    return RequestRecord(
+        "default", "normal", "/v1/completions", 10, 0.0, ttft_s=ttft, e2e_s=e2e, output_tokens=tokens,
+        outcome=outcome,
+    )  # fmt: skip
+
+
+async def test_each_tick_counts_that_ticks_answers_errors_and_slo_misses() -> None:
+    gate = Gate(GateConfig(enabled=True, upstreams={"primary": "http://127.0.0.1:9"}), CollectorRegistry())
+    gate.stats.slo = (2.0, 0.1)
+    collector = GateCollector(gate)
+    first = await collector.collect(1.0)
+    assert [first.values[k] for k in (knobs.GATE_REQUESTS, knobs.GATE_ERRORS, knobs.GATE_SLO_BAD)] == [
+        0,
+        0,
+        0,
+    ]
+    for rec in (
+        _record("ok", 0.1),  # within: TTFT 0.1 s, (1.0 - 0.1) / 10 = 90 ms per token
+        _record("ok", 4.0, e2e=5.0),  # TTFT over 2 s
+        _record("ok", 0.1, e2e=3.1),  # 300 ms per token over 100 ms
+        _record("upstream_error", None),  # a 5xx misses the SLO too
+        _record("client_error", 0.1),  # answered, the client's fault: not a miss
+        _record("rejected", None),  # refused before the upstream: not an answer
+        _record("disconnected", 0.1),  # the client left: not an answer
+    ):
+        gate.stats.record(rec, 1.5)
+    reading = await collector.collect(2.0)
+    assert reading.values[knobs.GATE_REQUESTS] == 5
+    assert reading.values[knobs.GATE_ERRORS] == 1
+    assert reading.values[knobs.GATE_SLO_BAD] == 3
+    assert (await collector.collect(3.0)).values[knobs.GATE_REQUESTS] == 0  # deltas, not totals
+
+
+async def test_without_an_slo_only_failures_are_misses() -> None:
+    gate = Gate(GateConfig(enabled=True, upstreams={"primary": "http://127.0.0.1:9"}), CollectorRegistry())
+    collector = GateCollector(gate)
+    gate.stats.record(_record("ok", 40.0, e2e=90.0), 1.0)
+    gate.stats.record(_record("upstream_error", None), 1.0)
+    reading = await collector.collect(2.0)
+    assert (reading.values[knobs.GATE_REQUESTS], reading.values[knobs.GATE_SLO_BAD]) == (2, 1)

@@ -1,15 +1,19 @@
-"""Brain state that survives a restart: the circuit breaker's state and the general detector's baselines.
+"""Brain state that survives a restart: the circuit breaker's and the precision canary's state, the
+operator's overrides (pause, pins) and the general detector's baselines.
 
 Without it a restart forgets that the breaker had escalated (traffic goes back to the primary upstream at
-full batch while the cause may still be there) and every per-signal baseline re-learns from scratch (150
-points of warm-up with no anomaly scores). The file at ``agent.state_path`` is written on stop and every
-``agent.state_save_interval_s``, atomically (temp file in the same directory, fsync, ``os.replace``), so a
-crash leaves the previous state or the new one, never half a file.
+full batch while the cause may still be there), an operator's pause or pin silently lifts (a crash loop
+would hand the knobs back to the policies the operator had stopped), a canary mid-rollout drops to 0%, and
+every per-signal baseline re-learns from scratch (150 points of warm-up with no anomaly scores). The
+file at ``agent.state_path`` is written on stop and every ``agent.state_save_interval_s``, atomically
+(temp file in the same directory, fsync, ``os.replace``), so a crash leaves the previous state or the
+new one, never half a file.
 
 Contents (one pickle of a plain dict)::
 
     {"version": 1, "servepilot": "0.1.0", "saved_at": <unix s>,
-     "policies": {"breaker": {<BreakerState fields, JSON-like values>}},
+     "policies": {"breaker": {<BreakerState fields>}, "canary": {<CanaryState fields>}},
+     "overrides": {"paused": bool, "pins": {knob: value}},
      "general": {"scorer": "<module.Class>", "params": {...}, "scorers": {signal: scorer},
                  "thresholders": {signal: thresholder}}}
 
@@ -37,12 +41,15 @@ from typing import Any
 
 from agent.loop import Loop
 from policies.breaker import BreakerState
+from policies.canary import CanaryState
 
 log = logging.getLogger(__name__)
 
 VERSION = 1
 BREAKER = "breaker"
+CANARY = "canary"
 GENERAL = "general"
+OVERRIDES = "overrides"
 
 
 def _servepilot_version() -> str:
@@ -69,8 +76,9 @@ def _fresh_pair(detector: Any) -> tuple[Any, Any]:
     return detector.scorer_factory(), detector.thresholder_factory()
 
 
-def capture(loop: Loop, now: float) -> bytes:
-    """The state document as bytes. Runs on the event loop between ticks, so it sees a consistent state."""
+def capture(loop: Loop, now: float, actuation: Any = None) -> bytes:
+    """The state document as bytes. Runs on the event loop between ticks, so it sees a consistent state.
+    ``actuation`` (agent/modes.py), when given, contributes the operator's pause and pins."""
     document: dict[str, Any] = {
         "version": VERSION,
         "servepilot": _servepilot_version(),
@@ -80,6 +88,11 @@ def capture(loop: Loop, now: float) -> bytes:
     breaker = loop.policy_state(BREAKER)
     if isinstance(breaker, BreakerState):
         document["policies"][BREAKER] = dataclasses.asdict(breaker)
+    canary = loop.policy_state(CANARY)
+    if isinstance(canary, CanaryState):
+        document["policies"][CANARY] = dataclasses.asdict(canary)
+    if actuation is not None:
+        document[OVERRIDES] = {"paused": bool(actuation.paused), "pins": dict(actuation.pins)}
     detector = _general(loop)
     if detector is not None and getattr(detector, "scorers_", None):
         scorer, _ = _fresh_pair(detector)
@@ -149,9 +162,43 @@ def _breaker_state(fields: Mapping[str, Any]) -> BreakerState:
     return BreakerState(**values)
 
 
-def restore(document: Mapping[str, Any], loop: Loop) -> list[str]:
-    """Put the saved state into ``loop``; returns what was restored (for one log line)."""
+def _restore_canary(fields: Mapping[str, Any], loop: Loop) -> str | None:
+    if not any(p.name == CANARY for p in loop.policies):
+        return None  # the canary was disabled since: its rollout is over
+    known = {f.name for f in dataclasses.fields(CanaryState)}
+    try:
+        state = CanaryState(**{k: v for k, v in fields.items() if k in known})
+    except (TypeError, ValueError) as error:
+        log.warning("saved canary state ignored: %s", error)
+        return None
+    loop.set_policy_state(CANARY, state)
+    return f"canary {state.phase} (step {state.step})"
+
+
+def _restore_overrides(saved: Mapping[str, Any], actuation: Any) -> list[str]:
+    """The pause, and the pins of knobs this configuration still binds (others are logged and dropped)."""
     restored: list[str] = []
+    if saved.get("paused"):
+        actuation.paused = True
+        restored.append("actuation paused by the operator")
+    for knob, value in dict(saved.get("pins", {})).items():
+        if knob in actuation.knobs:
+            actuation.pins[knob] = value
+            restored.append(f"pin {knob}={value!r}")
+        else:
+            log.warning("saved pin on %s dropped: this configuration does not bind that knob", knob)
+    return restored
+
+
+def restore(document: Mapping[str, Any], loop: Loop, actuation: Any = None) -> list[str]:
+    """Put the saved state into ``loop`` (and the operator's overrides into ``actuation`` when given);
+    returns what was restored (for one log line)."""
+    restored: list[str] = []
+    canary = document.get("policies", {}).get(CANARY)
+    if canary is not None and (line := _restore_canary(canary, loop)) is not None:
+        restored.append(line)
+    if actuation is not None and isinstance(document.get(OVERRIDES), Mapping):
+        restored.extend(_restore_overrides(document[OVERRIDES], actuation))
     fields = document.get("policies", {}).get(BREAKER)
     if fields is not None and any(p.name == BREAKER for p in loop.policies):
         try:
@@ -183,12 +230,12 @@ def restore(document: Mapping[str, Any], loop: Loop) -> list[str]:
     return restored
 
 
-def load_into(path: str, loop: Loop) -> list[str]:
+def load_into(path: str, loop: Loop, actuation: Any = None) -> list[str]:
     """:func:`read` then :func:`restore`; an empty list when nothing was saved or usable."""
     document = read(path, loop)
     if document is None:
         return []
-    restored = restore(document, loop)
+    restored = restore(document, loop, actuation)
     if restored:
         log.info("restored brain state from %s: %s", path, ", ".join(restored))
     return restored

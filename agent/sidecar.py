@@ -173,7 +173,7 @@ class Sidecar:
             return
         from agent import persist
 
-        data = persist.capture(self.loop, self.loop.clock())
+        data = persist.capture(self.loop, self.loop.clock(), self.knobs.actuation)
         try:
             await asyncio.get_running_loop().run_in_executor(None, persist.write_atomically, path, data)
         except OSError as error:
@@ -247,7 +247,7 @@ class Sidecar:
             from agent import persist
 
             await asyncio.get_running_loop().run_in_executor(
-                None, persist.load_into, self.cfg.agent.state_path, self.loop
+                None, persist.load_into, self.cfg.agent.state_path, self.loop, self.knobs.actuation
             )
             # an operator's forced level was saved with the breaker: the override survives the restart
             forced = getattr(self.loop.policy_state("breaker"), "forced", None)

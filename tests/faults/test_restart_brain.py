@@ -207,3 +207,32 @@ async def test_an_unwritable_state_path_costs_the_save_not_the_agent(tmp_path: P
         assert (await sidecar.loop.tick(time.time())).stats.ticks >= 1
     finally:
         await sidecar.stop()
+
+
+async def test_an_operators_pause_and_pins_survive_a_restart(tmp_path: Path) -> None:
+    """A crash loop must not hand the knobs back to the policies the operator had stopped. A pin on a knob
+    the new configuration does not bind is dropped (logged), not restored into a void."""
+    cfg = _cfg(tmp_path)
+    data = cfg.model_dump()
+    data["gate"] = {
+        "enabled": True,
+        "listen_port": _free_port(),
+        "upstreams": {"primary": "http://127.0.0.1:9"},
+    }
+    cfg = config.build(data)
+    first = Sidecar(cfg, collectors=[OneValue()])
+    await first.start()
+    try:
+        first.knobs.actuation.paused = True
+        first.knobs.actuation.pins.update({"batch.max_in_flight": 24, "gpu.sm_clock_mhz": 1200.0})
+    finally:
+        await first.stop()
+    second = Sidecar(cfg, collectors=[OneValue()])
+    await second.start()
+    try:
+        actuation = second.knobs.actuation
+        assert actuation.paused is True
+        assert actuation.pins == {"batch.max_in_flight": 24}
+        assert actuation.state()["paused"] is True
+    finally:
+        await second.stop()

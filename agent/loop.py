@@ -84,7 +84,9 @@ class Loop:
     async def _collect_one(self, collector: Collector, now: float) -> Reading:
         started = time.perf_counter()
         try:
-            return await asyncio.wait_for(collector.collect(now), timeout=self.source_timeout_s)
+            # asyncio.timeout, not wait_for: the same deadline without a second task per collector
+            async with asyncio.timeout(self.source_timeout_s):
+                return await collector.collect(now)
         except TimeoutError:
             return Reading.failed(
                 collector.name,

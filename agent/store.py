@@ -45,6 +45,11 @@ class Store:
         self._names: list[str | None] = []  # row -> name, so eviction finds its victim in O(1)
         self._free: list[int] = []
         self._tick = 0
+        # The rows of the last snapshot's names, in its order: a tick normally carries the same names in
+        # the same order as the one before, so its rows are reused instead of looked up name by name.
+        self._layout: tuple[str, ...] = ()
+        self._layout_rows = np.zeros(0, np.int64)
+        self._kept = np.zeros(0, bool)
         self._times = np.zeros((0, points_per_series))
         self._values = np.zeros((0, points_per_series))
         self._pos = np.zeros(0, np.int64)
@@ -69,6 +74,7 @@ class Store:
         """The row of a new series: a free one, a grown one, or the least recently updated (evicted)."""
         if not self._free and self._times.shape[0] < self.max_series:
             self._allocate(min(self.max_series, 2 * self._times.shape[0]))
+        self._layout = ()  # a new name (and maybe an evicted one): the cached rows no longer hold
         if self._free:
             row = self._free.pop()
         else:
@@ -94,12 +100,30 @@ class Store:
             return
         self._tick += 1
         values = snapshot.values
-        rows = np.fromiter(map(self._rows.get, values, itertools.repeat(-1)), np.int64, len(values))
         vals = np.fromiter(values.values(), np.float64, len(values))
+        names = tuple(values)
+        if names == self._layout:
+            rows = self._layout_rows
+        else:
+            rows = self._rows_of(names)
+            if rows.size == len(names):  # nothing dropped: the next snapshot with these names reuses them
+                self._layout, self._layout_rows = names, rows
+            else:
+                vals = vals[self._kept]
+        self._last[rows] = self._tick
+        slots = self._pos[rows]
+        self._times[rows, slots] = now
+        self._values[rows, slots] = vals
+        self._pos[rows] = (slots + 1) % self.points_per_series
+        self._count[rows] = np.minimum(self._count[rows] + 1, self.points_per_series)
+
+    def _rows_of(self, names: tuple[str, ...]) -> np.ndarray:
+        """The row of every name, allocating rows for new ones; names that found no row are left out
+        (``self._kept`` then says which were kept)."""
+        rows = np.fromiter(map(self._rows.get, names, itertools.repeat(-1)), np.int64, len(names))
         new = np.flatnonzero(rows < 0)
         if new.size:  # rare: first sight of a name, possibly evicting another series
             self._last[rows[rows >= 0]] = self._tick  # rows in this snapshot are not eviction candidates
-            names = list(values)
             for i in new.tolist():
                 row = self._row_for(names[i])
                 if row is None:
@@ -107,14 +131,9 @@ class Store:
                 else:
                     rows[i] = row
                     self._last[row] = self._tick
-            kept = rows >= 0
-            rows, vals = rows[kept], vals[kept]
-        self._last[rows] = self._tick
-        slots = self._pos[rows]
-        self._times[rows, slots] = now
-        self._values[rows, slots] = vals
-        self._pos[rows] = (slots + 1) % self.points_per_series
-        self._count[rows] = np.minimum(self._count[rows] + 1, self.points_per_series)
+            self._kept = rows >= 0
+            rows = rows[self._kept]
+        return rows
 
     def _ordered(self, row: int) -> tuple[np.ndarray, np.ndarray]:
         count, pos = int(self._count[row]), int(self._pos[row])

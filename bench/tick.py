@@ -60,17 +60,23 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def _run(
-    duration_s: float, gpus: int, port: int
-) -> tuple[list[tuple[float, float, float, float]], float, float, int]:
+SOURCES = ("engine", "probe", "nvml")
+Tick = tuple[float, float, float, float, float, float, float]
+"""Per tick: wall, main-thread CPU, collect wall, think wall, then engine / probe / nvml collect duration."""
+
+
+async def _run(duration_s: float, gpus: int, port: int) -> tuple[list[Tick], float, float, int]:
     from agent import config
+    from agent.collectors.base import Collector
     from agent.collectors.engine_metrics import EngineMetricsCollector
     from agent.collectors.nvml import NvmlCollector
     from agent.collectors.nvml_fake import FakeNvmlBackend
     from agent.collectors.probe import ProbeCollector
     from agent.exporter import Exporter
+    from agent.heap import settle_after_start_up
     from agent.loop import Loop
     from agent.sidecar import build_detectors
+    from agent.state import AgentState
     from agent.store import Store
 
     cfg = config.build(
@@ -82,7 +88,7 @@ async def _run(
     )
     nvml = NvmlCollector(cfg.nvml, backend=FakeNvmlBackend(gpus))
     nvml.start()
-    collectors = [EngineMetricsCollector(cfg.engine), nvml, ProbeCollector(cfg.probe)]
+    collectors: list[Collector] = [EngineMetricsCollector(cfg.engine), nvml, ProbeCollector(cfg.probe)]
     loop = Loop(
         collectors,
         Store(cfg.agent.history_points, cfg.agent.max_series),
@@ -92,18 +98,19 @@ async def _run(
     )
     exporter = Exporter()
     loop.subscribe(exporter.publish)
-    durations: list[tuple[float, float, float, float]] = []
-    loop.subscribe(
-        lambda state: durations.append(
-            (
-                state.stats.last_duration_s,
-                state.stats.last_cpu_s,
-                state.stats.last_collect_s,
-                state.stats.last_think_s,
-            )
+    durations: list[Tick] = []
+
+    def record(state: AgentState) -> None:
+        readings = state.snapshot.readings if state.snapshot is not None else {}
+        engine_s, probe_s, nvml_s = (readings[s].duration_s if s in readings else 0.0 for s in SOURCES)
+        st = state.stats
+        durations.append(
+            (st.last_duration_s, st.last_cpu_s, st.last_collect_s, st.last_think_s, engine_s, probe_s, nvml_s)
         )
-    )
+
+    loop.subscribe(record)
     await loop.tick(time.time())  # warm-up: first scrape, imports, connection set-up
+    settle_after_start_up()  # as `servepilot run` does once the sidecar has started (agent/heap.py)
     durations.clear()
     stop = asyncio.Event()
     cpu0, wall0 = _cpu_seconds(), time.perf_counter()
@@ -141,7 +148,7 @@ def main() -> int:
         durations, cpu, wall, series = asyncio.run(_run(args.duration, args.gpus, port))
     finally:
         server.terminate()
-    ticks = np.array(durations) * 1000  # columns: wall, main-thread CPU, collect wall, think wall
+    ticks = np.array(durations) * 1000  # columns: see Tick
     print(
         f"servepilot tick benchmark: {args.gpus} GPUs (fake NVML backend) sampled every 100 ms, "
         f"full vLLM scrape ({VLLM_SCRAPE.stat().st_size} bytes) + probe, 1 s tick, {wall:.0f} s"
@@ -152,10 +159,14 @@ def main() -> int:
         ("tick CPU (main)", 1),
         ("  collect wall", 2),
         ("  think wall", 3),
+        ("    engine scrape", 4),
+        ("    probe scrape", 5),
+        ("    nvml drain", 6),
     ):
         p50, p99 = np.percentile(ticks[:, column], [50, 99])
         print(f"  {label:<20}  p50 {p50:6.2f} ms   p99 {p99:6.2f} ms")
-    print("  target: tick p99 < 5 ms")
+    print("  (engine and probe scrapes overlap: each includes waiting while the other is parsed)")
+    print("  target: tick p99 < 5 ms; main-thread CPU is the robust figure when the machine is shared")
     print(f"  agent CPU share       {100 * cpu / wall:.2f} % of one core (all threads; target < 2 %)")
     return 0
 

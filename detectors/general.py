@@ -51,6 +51,8 @@ class GeneralAnomalyDetector:
         self.hold_s = hold_s
         self._exclude = re.compile(exclude) if exclude else None
         self._watch_cache: dict[str, bool] = {}
+        self._keys: frozenset[str] = frozenset()
+        self._order: list[str] = []
         self.active_: dict[str, Finding] = {}
         self.scorers_: dict[str, StreamingScorer] = {}
         self.thresholders_: dict[str, Thresholder] = {}
@@ -68,6 +70,15 @@ class GeneralAnomalyDetector:
             self._watch_cache[name] = known
         return known
 
+    def _watched_in(self, snapshot: Snapshot) -> list[str]:
+        """The watched names of ``snapshot``, sorted; recomputed only when its set of names changes (a
+        tick normally carries the same names as the one before)."""
+        keys = snapshot.values.keys()
+        if keys != self._keys:
+            self._keys = frozenset(keys)
+            self._order = [name for name in sorted(keys) if self._watched(name)]
+        return self._order
+
     def update(self, snapshot: Snapshot) -> list[Finding]:
         """Score every watched signal in ``snapshot`` at ``snapshot.now``, then learn.
 
@@ -75,19 +86,19 @@ class GeneralAnomalyDetector:
         visible in ``/api/state`` and as ``servepilot_finding_active`` rather than for a single tick.
         """
         findings: list[Finding] = []
-        for name in sorted(snapshot.values):
-            if not self._watched(name):
-                continue
-            scorer = self.scorers_.get(name)
+        values, now = snapshot.values, snapshot.now
+        scorers, thresholders, last_scores = self.scorers_, self.thresholders_, self.last_scores_
+        for name in self._watched_in(snapshot):
+            scorer = scorers.get(name)
             if scorer is None:
-                if len(self.scorers_) >= self.max_signals:
+                if len(scorers) >= self.max_signals:
                     continue
-                scorer = self.scorers_[name] = self.scorer_factory()
-                self.thresholders_[name] = self.thresholder_factory()
-            value = snapshot.values[name]
-            score = scorer.update(snapshot.now, value)
-            self.last_scores_[name] = score
-            event = self.thresholders_[name].update(snapshot.now, score)
+                scorer = scorers[name] = self.scorer_factory()
+                thresholders[name] = self.thresholder_factory()
+            value = values[name]
+            score = scorer.update(now, value)
+            last_scores[name] = score
+            event = thresholders[name].update(now, score)
             if event.raised:
                 self.active_[name] = Finding(
                     detector=self.name,

@@ -73,10 +73,11 @@ class Snapshot:
 
     @classmethod
     def from_readings(cls, now: float, readings: Mapping[str, Reading]) -> Snapshot:
+        # A Reading's values are finite floats already (checked when it was built): merge, no re-check.
         merged: dict[str, float] = {}
         for reading in readings.values():
             merged.update(reading.values)
-        return cls(now, _frozen(merged), MappingProxyType(dict(readings)))
+        return cls(now, MappingProxyType(merged), MappingProxyType(dict(readings)))
 
     def get(self, name: str) -> float | None:
         """The value of ``name`` at this tick, or ``None`` when no source supplied it."""

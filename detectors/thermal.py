@@ -31,6 +31,8 @@ from detectors.base import Finding, Severity
 from detectors.domain_util import KOfN, RecursiveLeastSquares, gpu_indices
 from detectors.snapshot import Snapshot
 
+_EVIDENCE = ("sm_clock_hz.mean", "temperature_celsius.mean", "power_watts.mean", "utilization_ratio.mean")
+
 #: NVML clocks-event reason bits (nvml.h ``nvmlClocksEventReason*``): name -> (bit, severity or None).
 THROTTLE_REASONS: dict[str, tuple[int, Severity | None]] = {
     "gpu_idle": (0x1, None),
@@ -43,6 +45,10 @@ THROTTLE_REASONS: dict[str, tuple[int, Severity | None]] = {
     "hw_power_brake_slowdown": (0x80, Severity.CRITICAL),
     "display_clock_setting": (0x100, None),
 }
+#: The reasons that can become findings (the others are never looked at).
+_WATCHED = tuple(
+    (reason, bit, severity) for reason, (bit, severity) in THROTTLE_REASONS.items() if severity is not None
+)
 _HINTS = {
     "sw_power_cap": "The GPU runs at its power limit: expected at full load; if utilisation is low, "
     "check the configured power limit.",
@@ -60,6 +66,19 @@ class _Gpu:
         self.util: float | None = None
         self.power: float | None = None
         self.t = -math.inf
+
+
+class _Names:
+    """The signal names of one GPU, built once (f-strings per GPU per tick add up at 8 GPUs)."""
+
+    def __init__(self, i: int) -> None:
+        prefix = f"nvml.gpu{i}"
+        self.temperature = f"{prefix}.temperature_celsius.mean"
+        self.utilization = f"{prefix}.utilization_ratio.mean"
+        self.power = f"{prefix}.power_watts.mean"
+        self.mask = f"{prefix}.throttle_reasons"
+        self.flags = tuple(f"{prefix}.throttle.{reason}" for reason, _, _ in _WATCHED)
+        self.evidence = tuple((key, f"{prefix}.{key}") for key in _EVIDENCE)
 
 
 class ThermalDetector:
@@ -86,21 +105,36 @@ class ThermalDetector:
         self.n = n
         self.gpus_: dict[int, _Gpu] = {}
         self.throttle_: dict[tuple[int, str], KOfN] = {}
+        self._names: dict[int, _Names] = {}
+        self._keys: frozenset[str] = frozenset()
+        self._indices: list[int] = []
+
+    def _gpu_indices(self, snapshot: Snapshot) -> list[int]:
+        """:func:`gpu_indices`, recomputed only when the set of signal names changes (rarely: a tick
+        carries the same names as the one before)."""
+        keys = snapshot.values.keys()
+        if keys != self._keys:
+            self._keys = frozenset(keys)
+            self._indices = gpu_indices(snapshot)
+        return self._indices
 
     def update(self, snapshot: Snapshot) -> list[Finding]:
         """Per GPU: score temperature against the lagged-utilisation model, then learn; read throttling."""
         findings: list[Finding] = []
-        for i in gpu_indices(snapshot):
-            finding = self._temperature(i, snapshot)
+        for i in self._gpu_indices(snapshot):
+            names = self._names.get(i)
+            if names is None:
+                names = self._names[i] = _Names(i)
+            finding = self._temperature(i, names, snapshot)
             if finding is not None:
                 findings.append(finding)
-            findings.extend(self._throttle(i, snapshot))
+            findings.extend(self._throttle(i, names, snapshot))
         return findings
 
-    def _temperature(self, i: int, snapshot: Snapshot) -> Finding | None:
-        prefix = f"nvml.gpu{i}"
-        temp = snapshot.get(f"{prefix}.temperature_celsius.mean")
-        util = snapshot.get(f"{prefix}.utilization_ratio.mean")
+    def _temperature(self, i: int, names: _Names, snapshot: Snapshot) -> Finding | None:
+        values = snapshot.values
+        temp = values.get(names.temperature)
+        util = values.get(names.utilization)
         if temp is None or util is None:
             return None
         gpu = self.gpus_.get(i)
@@ -108,7 +142,7 @@ class ThermalDetector:
             gpu = self.gpus_[i] = _Gpu(self.forgetting, self.k, self.n)
         if snapshot.now <= gpu.t:
             return None  # repeated or backward time: the lag filter needs forward time
-        power = snapshot.get(f"{prefix}.power_watts.mean")
+        power = values.get(names.power)
         weight = 1.0 - math.exp(-(snapshot.now - gpu.t) / self.lag_s) if math.isfinite(gpu.t) else 1.0
         gpu.util = util if gpu.util is None else gpu.util + weight * (util - gpu.util)
         if power is not None:
@@ -127,7 +161,7 @@ class ThermalDetector:
             return None
         return Finding(
             detector=self.name,
-            signal=f"{prefix}.temperature_celsius.mean",
+            signal=names.temperature,
             severity=Severity.CRITICAL if excess > 2 * self.min_excess_c else Severity.WARNING,
             score=excess / (2 * self.min_excess_c),
             summary=(
@@ -146,34 +180,29 @@ class ThermalDetector:
             hint="Hotter than the load explains: check fans, airflow, inlet temperature and neighbours.",
         )
 
-    def _throttle(self, i: int, snapshot: Snapshot) -> list[Finding]:
-        prefix = f"nvml.gpu{i}"
-        mask = snapshot.get(f"{prefix}.throttle_reasons")
+    def _throttle(self, i: int, names: _Names, snapshot: Snapshot) -> list[Finding]:
+        values = snapshot.values
+        mask = values.get(names.mask)
         findings: list[Finding] = []
-        for reason, (bit, severity) in THROTTLE_REASONS.items():
-            if severity is None:
-                continue
-            flag = snapshot.get(f"{prefix}.throttle.{reason}")
+        for (reason, bit, severity), flag_name in zip(_WATCHED, names.flags, strict=True):
+            flag = values.get(flag_name)
             if flag is None and mask is None:
                 continue
             active = (flag is not None and flag >= 0.5) or (mask is not None and int(mask) & bit != 0)
-            gate = self.throttle_.setdefault((i, reason), KOfN(self.k, self.n))
+            gate = self.throttle_.get((i, reason))
+            if gate is None:
+                gate = self.throttle_[(i, reason)] = KOfN(self.k, self.n)
             if not gate.push(active, snapshot.now):
                 continue
             evidence: dict[str, float | str] = {"reason": reason, "bit": float(bit)}
-            for key in (
-                "sm_clock_hz.mean",
-                "temperature_celsius.mean",
-                "power_watts.mean",
-                "utilization_ratio.mean",
-            ):
-                value = snapshot.get(f"{prefix}.{key}")
+            for key, name in names.evidence:
+                value = values.get(name)
                 if value is not None:
                     evidence[key] = value
             findings.append(
                 Finding(
                     detector=self.name,
-                    signal=f"{prefix}.throttle.{reason}",
+                    signal=flag_name,
                     severity=severity,
                     score={Severity.INFO: 0.3, Severity.WARNING: 0.6, Severity.CRITICAL: 0.9}[severity],
                     summary=f"GPU{i} clocks throttled: {reason.replace('_', ' ')}",

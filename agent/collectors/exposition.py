@@ -113,16 +113,40 @@ def _sample_name(line: str) -> str:
     return line if end < 0 else line[:end]
 
 
+_DECIDED: dict[frozenset[str], dict[str, bool]] = {}
+
+
+def _decisions(wanted: Collection[str]) -> dict[str, bool]:
+    """Sample name -> keep?, remembered across scrapes for one ``wanted`` set (bounded)."""
+    key = wanted if isinstance(wanted, frozenset) else frozenset(wanted)
+    decided = _DECIDED.get(key)
+    if decided is None or len(decided) > 10_000:  # name churn must not grow it for ever
+        if len(_DECIDED) > 16:
+            _DECIDED.clear()
+        decided = _DECIDED[key] = {}
+    return decided
+
+
 def _select(text: str, wanted: Collection[str] | None) -> tuple[list[tuple[int, str]], dict[str, str]]:
-    """Numbered lines worth parsing, and the ``# TYPE`` declarations seen (for untyped samples)."""
+    """Numbered lines worth parsing, and the ``# TYPE`` declarations seen (for untyped samples).
+
+    Samples come in runs of one name (a histogram's buckets, a counter's label sets), so after a
+    ``name{...}`` line the lines that start with the same ``name{`` take the same decision on that prefix
+    alone: their sample name is necessarily ``name`` again.
+    """
     kept: list[tuple[int, str]] = []
     declared: dict[str, str] = {}
-    decided: dict[str, bool] = {}  # sample name -> keep? (a histogram repeats its name on every bucket)
+    decided = {} if wanted is None else _decisions(wanted)
+    run, run_kept = "\0", False  # "name{" of the last sample line and its decision; no line starts with NUL
     for number, raw in enumerate(text.splitlines(), start=1):
+        if raw.startswith(run):
+            if run_kept:
+                kept.append((number, raw.strip()))
+            continue
         line = raw.strip()
         if not line or line == "...":
             continue
-        if line.startswith("#"):
+        if line[0] == "#":
             parts = line.split(None, 3)
             if len(parts) < 3 or parts[1] not in ("HELP", "TYPE"):
                 continue
@@ -139,6 +163,8 @@ def _select(text: str, wanted: Collection[str] | None) -> tuple[list[tuple[int, 
                 keep = decided[name] = _base_name(name, wanted) in wanted
             if keep:
                 kept.append((number, line))
+            if line.startswith(name + "{"):
+                run, run_kept = name + "{", keep
     return kept, declared
 
 
@@ -163,29 +189,96 @@ def _describe(number: int, line: str) -> str:
     return f"line {number}: cannot parse {shown!r}"
 
 
+@dataclass(frozen=True, slots=True)
+class _Series:
+    """What the library made of one ``name{labels}`` key, prepared once for :class:`_Builder`."""
+
+    name: str
+    labels: Labels
+    """All labels, sorted (the key of a counter or gauge series)."""
+    series: Labels
+    """Labels without ``le``, sorted (the key of a histogram series)."""
+    le: str | None
+    bound: float | None
+    """``le`` as a number; ``None`` when absent or not a number."""
+    part: str
+    """``bucket``, ``count``, ``sum`` or ``""``: which histogram part the sample is."""
+    sentinel: bool
+    """The sample name is a DCGM one, whose blank codes are dropped."""
+
+
+def _series_of(name: str, labels: Mapping[str, str]) -> _Series:
+    rest = dict(labels)
+    le = rest.pop("le", None)
+    bound: float | None = None
+    if le is not None:
+        try:
+            bound = float(le)
+        except ValueError:
+            bound = None
+    if name.endswith("_bucket") and le is not None:
+        part = "bucket"
+    elif name.endswith("_count"):
+        part = "count"
+    elif name.endswith("_sum"):
+        part = "sum"
+    else:
+        part = ""
+    return _Series(
+        name,
+        tuple(sorted(labels.items())),
+        tuple(sorted(rest.items())),
+        le,
+        bound,
+        part,
+        name.startswith(SENTINEL_PREFIXES),
+    )
+
+
+def _value(rest: str) -> float:
+    """The value after a series key, as the library's parser reads it (a timestamp is checked, then dropped).
+
+    The common case, a bare number, is ``float()`` of it: what the library's ``_parse_value`` returns up to
+    ``int``/``float`` (the builder converts to float anyway). Anything else goes to the library's own
+    function, and whatever raises sends the scrape down the plain path.
+    """
+    text = rest.strip()
+    if " " in text or "\t" in text or "_" in text:
+        return _parse_value_and_timestamp(rest)[0]
+    return float(text)
+
+
+Family = tuple[str, str, list[tuple[_Series, float]]]
+"""A family read through the memo: its name, its type and its samples with their values."""
+
+
 class _Memo:
     """What the library parsed for each family header and each series key, reused on later scrapes.
 
     Scrape after scrape the same series come back with new values, and most of the library's cost is in
     parsing the ``name{labels}`` part (~15 µs a line, char by char). The memo keeps the library's result
-    for each (header, ``name{labels}``) pair, so a later scrape only parses values (with the library's own
-    value parser). Any line the memo cannot take as is sends the whole scrape down the plain path.
+    for each (header, ``name{labels}``) pair, already in the shape the builder needs (sorted label tuples,
+    histogram part and bound), so a later scrape only reads values. Any line the memo cannot take as is
+    sends the whole scrape down the plain path.
     Bounded: it is cleared when it grows past ``limit`` entries (label churn cannot grow it for ever).
     """
 
     def __init__(self, limit: int = 50_000) -> None:
         self.limit = limit
-        self.headers: dict[str, tuple[str, str, str]] = {}
-        self.series: dict[tuple[str, str], tuple[str, dict[str, str]]] = {}
+        self.headers: dict[str, tuple[str, str]] = {}
+        #: header -> ``name{labels}`` -> what the library made of it (one dict per header: no tuple keys)
+        self.series: dict[str, dict[str, _Series]] = {}
+        self.entries = 0
 
     def _bound(self) -> None:
-        if len(self.series) + len(self.headers) > self.limit:
+        if self.entries + len(self.headers) > self.limit:
             self.series.clear()
             self.headers.clear()
+            self.entries = 0
 
-    def family(self, block: list[str]) -> Metric | None:
-        """The block parsed through the memo, or ``None`` when it needs the plain path."""
-        header = "\n".join(line for line in block if line.startswith("#"))
+    def family(self, block: list[str]) -> Family | None:
+        """The block read through the memo, or ``None`` when it needs the plain path."""
+        header = "\n".join(line for line in block if line[0] == "#")
         if not header:
             return None
         meta = self.headers.get(header)
@@ -194,10 +287,13 @@ class _Memo:
             if len(parsed) != 1:
                 return None
             self._bound()
-            meta = self.headers[header] = (parsed[0].name, parsed[0].documentation, parsed[0].type)
-        family = Metric(*meta)
+            meta = self.headers[header] = (parsed[0].name, parsed[0].type)
+        series = self.series.get(header)
+        if series is None:
+            series = self.series[header] = {}
+        samples: list[tuple[_Series, float]] = []
         for line in block:
-            if line.startswith("#"):
+            if line[0] == "#":
                 continue
             brace = line.rfind("}")
             if brace >= 0:
@@ -206,17 +302,20 @@ class _Memo:
                 key, _, rest = line.partition(" ")
             if "#" in rest:
                 return None
-            known = self.series.get((header, key))
+            known = series.get(key)
             if known is None:
                 parsed = list(text_string_to_metric_families(f"{header}\n{key} 0"))
                 if len(parsed) != 1 or parsed[0].name != meta[0] or len(parsed[0].samples) != 1:
                     return None
                 self._bound()
+                if header not in self.series:  # _bound() just cleared everything
+                    series = self.series[header] = {}
+                    self.headers[header] = meta
                 sample = parsed[0].samples[0]
-                known = self.series[(header, key)] = (sample.name, sample.labels)
-            value, timestamp = _parse_value_and_timestamp(rest)
-            family.add_sample(known[0], dict(known[1]), value, timestamp)
-        return family
+                known = series[key] = _series_of(sample.name, sample.labels)
+                self.entries += 1
+            samples.append((known, _value(rest)))
+        return meta[0], meta[1], samples
 
 
 _MEMO = _Memo()
@@ -224,8 +323,8 @@ USE_MEMO = True
 """Module switch so a test can compare the memo path with the library's plain path on every fixture."""
 
 
-def _parse_memoised(lines: list[tuple[int, str]]) -> list[Metric] | None:
-    families: list[Metric] = []
+def _parse_memoised(lines: list[tuple[int, str]]) -> list[Family] | None:
+    families: list[Family] = []
     try:
         for block in _blocks(lines):
             family = _MEMO.family([line for _, line in block])
@@ -237,12 +336,8 @@ def _parse_memoised(lines: list[tuple[int, str]]) -> list[Metric] | None:
     return families
 
 
-def _parse_lines(lines: list[tuple[int, str]], errors: list[str]) -> list[Metric]:
+def _parse_plain(lines: list[tuple[int, str]], errors: list[str]) -> list[Metric]:
     """Parse all at once; on failure salvage family by family, then line by line."""
-    if USE_MEMO:
-        memoised = _parse_memoised(lines)
-        if memoised is not None:
-            return memoised
     try:
         return list(text_string_to_metric_families("\n".join(line for _, line in lines)))
     except Exception:  # the library raises ValueError, IndexError... on bad text; all mean "salvage"
@@ -275,8 +370,15 @@ class _Parts:
     sum: float | None = None
 
 
+_SCALAR_KINDS = frozenset(("counter", "gauge", "untyped", "unknown"))
+
+
 class _Builder:
-    """Accumulates typed series from parsed families, dropping unusable values."""
+    """Accumulates typed series from parsed families, dropping unusable values.
+
+    Both paths end in :meth:`add_samples`: the plain path converts the library's samples with
+    :func:`_series_of`, the memo path hands over the same objects it keeps, so they cannot disagree.
+    """
 
     def __init__(self, now: float, declared: Mapping[str, str]) -> None:
         self.now = now
@@ -288,51 +390,57 @@ class _Builder:
         self.errors: list[str] = []
         self.dropped = 0
 
-    def _usable(self, name: str, value: float) -> bool:
-        if math.isfinite(value) and not is_blank_sentinel(name, value):
-            return True
-        self.dropped += 1
-        return False
-
     def add(self, family: Metric) -> None:
-        kind = family.type
-        if kind in ("untyped", "unknown"):
-            kind = self.declared.get(family.name, "untyped")
-        if kind == "histogram":
-            self._add_histogram(family)
-            return
-        if kind not in ("counter", "gauge", "untyped", "unknown"):
-            return  # summaries, info and state sets carry nothing the brain uses
-        for sample in family.samples:
-            if not self._usable(sample.name, sample.value):
-                continue
-            labels = tuple(sorted(sample.labels.items()))
-            value = float(sample.value)  # the library returns int for integer text
-            if kind == "counter":
-                name = sample.name if sample.name.endswith("_total") else sample.name + "_total"
-                self.counters.setdefault(name, []).append(Counter(name, labels, value, self.now))
-            else:
-                self.gauges.setdefault(sample.name, []).append(Gauge(sample.name, labels, value, self.now))
+        """One family from the library's plain parse."""
+        samples = [(_series_of(s.name, s.labels), s.value) for s in family.samples]
+        self.add_samples(family.name, family.type, samples)
 
-    def _add_histogram(self, family: Metric) -> None:
-        # parts accumulate across families: line-by-line salvage yields one family per surviving line
-        parts = self._parts.setdefault(family.name, {})
-        for sample in family.samples:
-            labels = dict(sample.labels)
-            le = labels.pop("le", None)
-            series = parts.setdefault(tuple(sorted(labels.items())), _Parts())
-            if not self._usable(family.name, sample.value):
+    def add_samples(self, name: str, kind: str, samples: Iterable[tuple[_Series, float]]) -> None:
+        """The samples of family ``name`` of type ``kind``."""
+        if kind in ("untyped", "unknown"):
+            kind = self.declared.get(name, "untyped")
+        if kind == "histogram":
+            self._add_histogram(name, samples)
+        elif kind in _SCALAR_KINDS:  # summaries, info and state sets carry nothing the brain uses
+            self._add_scalars(kind == "counter", samples)
+
+    def _add_scalars(self, counter: bool, samples: Iterable[tuple[_Series, float]]) -> None:
+        now, isfinite = self.now, math.isfinite
+        for series, value in samples:
+            if not isfinite(value) or (series.sentinel and value >= DCGM_FP64_BLANK_MIN):
+                self.dropped += 1
                 continue
-            value = float(sample.value)
-            if sample.name.endswith("_bucket") and le is not None:
-                try:
-                    series.buckets.append((float(le), value))
-                except ValueError:
-                    self.errors.append(f"{family.name}: bucket bound le={le!r} is not a number")
-            elif sample.name.endswith("_count"):
-                series.count = value
-            elif sample.name.endswith("_sum"):
-                series.sum = value
+            value = float(value)  # the library returns int for integer text
+            name = series.name
+            if counter:
+                name = name if name.endswith("_total") else name + "_total"
+                self.counters.setdefault(name, []).append(Counter(name, series.labels, value, now))
+            else:
+                self.gauges.setdefault(name, []).append(Gauge(name, series.labels, value, now))
+
+    def _add_histogram(self, name: str, samples: Iterable[tuple[_Series, float]]) -> None:
+        # parts accumulate across families: line-by-line salvage yields one family per surviving line
+        parts = self._parts.setdefault(name, {})
+        sentinel = name.startswith(SENTINEL_PREFIXES)
+        isfinite = math.isfinite
+        for series, value in samples:
+            found = parts.get(series.series)
+            if found is None:
+                found = parts[series.series] = _Parts()
+            if not isfinite(value) or (sentinel and value >= DCGM_FP64_BLANK_MIN):
+                self.dropped += 1
+                continue
+            value = float(value)
+            part = series.part
+            if part == "bucket":
+                if series.bound is None:
+                    self.errors.append(f"{name}: bucket bound le={series.le!r} is not a number")
+                else:
+                    found.buckets.append((series.bound, value))
+            elif part == "count":
+                found.count = value
+            elif part == "sum":
+                found.sum = value
 
     def finish(self) -> None:
         """Build the histograms once every family has been seen."""
@@ -366,23 +474,46 @@ def _freeze(values: Mapping[str, list[T]]) -> Mapping[str, tuple[T, ...]]:
     return MappingProxyType({name: tuple(series) for name, series in values.items()})
 
 
+def _expand(wanted: Iterable[str]) -> frozenset[str]:
+    names: set[str] = set()
+    for name in wanted:
+        names.add(name)
+        names.add(name.removesuffix("_total"))
+        names.add(name if name.endswith("_total") else name + "_total")
+    return frozenset(names)
+
+
+_EXPANDED: dict[frozenset[str], frozenset[str]] = {}
+
+
+def _wanted_names(wanted: Iterable[str]) -> frozenset[str]:
+    """``wanted`` with and without ``_total``; computed once per distinct frozenset (a mapping's)."""
+    if not isinstance(wanted, frozenset):
+        return _expand(wanted)
+    names = _EXPANDED.get(wanted)
+    if names is None:
+        if len(_EXPANDED) > 64:
+            _EXPANDED.clear()
+        names = _EXPANDED[wanted] = _expand(wanted)
+    return names
+
+
 def parse_exposition(text: str, now: float, wanted: Iterable[str] | None = None) -> Exposition:
     """Parse Prometheus text into typed series observed at ``now``. Never raises on bad text.
 
     ``wanted``: metric names to keep (histogram family names; counters with or without ``_total``);
     ``None`` keeps everything. Problems come back in ``Exposition.errors``, one line each.
     """
-    names: set[str] | None = None
-    if wanted is not None:
-        names = set()
-        for name in wanted:
-            names.add(name)
-            names.add(name.removesuffix("_total"))
-            names.add(name if name.endswith("_total") else name + "_total")
+    names = None if wanted is None else _wanted_names(wanted)
     lines, declared = _select(text, names)
     builder = _Builder(now, declared)
-    for family in _parse_lines(lines, builder.errors):
-        builder.add(family)
+    memoised = _parse_memoised(lines) if USE_MEMO else None
+    if memoised is not None:
+        for name, kind, samples in memoised:
+            builder.add_samples(name, kind, samples)
+    else:
+        for family in _parse_plain(lines, builder.errors):
+            builder.add(family)
     builder.finish()
     errors = builder.errors
     if len(errors) > _MAX_ERRORS:

@@ -107,6 +107,33 @@ class NvmlTick:
     problems: tuple[str, ...]
 
 
+_LATEST = ("memory_used_bytes", "memory_total_bytes", "energy_joules", "power_limit_watts")
+
+
+class _Names:
+    """Every flat name of one GPU, built once per index (f-strings per GPU per tick add up)."""
+
+    __slots__ = ("continuous", "other", "prefix", "samples", "throttle", "throttle_reasons")
+
+    def __init__(self, index: int) -> None:
+        p = self.prefix = f"nvml.gpu{index}."
+        self.samples = p + "samples"
+        self.continuous = tuple((f"{p}{m}.mean", f"{p}{m}.max", f"{p}{m}.last") for m in CONTINUOUS)
+        self.other = tuple(p + name for name in _LATEST)
+        self.throttle_reasons = p + "throttle_reasons"
+        self.throttle = tuple((bit, f"{p}throttle.{reason}") for bit, reason in THROTTLE_REASONS)
+
+
+_NAMES: dict[int, _Names] = {}
+
+
+def _names(index: int) -> _Names:
+    names = _NAMES.get(index)
+    if names is None:
+        names = _NAMES[index] = _Names(index)
+    return names
+
+
 def build_values(gpus: tuple[GpuTick, ...] | list[GpuTick]) -> dict[str, float]:
     """Flat signal names (see :mod:`detectors.snapshot`) for the GPUs that were sampled in the tick."""
     values: dict[str, float] = {}
@@ -114,25 +141,24 @@ def build_values(gpus: tuple[GpuTick, ...] | list[GpuTick]) -> dict[str, float]:
         acc = gpu.acc
         if acc.samples == 0:
             continue
-        p = f"nvml.gpu{gpu.index}."
-        values[p + "samples"] = float(acc.samples)
-        for k, metric in enumerate(CONTINUOUS):
+        names = _names(gpu.index)
+        values[names.samples] = float(acc.samples)
+        for k, (mean, peak, last) in enumerate(names.continuous):
             if acc.count[k]:
-                values[f"{p}{metric}.mean"] = acc.total[k] / acc.count[k]
-                values[f"{p}{metric}.max"] = acc.peak[k]
-                values[f"{p}{metric}.last"] = acc.last[k]
-        for name, value in (
-            ("memory_used_bytes", acc.memory_used),
-            ("memory_total_bytes", acc.memory_total),
-            ("energy_joules", gpu.energy_joules),
-            ("power_limit_watts", gpu.power_limit_watts),
+                values[mean] = acc.total[k] / acc.count[k]
+                values[peak] = acc.peak[k]
+                values[last] = acc.last[k]
+        for name, value in zip(
+            names.other,
+            (acc.memory_used, acc.memory_total, gpu.energy_joules, gpu.power_limit_watts),
+            strict=True,
         ):
             if value is not None:
-                values[p + name] = value
+                values[name] = value
         if acc.throttle_last is not None:
-            values[p + "throttle_reasons"] = float(acc.throttle_last)
-            for bit, reason in THROTTLE_REASONS:
-                values[f"{p}throttle.{reason}"] = 1.0 if acc.throttle_any & bit else 0.0
+            values[names.throttle_reasons] = float(acc.throttle_last)
+            for bit, name in names.throttle:
+                values[name] = 1.0 if acc.throttle_any & bit else 0.0
         for pid, used in gpu.processes.items():
-            values[f"{p}process_used_bytes.pid{pid}"] = float(used)
+            values[f"{names.prefix}process_used_bytes.pid{pid}"] = float(used)
     return values

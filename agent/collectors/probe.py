@@ -28,7 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
-from agent.collectors.exposition import parse_exposition
+from agent.collectors.exposition import Counter, Gauge, parse_exposition
 from agent.config import ProbeConfig
 from agent.probe.stats import fragmentation
 from detectors.snapshot import Reading, SourceStatus
@@ -74,7 +74,7 @@ def parse_scrape(text: str) -> ProbeScrape:
     with the series-key memo), like the engine's scrape: it runs every tick.
     """
     exposition = parse_exposition(text, 0.0)
-    series = [*(g for gs in exposition.gauges.values() for g in gs)]
+    series: list[Gauge | Counter] = [g for gs in exposition.gauges.values() for g in gs]
     series += [c for cs in exposition.counters.values() for c in cs]
     up: float | None = None
     cuda = 0.0

@@ -167,3 +167,23 @@ def test_matches_a_deque_per_series(points: int, ticks: list[dict[str, float]]) 
     for name, expected in model.items():
         times, values = store.window(name, since=-np.inf)
         assert list(zip(times.tolist(), values.tolist(), strict=True)) == list(expected)
+
+
+def test_a_repeated_set_of_names_lands_in_the_same_rows() -> None:
+    store = Store(points_per_series=4, max_series=8)
+    for t in range(3):
+        store.append(snap(float(t), a=float(t), b=10.0 + t))
+    assert store.latest("a") == (2.0, 2.0) and store.latest("b") == (2.0, 12.0)
+    np.testing.assert_array_equal(store.window("b", -np.inf)[1], [10.0, 11.0, 12.0])
+
+
+def test_rows_reused_for_a_repeated_snapshot_follow_an_eviction_in_between() -> None:
+    store = Store(points_per_series=4, max_series=2)
+    store.append(snap(1.0, a=1.0, b=2.0))
+    store.append(snap(2.0, a=3.0, b=4.0))  # same names: rows reused
+    store.append(snap(3.0, c=5.0))  # evicts a (least recently updated, lowest row)
+    store.append(snap(4.0, a=6.0, b=7.0))  # same names as before the eviction: must not reuse stale rows
+    assert store.latest("a") == (4.0, 6.0)
+    assert store.latest("b") == (4.0, 7.0)
+    assert "c" not in store
+    np.testing.assert_array_equal(store.window("a", -np.inf)[1], [6.0])

@@ -71,3 +71,16 @@ def test_max_signals_bounds_memory() -> None:
     det = detector(max_signals=2)
     det.update(snap(0.0, engine__a=1.0, engine__b=1.0, engine__c=1.0))
     assert len(det.scorers_) == 2
+
+
+def test_a_signal_that_appears_later_is_scored_from_then_on() -> None:
+    det = detector()
+    for i in range(5):
+        det.update(snap(float(i), engine__a=1.0))
+    assert set(det.scorers_) == {"engine.a"}
+    for i in range(5, 10):
+        det.update(snap(float(i), engine__a=1.0, engine__b=2.0))
+    assert set(det.scorers_) == {"engine.a", "engine.b"}
+    assert det.scorers_["engine.b"].n_seen == 5
+    det.update(snap(10.0, engine__b=2.0))  # a gone: only b is updated
+    assert det.scorers_["engine.a"].n_seen == 10 and det.scorers_["engine.b"].n_seen == 6

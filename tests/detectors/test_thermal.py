@@ -105,3 +105,15 @@ def test_deterministic() -> None:
         return [f.to_json() for f in _run(detector, 20, start=1000.0, hot=15.0)]
 
     assert run() == run()
+
+
+def test_a_gpu_that_appears_later_is_modelled_from_then_on() -> None:
+    detector = ThermalDetector(warmup=2)
+    for i in range(3):
+        detector.update(_snap(float(i), _gpu(0.5, 60.0)))
+    assert set(detector.gpus_) == {0}
+    both = {**_gpu(0.5, 60.0), **{k.replace("gpu0", "gpu3"): v for k, v in _gpu(0.4, 55.0).items()}}
+    for i in range(3, 6):
+        detector.update(_snap(float(i), both))
+    assert set(detector.gpus_) == {0, 3}
+    assert detector.gpus_[3].rls.n_ == 3 and detector.gpus_[0].rls.n_ == 6

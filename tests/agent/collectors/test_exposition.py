@@ -195,4 +195,36 @@ def test_memo_is_bounded() -> None:
     memo = _Memo(limit=10)
     for i in range(50):
         memo.family(["# TYPE g gauge", f'g{{i="{i}"}} 1'])
-    assert len(memo.series) + len(memo.headers) <= 11
+    assert memo.entries + len(memo.headers) <= 11
+    assert sum(len(keys) for keys in memo.series.values()) == memo.entries
+
+
+def test_memoised_parse_follows_new_values_of_a_real_scrape_with_a_mapping(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Scrape after scrape with new values (a busy engine), the memo path equals the library's plain path."""
+    import re
+
+    from agent.collectors import exposition
+    from agent.collectors.metric_mapping import load_mappings
+
+    text = _read("vllm-0.32-cpu/vllm-0.32.0-cpu-metrics_busy.prom")
+    wanted = load_mappings()["vllm"].wanted
+    number = re.compile(r"(\} |^[a-z_:]+ )(\d+(?:\.\d+)?)$", re.M)
+    for step in range(3):
+        factor = 1 + step / 10
+        scrape = number.sub(lambda m, f=factor: m.group(1) + repr(float(m.group(2)) * f), text)
+        monkeypatch.setattr(exposition, "USE_MEMO", False)
+        plain = parse_exposition(scrape, float(step), wanted)
+        monkeypatch.setattr(exposition, "USE_MEMO", True)
+        memo = parse_exposition(scrape, float(step), wanted)
+        assert plain.histograms and memo.histograms == plain.histograms
+        assert memo.counters == plain.counters and memo.gauges == plain.gauges
+        assert memo.errors == plain.errors == ()
+
+
+def test_a_run_of_one_sample_name_takes_that_name_s_decision() -> None:
+    text = 'x{a="1"} 1\nx{a="2"} 2\nx_y{a="1"} 3\nw{a="1"} 4\nw{a="2"} 5\n  w{a="3"} 6\nx{a="3"} 7\n'
+    expo = parse_exposition(text, 0.0, wanted=["x_y", "w"])
+    assert set(expo.gauges) == {"x_y", "w"}
+    assert [g.value for g in expo.gauges["w"]] == [4.0, 5.0, 6.0]

@@ -3,8 +3,9 @@
 One run, three routes to the same simulator (``servepilot sim``, its own process): direct, through the
 gate (``python -m agent.commands.gate``, its own process, in-flight limit above the concurrency so it
 only relays), and through nginx (Debian package, one worker, a plain streaming reverse proxy with a
-config written to a temp dir). For 64 and 256 concurrent streaming requests each route runs for
-``--duration`` seconds after a warm-up; the load generator (this process; each client pauses 0-20 ms
+config written to a temp dir). For 64 and 256 concurrent streaming requests each route runs
+``--rounds`` times for ``--duration`` seconds after a warm-up, the routes interleaved in a rotated order
+per round and the rounds pooled; the load generator (this process; each client pauses 0-20 ms
 at random between requests) measures per-request TTFT and counts SSE chunks. Added latency = TTFT
 quantile through the proxy minus the same quantile direct.
 
@@ -12,7 +13,7 @@ Targets from the issue: added p50 <= 1 ms, p99 <= 5 ms, >= 20,000 chunks/s on 2 
 (simulator, proxy, load generator) shares the same cores, so the chunk rate is a lower bound on what
 the gate can relay. Run it once, not in a loop, on a shared machine::
 
-    python bench/gate.py [--duration 8] [--speed 4] [--max-tokens 64]
+    python bench/gate.py [--rounds 3] [--duration 4] [--speed 4] [--max-tokens 64]
 """
 
 from __future__ import annotations
@@ -125,13 +126,19 @@ async def one_route(
         connector=connector, timeout=aiohttp.ClientTimeout(total=120)
     ) as session:
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
-    ttft = np.asarray(ttfts)
+    return {"ttfts": ttfts, "chunks": chunks, "seconds": duration_s, "errors": errors}
+
+
+def summarise(slots: list[dict[str, Any]]) -> dict[str, float]:
+    """One route's slots pooled: TTFT quantiles over every measured request, chunks/s over all seconds."""
+    ttft = np.concatenate([np.asarray(slot["ttfts"]) for slot in slots])
+    seconds = sum(slot["seconds"] for slot in slots)
     return {
         "requests": float(len(ttft)),
         "ttft_p50_ms": float(np.percentile(ttft, 50) * 1000) if len(ttft) else float("nan"),
         "ttft_p99_ms": float(np.percentile(ttft, 99) * 1000) if len(ttft) else float("nan"),
-        "chunks_per_s": chunks / duration_s,
-        "errors": float(errors),
+        "chunks_per_s": sum(slot["chunks"] for slot in slots) / seconds,
+        "errors": float(sum(slot["errors"] for slot in slots)),
     }
 
 
@@ -153,7 +160,8 @@ def cpu_seconds(pid: int) -> float:
 def print_table(results: dict[tuple[int, str], dict[str, float]], args: argparse.Namespace) -> None:
     print(
         f"\nservepilot gate bench: simulator speed {args.speed:g}, {args.max_tokens} tokens/request, "
-        f"{args.duration:g} s measured per row, {os.cpu_count()} CPUs shared by every process"
+        f"{args.rounds} interleaved rounds x {args.duration:g} s measured per row, "
+        f"{os.cpu_count()} CPUs shared by every process"
     )
     cols = (
         "conc",
@@ -183,8 +191,11 @@ def print_table(results: dict[tuple[int, str], dict[str, float]], args: argparse
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=8.0, help="measured seconds per route and load")
-    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds first")
+    parser.add_argument(
+        "--duration", type=float, default=4.0, help="measured seconds per route, load and round"
+    )
+    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per load (pooled)")
     parser.add_argument("--speed", type=float, default=4.0, help="simulator time scale")
     parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
@@ -223,16 +234,27 @@ def main() -> int:
         with urllib.request.urlopen(routes["direct"] + "/v1/models", timeout=5) as resp:
             model = json.load(resp)["data"][0]["id"]
         results: dict[tuple[int, str], dict[str, float]] = {}
+        names = list(routes)
         for conc in args.concurrency:
-            for name, url in routes.items():
-                gate_cpu0 = cpu_seconds(gate.pid)
-                results[(conc, name)] = stats = run_loop(
-                    one_route(url, model, conc, args.duration, args.warmup, args.max_tokens)
-                )
-                if name == "gate":
-                    stats["proxy_cpu_share"] = (cpu_seconds(gate.pid) - gate_cpu0) / (
-                        args.duration + args.warmup
+            slots: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+            gate_cpu = 0.0
+            for round_ in range(args.rounds):
+                # interleaved, each round in a rotated order: drift (the simulator's state, the other
+                # processes on the cores) lands on every route alike instead of on whichever ran last
+                for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+                    gate_cpu0 = cpu_seconds(gate.pid)
+                    slots[name].append(
+                        run_loop(
+                            one_route(routes[name], model, conc, args.duration, args.warmup, args.max_tokens)
+                        )
                     )
+                    if name == "gate":
+                        gate_cpu += cpu_seconds(gate.pid) - gate_cpu0
+            for name in names:
+                results[(conc, name)] = summarise(slots[name])
+            results[(conc, "gate")]["proxy_cpu_share"] = gate_cpu / (
+                args.rounds * (args.duration + args.warmup)
+            )
         print_table(results, args)
     finally:
         for proc in reversed(procs):

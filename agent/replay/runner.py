@@ -21,7 +21,8 @@ from policies.registry import build_set, clock_levels, default_arbiter
 from simulator.engine import make_core
 
 DEFAULT_SLO = Slo(10.0, 0.1)
-DEFAULT_STATICS: tuple[int, ...] = (16, 24, 32, 48, 64, 80, 96, 128, 192, 256, 384, 512, 1024)
+#: The static settings a sweep replays: every value auto's batch bounds (8 up to the default) can reach.
+DEFAULT_STATICS: tuple[int, ...] = (8, 16, 24, 32, 48, 64, 80, 96, 128, 192, 256, 384, 512, 1024)
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class ReplaySpec:
     lengths: Path | None = None
     seed: int = 0
     duration_s: float | None = None
+    start_s: float = 0.0
     default_batch: int | None = None
     max_num_batched_tokens: int | None = None
     energy: bool = False
@@ -69,7 +71,10 @@ def workload_for(spec: ReplaySpec, max_model_len: int) -> Workload:
         lengths=spec.lengths,
         seed=spec.seed,
     )
-    return w.until(spec.duration_s) if spec.duration_s else w
+    if spec.start_s or spec.duration_s:
+        end = spec.start_s + spec.duration_s if spec.duration_s else float("inf")
+        return w.between(spec.start_s, end)
+    return w
 
 
 def run_policy(spec: ReplaySpec, policy: str, workload: Workload | None = None) -> tuple[ReplayRun, str]:
@@ -115,16 +120,19 @@ def run_policy(spec: ReplaySpec, policy: str, workload: Workload | None = None) 
     return replay.run(), name
 
 
-def run_summary(spec: ReplaySpec, policy: str, *, with_actions: bool = True) -> dict[str, Any]:
-    run, name = run_policy(spec, policy)
+def run_summary(
+    spec: ReplaySpec, policy: str, *, with_actions: bool = True, workload: Workload | None = None
+) -> dict[str, Any]:
+    run, name = run_policy(spec, policy, workload)
     return summarise(run, name, with_actions=with_actions)
 
 
 def sweep(
-    spec: ReplaySpec, settings: Sequence[int] = DEFAULT_STATICS
+    spec: ReplaySpec, settings: Sequence[int] = DEFAULT_STATICS, *, workload: Workload | None = None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Every static setting (one summary each, without action lists) and the one with the best goodput."""
+    """Every static setting (one summary each, without action lists) and the one with the best goodput
+    (ties: the higher SLO attainment). ``workload`` saves re-reading the trace for each setting."""
     base = replace(spec, energy=False)
-    rows = [run_summary(base, f"static:{n}", with_actions=False) for n in settings]
+    rows = [run_summary(base, f"static:{n}", with_actions=False, workload=workload) for n in settings]
     best = max(rows, key=lambda r: (r["goodput_tps"], r["slo_attainment"]))
     return rows, best

@@ -43,8 +43,14 @@ class Workload:
 
     def until(self, duration_s: float) -> Workload:
         """The requests arriving in the first ``duration_s`` seconds."""
-        keep = self.arrivals < duration_s
-        return Workload(self.name, self.arrivals[keep], self.prompts[keep], self.outputs[keep], self.clipped)
+        return self.between(0.0, duration_s)
+
+    def between(self, start_s: float, end_s: float = float("inf")) -> Workload:
+        """The requests arriving in ``[start_s, end_s)``, re-timed so that ``start_s`` is 0 (a window such
+        as the peak hours of a week; the span then runs from the window's start)."""
+        keep = (self.arrivals >= start_s) & (self.arrivals < end_s)
+        arrivals = self.arrivals[keep] - start_s
+        return Workload(self.name, arrivals, self.prompts[keep], self.outputs[keep], self.clipped)
 
 
 def _is_counts(path: Path) -> bool:

@@ -1,6 +1,6 @@
 import pytest
 
-from agent.replay.runner import ReplaySpec, parse_policy, run_summary, sweep
+from agent.replay.runner import ReplaySpec, parse_policy, run_summary, sweep, workload_for
 
 
 def test_parse_static_policy():
@@ -29,3 +29,17 @@ def test_seed_policy_keeps_within_its_bounds(conv):
     summary = run_summary(ReplaySpec(conv, rate_scale=5.0), "seed")
     batch = [a["value"] for a in summary["actions"] if a["knob"] == "batch.max_in_flight"]
     assert batch and max(batch) <= 128 and summary["actions"][-1]["value"] <= 32
+
+
+def test_spec_window_starts_where_asked(conv):
+    whole = workload_for(ReplaySpec(conv), 4096)
+    start = float(whole.arrivals[150])
+    window = workload_for(ReplaySpec(conv, start_s=start, duration_s=60.0), 4096)
+    assert window.prompts[0] == whole.prompts[150] and window.duration_s < 60.0
+
+
+def test_sweep_on_a_given_workload_replays_that_workload(conv):
+    spec = ReplaySpec(conv, rate_scale=5.0)
+    short = workload_for(spec, 4096).until(5.0)
+    rows, _ = sweep(spec, settings=(64,), workload=short)
+    assert rows[0]["requests"] == len(short) < len(workload_for(spec, 4096))

@@ -57,3 +57,13 @@ def test_missing_file_is_one_line_error(tmp_path):
 def test_zero_rate_scale_is_refused(conv):
     with pytest.raises(TraceError, match="rate scale"):
         load(conv, max_model_len=4096, rate_scale=0.0)
+
+
+def test_a_window_keeps_its_requests_and_starts_at_zero(conv):
+    w = load(conv, max_model_len=4096)
+    start, end = float(w.arrivals[100]), float(w.arrivals[200])
+    window = w.between(start, end)
+    inside = (w.arrivals >= start) & (w.arrivals < end)
+    assert len(window) == int(inside.sum()) and window.arrivals[0] == 0.0
+    assert np.array_equal(window.prompts, w.prompts[inside])
+    assert window.duration_s == pytest.approx(float(w.arrivals[inside][-1]) - start)

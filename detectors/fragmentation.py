@@ -32,10 +32,19 @@ from collections import deque
 import numpy as np
 
 from detectors.base import Finding, Severity
-from detectors.domain_util import KOfN
+from detectors.domain_util import KOfN, PerNameSet
 from detectors.snapshot import Snapshot
 
 _DEVICE = re.compile(r"^probe\.device(\d+)\.reserved_bytes$")
+
+
+def _allocators(snapshot: Snapshot) -> list[tuple[str, str, str]]:
+    """Per allocator (the whole probe, then each device): its reserved, allocated and ratio names.
+    Recomputed only when the name set changes (:class:`~detectors.domain_util.PerNameSet`)."""
+    prefixes = ["probe"] + [
+        f"probe.device{m.group(1)}" for name in snapshot.values if (m := _DEVICE.match(name))
+    ]
+    return [(f"{p}.reserved_bytes", f"{p}.allocated_bytes", f"{p}.fragmentation_ratio") for p in prefixes]
 
 
 class _Track:
@@ -67,6 +76,7 @@ class FragmentationDetector:
         self.k = k
         self.n = n
         self.tracks_: dict[str, _Track] = {}
+        self._allocators = PerNameSet(_allocators)
 
     def update(self, snapshot: Snapshot) -> list[Finding]:
         """Check every derivable ratio at this tick against the threshold, then record it for the trend."""
@@ -87,13 +97,11 @@ class FragmentationDetector:
 
     def _ratios(self, snapshot: Snapshot) -> list[tuple[str, float, dict[str, float | str], str]]:
         out: list[tuple[str, float, dict[str, float | str], str]] = []
-        prefixes = ["probe"] + [
-            f"probe.device{m.group(1)}" for name in snapshot.values if (m := _DEVICE.match(name))
-        ]
-        for prefix in prefixes:
-            reserved = snapshot.get(f"{prefix}.reserved_bytes")
-            allocated = snapshot.get(f"{prefix}.allocated_bytes")
-            direct = snapshot.get(f"{prefix}.fragmentation_ratio")
+        values = snapshot.values
+        for reserved_name, allocated_name, signal in self._allocators(snapshot):
+            reserved = values.get(reserved_name)
+            allocated = values.get(allocated_name)
+            direct = values.get(signal)
             if reserved is not None and reserved < self.min_reserved_bytes:
                 continue
             if allocated is not None and reserved is not None and reserved > 0:
@@ -107,7 +115,7 @@ class FragmentationDetector:
                 ratio, evidence = direct, {}
             else:
                 continue
-            out.append((f"{prefix}.fragmentation_ratio", min(1.0, max(0.0, ratio)), evidence, "allocator"))
+            out.append((signal, min(1.0, max(0.0, ratio)), evidence, "allocator"))
         usage = snapshot.get("engine.kv_cache_usage_ratio")
         capacity = snapshot.get("engine.kv_cache_capacity_tokens")
         held = snapshot.get("engine.kv_cache_tokens_held")

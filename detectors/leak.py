@@ -55,13 +55,26 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from detectors.base import Finding, Severity
-from detectors.domain_util import FloatArray, robust_slope
+from detectors.domain_util import FloatArray, PerNameSet, robust_slope
 from detectors.snapshot import Snapshot
 
 _SERIES = re.compile(
     r"^(?:nvml\.gpu(?P<gpu>\d+)\.(?:process_used_bytes\.pid\d+|memory_used_bytes)"
     r"|probe\.(?:device(?P<dev>\d+)\.)?reserved_bytes)$"
 )
+
+
+def _watched(snapshot: Snapshot) -> list[tuple[str, str]]:
+    """The memory series of ``snapshot``, each with the name of its device's total memory signal."""
+    out = []
+    for name in snapshot.values:
+        match = _SERIES.match(name)
+        if match is not None:
+            gpu = match.group("gpu") or match.group("dev") or "0"
+            out.append((name, f"nvml.gpu{gpu}.memory_total_bytes"))
+    return out
+
+
 _GIB = float(1 << 30)
 _MIB = float(1 << 20)
 
@@ -152,6 +165,7 @@ class MemoryLeakDetector:
         self.require_load = require_load
         self.max_series = max_series
         self.series_: dict[str, _Series] = {}
+        self._watched = PerNameSet(_watched)
 
     # -- streaming ------------------------------------------------------------------------------------
     def update(self, snapshot: Snapshot) -> list[Finding]:
@@ -161,10 +175,9 @@ class MemoryLeakDetector:
             del self.series_[name]  # the process is gone; its memory went with it
         findings = [s.finding for s in self.series_.values() if s.finding is not None]
         load = tuple(snapshot.get(n) for n in self.load_signals)
-        for name, value in snapshot.values.items():
-            match = _SERIES.match(name)
-            if match is None:
-                continue
+        values = snapshot.values
+        for name, total_name in self._watched(snapshot):
+            value = values[name]
             series = self.series_.get(name)
             if series is None:
                 if len(self.series_) >= self.max_series:
@@ -176,12 +189,11 @@ class MemoryLeakDetector:
             self._learn(series, now, value, load)
             if now - series.last_analysis >= self.analyse_every_s:
                 series.last_analysis = now
-                series.finding = self._analyse(name, series, now, self._total(snapshot, match))
+                series.finding = self._analyse(name, series, now, self._total(snapshot, total_name))
         return findings
 
-    def _total(self, snapshot: Snapshot, match: re.Match[str]) -> float | None:
-        gpu = match.group("gpu") or match.group("dev") or "0"
-        total = snapshot.get(f"nvml.gpu{gpu}.memory_total_bytes")
+    def _total(self, snapshot: Snapshot, total_name: str) -> float | None:
+        total = snapshot.get(total_name)
         return total if total is not None and total > 0 else self.memory_total_bytes
 
     def _learn(self, series: _Series, now: float, value: float, load: tuple[float | None, ...]) -> None:

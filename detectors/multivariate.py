@@ -78,48 +78,61 @@ def average_path_length(n: FloatArray) -> FloatArray:
 
 
 class FlatForest:
-    """A fitted ``IsolationForest`` as padded numpy arrays, scored for all trees in one pass."""
+    """A fitted ``IsolationForest`` as flat numpy arrays, scored for all trees in one pass.
+
+    Node ``j`` of tree ``i`` is entry ``i * width + j``; children are stored as flat indices too, and a
+    leaf's children are the leaf itself, so one descent step is a few ``take`` calls with no leaf test and a
+    point that reached its leaf stays there for the remaining steps.
+    """
 
     def __init__(self, forest: object) -> None:
         trees = forest.estimators_  # type: ignore[attr-defined]
         maps = forest.estimators_features_  # type: ignore[attr-defined]
-        n_nodes = max(t.tree_.node_count for t in trees)
-        shape = (len(trees), n_nodes)
-        self.left = np.full(shape, -1, dtype=np.int64)
-        self.right = np.full(shape, -1, dtype=np.int64)
-        self.feature = np.zeros(shape, dtype=np.int64)
-        self.threshold = np.zeros(shape)
-        self.path = np.zeros(shape)
-        depth_max = 0
+        width = max(t.tree_.node_count for t in trees)
+        size = len(trees) * width
+        own = np.arange(size, dtype=np.intp)
+        self.left, self.right = own.copy(), own.copy()  # padding and leaves point at themselves
+        self.feature = np.zeros(size, dtype=np.intp)
+        self.threshold = np.zeros(size)
+        self.path = np.zeros(size)
+        self.roots = np.arange(len(trees), dtype=np.intp) * width
+        leaf = np.zeros(size, dtype=bool)
+        samples = np.zeros(size)
         for i, (est, fmap) in enumerate(zip(trees, maps, strict=True)):
-            tree, m = est.tree_, est.tree_.node_count
-            self.left[i, :m], self.right[i, :m] = tree.children_left, tree.children_right
+            tree, m, base = est.tree_, est.tree_.node_count, i * width
+            left, right = np.asarray(tree.children_left), np.asarray(tree.children_right)
+            inner = left >= 0
+            self.left[base : base + m] = np.where(inner, left + base, own[base : base + m])
+            self.right[base : base + m] = np.where(inner, right + base, own[base : base + m])
             feats = np.asarray(tree.feature)
-            self.feature[i, :m] = np.where(feats >= 0, np.asarray(fmap)[np.maximum(feats, 0)], 0)
-            self.threshold[i, :m] = tree.threshold
-            depth = np.zeros(m)
-            for node in range(m):  # children always follow their parent in sklearn's node order
-                for child in (tree.children_left[node], tree.children_right[node]):
-                    if child >= 0:
-                        depth[child] = depth[node] + 1
-            depth_max = max(depth_max, int(depth.max()))
-            self.path[i, :m] = depth + average_path_length(np.asarray(tree.n_node_samples, dtype=np.float64))
-        self.depth = depth_max
+            self.feature[base : base + m] = np.where(feats >= 0, np.asarray(fmap)[np.maximum(feats, 0)], 0)
+            self.threshold[base : base + m] = tree.threshold
+            leaf[base : base + m] = ~inner
+            samples[base : base + m] = tree.n_node_samples
+        # Depth of every node, level by level over all trees at once (children follow their parent).
+        depth = np.zeros(size)
+        frontier, level = self.roots, 0
+        while frontier.size:
+            frontier = frontier[~leaf[frontier]]
+            level += 1
+            frontier = np.concatenate([self.left[frontier], self.right[frontier]])
+            depth[frontier] = level
+        self.depth = level - 1
+        self.path = depth + average_path_length(samples)
         psi = float(forest.max_samples_)  # type: ignore[attr-defined]
         self.norm = len(trees) * float(average_path_length(np.array([psi]))[0])
-        self._rows = np.arange(len(trees))[:, None]
 
     def score(self, x: FloatArray) -> FloatArray:
         """:math:`s(x)` per row of ``x`` (shape ``(m, d)``); equals ``-IsolationForest.score_samples``."""
         x = np.asarray(x, dtype=np.float32).astype(np.float64)  # sklearn compares in float32
-        node = np.zeros((self.left.shape[0], x.shape[0]), dtype=np.int64)
-        cols = np.arange(x.shape[0])[None, :]
+        d = x.shape[1]
+        flat_x = x.ravel()
+        node = np.repeat(self.roots[:, None], x.shape[0], axis=1)  # (trees, m) flat node indices
+        offset = (np.arange(x.shape[0], dtype=np.intp) * d)[None, :]
         for _ in range(self.depth):
-            left = self.left[self._rows, node]
-            values = x[cols, self.feature[self._rows, node]]
-            nxt = np.where(values <= self.threshold[self._rows, node], left, self.right[self._rows, node])
-            node = np.where(left < 0, node, nxt)
-        depths = self.path[self._rows, node].sum(axis=0)
+            values = flat_x.take(self.feature.take(node) + offset)
+            node = np.where(values <= self.threshold.take(node), self.left.take(node), self.right.take(node))
+        depths = self.path.take(node).sum(axis=0)
         return np.asarray(2.0 ** (-depths / self.norm), dtype=np.float64)
 
 

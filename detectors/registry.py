@@ -28,12 +28,13 @@ def _scorer(
 
 def _general() -> base.Detector:
     from detectors.general import GeneralAnomalyDetector
-    from detectors.novelty import LevelNoveltyScorer
+    from detectors.novelty import staggered_factory
     from detectors.thresholds import Thresholder
 
     # k = n = 1: the scorer's rest period already reports one excursion as one high point, so a
     # 2-of-3 persistence rule would never see a second hit. The daily alarm budget still applies.
-    return GeneralAnomalyDetector(LevelNoveltyScorer, lambda: Thresholder(threshold=0.9, k=1, n=1))
+    # Staggered re-cut phases: ~80 signals' O(history) range checks would otherwise share one tick.
+    return GeneralAnomalyDetector(staggered_factory(), lambda: Thresholder(threshold=0.9, k=1, n=1))
 
 
 def _ensemble() -> streaming.StreamingScorer:

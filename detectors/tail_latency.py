@@ -34,15 +34,22 @@ from __future__ import annotations
 import math
 import re
 
-import numpy as np
-
 from detectors.base import Finding, Severity
-from detectors.domain_util import FloatArray, KOfN, RecursiveLeastSquares, gpu_indices, mean_of
+from detectors.domain_util import KOfN, PerNameSet, RecursiveLeastSquares, gpu_indices, mean_of
 from detectors.snapshot import Snapshot
 
 _SIGNAL = re.compile(
     r"^(?:gate\.(?P<bucket>le256|le1k|le4k|gt4k)|engine)\.(?P<kind>ttft|itl|e2e)_seconds\.(?P<q>p95|p99)$"
 )
+
+
+def _watched(snapshot: Snapshot) -> tuple[list[str], list[tuple[str, re.Match[str]]]]:
+    """The utilisation signals of every GPU, and the tail signals with their name match."""
+    util = [f"nvml.gpu{i}.utilization_ratio.mean" for i in gpu_indices(snapshot)]
+    tails = [(name, m) for name in snapshot.values if (m := _SIGNAL.match(name)) is not None]
+    return util, tails
+
+
 _KIND = {"ttft": "time to first token", "itl": "inter-token latency", "e2e": "end-to-end latency"}
 
 
@@ -50,12 +57,13 @@ class _Model:
     def __init__(self, forgetting: float, k: int, n: int, alpha: float) -> None:
         self.rls = RecursiveLeastSquares(4, forgetting=forgetting, delta=10.0)
         self.gate = KOfN(k, n)
-        self.x_ref: FloatArray | None = None
+        self.x_ref: list[float] | None = None
         self.alpha = alpha
 
-    def learn(self, x: FloatArray, y: float) -> None:
+    def learn(self, x: list[float], y: float) -> None:
         self.rls.learn(x, y)
-        self.x_ref = x.copy() if self.x_ref is None else self.x_ref + self.alpha * (x - self.x_ref)
+        ref, alpha = self.x_ref, self.alpha
+        self.x_ref = list(x) if ref is None else [r + alpha * (v - r) for r, v in zip(ref, x, strict=True)]
 
 
 class TailLatencyDetector:
@@ -85,19 +93,20 @@ class TailLatencyDetector:
         self.k = k
         self.n = n
         self.models_: dict[str, _Model] = {}
+        self._watched = PerNameSet(_watched)
 
     def update(self, snapshot: Snapshot) -> list[Finding]:
         """Score each tail signal against the load model, then learn it unless it is anomalous."""
-        util = mean_of(snapshot, [f"nvml.gpu{i}.utilization_ratio.mean" for i in gpu_indices(snapshot)])
+        util_names, tails = self._watched(snapshot)
+        util = mean_of(snapshot, util_names)
         waiting = snapshot.get("engine.requests_waiting")
         running = snapshot.get("engine.requests_running")
-        x = np.array(
-            [1.0, util or 0.0, math.log1p(max(0.0, waiting or 0.0)), math.log1p(max(0.0, running or 0.0))]
-        )
+        x = [1.0, util or 0.0, math.log1p(max(0.0, waiting or 0.0)), math.log1p(max(0.0, running or 0.0))]
         findings: list[Finding] = []
-        for name, latency in snapshot.values.items():
-            match = _SIGNAL.match(name)
-            if match is None or latency <= 0:
+        values = snapshot.values
+        for name, match in tails:
+            latency = values[name]
+            if latency <= 0:
                 continue
             model = self.models_.get(name)
             if model is None:

@@ -1,13 +1,15 @@
 from __future__ import annotations
 
 import csv
+import pickle
+from collections import deque
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from detectors.novelty import LevelNoveltyScorer
+from detectors.novelty import LevelNoveltyScorer, staggered_factory
 from detectors.streaming import score_series
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "nab"
@@ -102,3 +104,90 @@ def test_nab_jumpsup_first_alarm_lands_in_the_labelled_window() -> None:
     probation = min(int(0.15 * len(x)), 750)
     first = probation + int(np.argmax(scores[probation:] >= 0.9))
     assert start <= first <= end
+
+
+def test_rest_period_is_the_maximum_of_the_previous_rest_raw_novelties() -> None:
+    # The running maximum must equal the naive rule: report raw only if it beats max(raw[i-rest:i]).
+    x = noise(3000, seed=4)
+    x[np.random.default_rng(5).integers(300, 3000, 40)] += np.random.default_rng(6).normal(0, 8, 40)
+    rest = 25
+    raw = scores_of(x, rest=0)
+    expected = np.array(
+        [r if i == 0 or r > raw[max(0, i - rest) : i].max() else 0.0 for i, r in enumerate(raw)]
+    )
+    assert raw.max() > 0.9  # the injected outliers do score
+    np.testing.assert_array_equal(scores_of(x, rest=rest), expected)
+
+
+@pytest.mark.parametrize("history", [5000, 500])  # 500: the window's ring has wrapped
+def test_recut_symbols_equal_the_per_value_symbols(history: int) -> None:
+    scorer = LevelNoveltyScorer(requant_every=100, history=history)
+    x = np.concatenate([noise(600), 10.0 * noise(600, seed=1)])
+    score_series(scorer, STEP * np.arange(x.size), x)
+    window = scorer._window()
+    assert len(window) == len(scorer.symbols_) == min(history, x.size)
+    np.testing.assert_array_equal(window, x[-len(window) :])
+    assert list(scorer.symbols_) == [scorer._symbol(float(v)) for v in window]
+    counts: dict[int, int] = {}
+    for s in scorer.symbols_:
+        counts[s] = counts.get(s, 0) + 1
+    assert scorer.counts_ == counts
+
+
+def _cuts(phase: int = 0) -> list[int]:
+    """The points after which the bin width changed."""
+    scorer = LevelNoveltyScorer(warmup=50, requant_every=100, tolerance=1.01)
+    scorer.phase_ = phase
+    widths = []
+    x = noise(1000) * np.linspace(1.0, 20.0, 1000)  # a spread that keeps growing: every check re-cuts
+    for i, v in enumerate(x):
+        scorer.update(STEP * i, float(v))
+        widths.append(scorer.width_)
+    return [i + 1 for i in range(1, len(widths)) if widths[i] != widths[i - 1]]
+
+
+def test_requant_phase_moves_the_recut_points() -> None:
+    assert _cuts() == [50, *range(100, 1001, 100)]
+    assert _cuts(phase=37) == [50, *range(137, 1001, 100)]
+
+
+def test_staggered_factory_gives_each_scorer_its_own_phase() -> None:
+    make = staggered_factory()
+    phases = [make().phase_ % 300 for _ in range(80)]
+    assert len(set(phases)) == 80
+    # Deterministic: a new factory hands out the same phases in the same order.
+    again = staggered_factory()
+    assert [again().phase_ for _ in range(80)] == phases
+
+
+def test_a_pickled_scorer_resumes_exactly_and_holds_no_numpy_objects() -> None:
+    scorer = staggered_factory()
+    scorer()  # the second scorer made has phase 1
+    original = scorer()
+    x = noise(6000, seed=8)
+    score_series(original, STEP * np.arange(5500), x[:5500])
+    data = pickle.dumps(original)
+    assert b"numpy" not in data  # agent/persist.py's restricted unpickler admits no numpy class
+    restored = pickle.loads(data)
+    assert restored.phase_ == 1
+    t = STEP * np.arange(5500, 6000)
+    np.testing.assert_array_equal(score_series(restored, t, x[5500:]), score_series(original, t, x[5500:]))
+
+
+def test_a_scorer_saved_before_the_ring_buffer_is_upgraded() -> None:
+    x = noise(700, seed=9)
+    x[[400, 650]] += [15.0, 40.0]
+    reference = LevelNoveltyScorer(history=500)
+    expected = score_series(reference, STEP * np.arange(700), x)
+    scorer = LevelNoveltyScorer(history=500)
+    score_series(scorer, STEP * np.arange(600), x[:600])
+    # The old layout: the window as a deque, the last ``rest`` raw novelties instead of peaks_.
+    raw = scores_of(x[:600], rest=0, history=500)
+    old = {k: v for k, v in vars(scorer).items() if k not in ("values_", "head_", "filled_", "peaks_")}
+    old["values_"] = deque(x[100:600].tolist(), maxlen=500)
+    old["recent_raw_"] = deque(raw[-200:].tolist(), maxlen=200)
+    upgraded = LevelNoveltyScorer.__new__(LevelNoveltyScorer)
+    upgraded.__setstate__(old)
+    t = STEP * np.arange(600, 700)
+    np.testing.assert_array_equal(score_series(upgraded, t, x[600:]), expected[600:])
+    assert expected[650] > 0.9

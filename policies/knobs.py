@@ -3,7 +3,10 @@
 ``batch.max_in_flight`` is the effective batch: the admission gate's in-flight limit (and the engine's
 ``max_num_seqs`` where a control adapter allows it). ``route.upstream`` picks the deployment that serves
 traffic (``primary``, the ``fp8`` variant, or the ``small`` model); ``route.fp8_share`` is the share of
-traffic a precision canary sends to the fp8 upstream.
+traffic a precision canary sends to the fp8 upstream. ``engine.max_num_batched_tokens`` is the engine's
+chunked-prefill token budget per step, a knob only where the engine's control API offers it (the
+simulator does; released vLLM and SGLang cannot change it at run time); the same name is the signal the
+engine's current value is published under.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ SM_CLOCK = "gpu.sm_clock_mhz"
 POWER_LIMIT = "gpu.power_limit_w"
 UPSTREAM = "route.upstream"
 FP8_SHARE = "route.fp8_share"
+TOKEN_BUDGET = "engine.max_num_batched_tokens"
 
 UPSTREAMS: tuple[str, ...] = ("primary", "fp8", "small")
 
@@ -23,6 +27,7 @@ KV_USAGE = "engine.kv_cache_usage_ratio"
 PREEMPTIONS = "engine.preemptions_per_second"
 FINISHED = "engine.requests_finished_per_second"
 GEN_TPS = "engine.generation_tokens_per_second"
+PROMPT_TPS = "engine.prompt_tokens_per_second"
 TTFT_P99 = "engine.ttft_seconds.p99"
 ITL_P99 = "engine.itl_seconds.p99"
 ITL_MEAN = "engine.itl_seconds.mean"

@@ -17,7 +17,8 @@ from policies.batch_seed import SeedBatch
 from policies.breaker import Breaker
 from policies.canary import Canary
 from policies.energy import Energy
-from policies.knobs import BATCH, POWER_LIMIT, SM_CLOCK
+from policies.knobs import BATCH, POWER_LIMIT, SM_CLOCK, TOKEN_BUDGET
+from policies.token_budget import TokenBudget
 
 DEFAULT_TTFT_S = 2.0
 DEFAULT_ITL_S = 0.1
@@ -32,6 +33,12 @@ def register_defaults() -> None:
     """Register every built-in policy (idempotent)."""
     _policy("breaker", Breaker, True, "multi-level circuit breaker on SLO burn rate, 5xx, preemption, memory")
     _policy("batch_auto", lambda: AutoBatch(DEFAULT_TTFT_S, DEFAULT_ITL_S), True, "SLO-aware batch limit")
+    _policy(
+        "token_budget",
+        lambda: TokenBudget(DEFAULT_TTFT_S, DEFAULT_ITL_S),
+        True,
+        "chunked-prefill token budget: small chunks when prefill stalls decodes (engines that offer it)",
+    )
     _policy("batch_seed", SeedBatch, False, "the published utilisation rule (baseline)")
     _policy("canary", Canary, False, "perplexity-gated, stepped fp8 rollout with rollback")
     _policy(
@@ -61,8 +68,10 @@ def build_set(
     initial_batch: float = 64.0,
     clock_levels_mhz: tuple[float, ...] = (),
     breaker: bool = True,
+    initial_token_budget: float | None = None,
 ) -> list[Policy]:
-    """The policies of a named set: ``auto`` (SLO-aware batch + breaker, + energy when clock levels are
+    """The policies of a named set: ``auto`` (SLO-aware batch + breaker, + the token budget controller
+    when ``initial_token_budget`` (the engine's start value) is given, + energy when clock levels are
     given) or ``seed`` (the published rule alone, with its [8, 32] bounds)."""
     if name == "seed":
         return [SeedBatch()]
@@ -72,6 +81,17 @@ def build_set(
     policies: list[Policy] = [
         AutoBatch(ttft_slo_s, itl_slo_s, lower=lower, upper=upper, initial=initial_batch)
     ]
+    if initial_token_budget is not None:
+        budget = TokenBudget(ttft_slo_s, itl_slo_s)
+        policies.append(
+            TokenBudget(
+                ttft_slo_s,
+                itl_slo_s,
+                lower=min(budget.lower, initial_token_budget),
+                upper=max(budget.upper, initial_token_budget),
+                initial=initial_token_budget,
+            )
+        )
     if clock_levels_mhz:
         policies.append(Energy(ttft_slo_s, itl_slo_s, clock_levels_mhz))
     if breaker:
@@ -82,11 +102,13 @@ def build_set(
 def default_arbiter(
     batch_bounds: tuple[float, float] = (1.0, 1024.0), clock_bounds: tuple[float, float] = (0.0, 1e5)
 ) -> Arbiter:
-    """Knob rules: batch moves at most 50% per tick, clocks by any amount (the energy ladder steps)."""
+    """Knob rules: batch moves at most 50% per tick, clocks by any amount (the energy ladder steps), the
+    token budget at most x2 or /2 per move within [256, 16384], at most once per 5 s."""
     return Arbiter(
         {
             BATCH: KnobRule(batch_bounds[0], batch_bounds[1], max_step=0.5, integer=True),
             SM_CLOCK: KnobRule(clock_bounds[0], clock_bounds[1], hysteresis=0.0),
             POWER_LIMIT: KnobRule(0.0, 1e5, max_step=0.25, cooldown_s=5.0),
+            TOKEN_BUDGET: KnobRule(256.0, 16384.0, max_step=1.0, cooldown_s=5.0, integer=True),
         }
     )

@@ -26,6 +26,8 @@ from simulator.hardware import PRECISIONS
 LEASE_BOUNDS = (1.0, 3600.0)
 DEFAULT_LEASE_S = 30.0
 MAX_NUM_SEQS_BOUNDS = (1, 1024)
+#: The step token budget: one KV block's worth at least (16 tokens), and vLLM's largest V1 default x8.
+MAX_NUM_BATCHED_TOKENS_BOUNDS = (16, 65536)
 IDEMPOTENCY_MEMORY = 1024
 
 
@@ -56,6 +58,11 @@ class ControlPlane:
                 "type": "integer",
                 "minimum": MAX_NUM_SEQS_BOUNDS[0],
                 "maximum": MAX_NUM_SEQS_BOUNDS[1],
+            },
+            "max_num_batched_tokens": {
+                "type": "integer",
+                "minimum": MAX_NUM_BATCHED_TOKENS_BOUNDS[0],
+                "maximum": MAX_NUM_BATCHED_TOKENS_BOUNDS[1],
             },
             "precision": {"type": "string", "enum": list(PRECISIONS)},
             "sm_clock_mhz": {"type": "number", "minimum": gpu.clock_min_mhz, "maximum": gpu.clock_max_mhz},
@@ -170,8 +177,8 @@ class ControlPlane:
             if spec is None or name == "lease_s":
                 raise ControlError(
                     422,
-                    f"settings.{name} is not a knob; known: max_num_seqs, precision, "
-                    "sm_clock_mhz, power_limit_w",
+                    f"settings.{name} is not a knob; known: max_num_seqs, max_num_batched_tokens, "
+                    "precision, sm_clock_mhz, power_limit_w",
                 )
             if "enum" in spec:
                 if value not in spec["enum"]:

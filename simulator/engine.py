@@ -43,6 +43,8 @@ class EngineSettings:
     precision: str
     sm_clock_mhz: float
     power_limit_w: float
+    #: The chunked-prefill token budget of one step (vLLM's ``max_num_batched_tokens``).
+    max_num_batched_tokens: int = 8192
 
 
 @dataclass(frozen=True)
@@ -96,14 +98,20 @@ class EngineCore:
         model: ModelProfile,
         settings: EngineSettings,
         *,
-        max_num_batched_tokens: int = 8192,
+        max_num_batched_tokens: int | None = None,
         gpu_memory_utilization: float = 0.9,
         block_size: int = BLOCK_SIZE,
         start: float = 0.0,
     ) -> None:
         self.gpu = gpu
         self.model = model
-        self.max_num_batched_tokens = max_num_batched_tokens
+        if max_num_batched_tokens is not None:
+            settings = replace(settings, max_num_batched_tokens=max_num_batched_tokens)
+        if settings.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {settings.max_num_batched_tokens}")
+        #: The budget at start-up: the activation reserve (hence the KV pool) is sized for it once, as
+        #: vLLM's memory profiling does; the runtime knob changes the step budget, not the pool.
+        self.profiled_batched_tokens = settings.max_num_batched_tokens
         self.gpu_memory_utilization = gpu_memory_utilization
         self.block_size = block_size
         self.stats = EngineStats(max_model_len=model.max_model_len)
@@ -117,10 +125,18 @@ class EngineCore:
         self._requests: dict[str, Request] = {}
         self.budget: KvBudget = self._budget(settings.precision)
         self.scheduler = Scheduler(
-            BlockPool(self.budget.num_blocks), settings.max_num_seqs, max_num_batched_tokens, block_size
+            BlockPool(self.budget.num_blocks),
+            settings.max_num_seqs,
+            settings.max_num_batched_tokens,
+            block_size,
         )
         self.settings = settings
         self.steptime = StepTimeModel(gpu, model, settings.precision)
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        """The current step token budget (a runtime setting)."""
+        return self.settings.max_num_batched_tokens
 
     # -- settings and faults ------------------------------------------------------------------------
     def _budget(self, precision: str) -> KvBudget:
@@ -129,7 +145,7 @@ class EngineCore:
             self.model,
             precision,
             self.gpu_memory_utilization,
-            self.max_num_batched_tokens,
+            self.profiled_batched_tokens,
             self.block_size,
         )
         if budget.num_blocks < blocks_for(self.model.max_model_len, self.block_size):
@@ -152,6 +168,7 @@ class EngineCore:
             preempted = self.scheduler.shrink_to_fit()
             self.stats.preemptions += len(preempted)
         self.scheduler.max_num_seqs = settings.max_num_seqs
+        self.scheduler.max_num_batched_tokens = settings.max_num_batched_tokens
         self.settings = settings
         return [r.rid for r in preempted]
 

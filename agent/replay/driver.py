@@ -3,8 +3,9 @@
 The loop is event-driven: submit arrivals when they are due, step the core (fast-forwarding pure-decode
 stretches up to the next event), and at every tick boundary build the snapshot the live collectors would
 see (:class:`CoreSignals`), let the brain decide, and apply its decisions to the core the way the
-actuators would (absolute values: ``max_num_seqs`` for the batch, SM clock, power limit, precision for
-the fp8 / small upstreams). Nothing reads a clock; the same trace and seed give the same result.
+actuators would (absolute values: ``max_num_seqs`` for the batch, ``max_num_batched_tokens`` for the
+token budget, SM clock, power limit, precision for the fp8 / small upstreams). Nothing reads a clock;
+the same trace and seed give the same result.
 
 Requests are judged against the SLO one by one: good when it finished, got no 5xx, its TTFT is within
 ``slo.ttft_s`` and its mean inter-token latency (TPOT) within ``slo.itl_s`` (DistServe's goodput).
@@ -68,6 +69,7 @@ class TickRow:
     clock_mhz: float
     power_w: float
     upstream: str
+    token_budget: float = 0.0
 
 
 @dataclass
@@ -138,6 +140,7 @@ class Replay:
         s = self.core.settings
         return {
             knobs.BATCH: float(s.max_num_seqs),
+            knobs.TOKEN_BUDGET: float(s.max_num_batched_tokens),
             knobs.SM_CLOCK: s.sm_clock_mhz,
             knobs.POWER_LIMIT: s.power_limit_w,
             knobs.UPSTREAM: self.upstream,
@@ -149,6 +152,8 @@ class Replay:
         value = decision.value
         if decision.knob == knobs.BATCH:
             settings = core.with_settings(max_num_seqs=max(1, int(float(value))))
+        elif decision.knob == knobs.TOKEN_BUDGET:
+            settings = core.with_settings(max_num_batched_tokens=max(16, int(float(value))))
         elif decision.knob == knobs.SM_CLOCK:
             settings = core.with_settings(sm_clock_mhz=float(value))
         elif decision.knob == knobs.POWER_LIMIT:
@@ -217,6 +222,7 @@ class Replay:
                 get(knobs.SM_CLOCK_HZ, 0.0) / 1e6,
                 get("nvml.gpu0.power_watts.mean", 0.0),
                 self.upstream,
+                float(s.max_num_batched_tokens),
             )
         )
         self._tick_requests = self._tick_bad = self._tick_errors = self._tick_arrivals = 0

@@ -1,7 +1,8 @@
 """Build and run replays from a :class:`ReplaySpec`: one policy, or the sweep of static settings.
 
-Policies: ``auto`` (SLO-aware batch + breaker, + energy with ``energy=True``), ``seed`` (the published
-rule) or ``static:N`` (the engine's ``max_num_seqs`` fixed at N, no brain). Every run starts from the
+Policies: ``auto`` (SLO-aware batch + token budget + breaker, + energy with ``energy=True``), ``seed``
+(the published rule), ``static:N`` (the engine's ``max_num_seqs`` fixed at N, no brain) or
+``static:N/T`` (also ``max_num_batched_tokens`` fixed at T). Every run starts from the
 engine's default batch and token budget: vLLM V1's defaults for the OpenAI server on that GPU
 (:func:`vllm_defaults`) unless the spec overrides them.
 """
@@ -23,6 +24,12 @@ from simulator.engine import make_core
 DEFAULT_SLO = Slo(10.0, 0.1)
 #: The static settings a sweep replays: every value auto's batch bounds (8 up to the default) can reach.
 DEFAULT_STATICS: tuple[int, ...] = (8, 16, 24, 32, 48, 64, 80, 96, 128, 192, 256, 384, 512, 1024)
+#: The token budgets a sweep replays besides the engine default: every value auto's token budget
+#: controller can reach from a 2048 default (halving / doubling within [1024, 4096]), and 512.
+DEFAULT_BUDGETS: tuple[int, ...] = (512, 1024, 2048, 4096)
+#: The batch settings each non-default budget is swept with (coarser than DEFAULT_STATICS, to keep a
+#: sweep's runtime about 2.5x the batch-only one).
+BUDGET_STATICS: tuple[int, ...] = (8, 16, 32, 64, 96, 128, 256)
 
 
 @dataclass(frozen=True)
@@ -54,13 +61,28 @@ def vllm_defaults(gpu: str) -> tuple[int, int]:
 
 
 def parse_policy(text: str) -> tuple[str, int | None]:
-    """``auto`` / ``seed`` / ``static:N`` -> (kind, N); raises ValueError with one line."""
+    """``auto`` / ``seed`` / ``static:N`` / ``static:N/T`` -> (kind, N); raises ValueError with one line
+    (the token budget T: :func:`static_tokens`)."""
     if text in ("auto", "seed"):
         return text, None
     kind, _, raw = text.partition(":")
-    if kind == "static" and raw.isdigit() and int(raw) >= 1:
-        return "static", int(raw)
-    raise ValueError(f"--policy must be auto, seed or static:N with N >= 1, got {text!r}")
+    seqs, slash, tokens = raw.partition("/")
+    if (
+        kind == "static"
+        and seqs.isdigit()
+        and int(seqs) >= 1
+        and (not slash or (tokens.isdigit() and int(tokens) >= 16))
+    ):
+        return "static", int(seqs)
+    raise ValueError(
+        f"--policy must be auto, seed, static:N or static:N/T with N >= 1 and T >= 16, got {text!r}"
+    )
+
+
+def static_tokens(text: str) -> int | None:
+    """The token budget T of ``static:N/T`` (None for any other policy); assumes a valid policy."""
+    _, slash, tokens = text.partition("/")
+    return int(tokens) if slash else None
 
 
 def workload_for(spec: ReplaySpec, max_model_len: int) -> Workload:
@@ -82,11 +104,12 @@ def run_policy(spec: ReplaySpec, policy: str, workload: Workload | None = None) 
     kind, n = parse_policy(policy)
     default_batch, default_tokens = vllm_defaults(spec.gpu)
     default_batch = spec.default_batch or default_batch
+    default_tokens = spec.max_num_batched_tokens or default_tokens
     core = make_core(
         spec.gpu,
         spec.model,
         max_num_seqs=n or default_batch,
-        max_num_batched_tokens=spec.max_num_batched_tokens or default_tokens,
+        max_num_batched_tokens=static_tokens(policy) or default_tokens,
     )
     w = workload if workload is not None else workload_for(spec, core.model.max_model_len)
     controller: Controller | None = None
@@ -104,6 +127,7 @@ def run_policy(spec: ReplaySpec, policy: str, workload: Workload | None = None) 
             initial_batch=float(default_batch),
             batch_bounds=(8.0, float(max(512, default_batch))),
             clock_levels_mhz=levels,
+            initial_token_budget=float(default_tokens),
         )
         controller = Brain(policies, default_arbiter(), interval_s=spec.interval_s)
         if levels:
@@ -127,12 +151,34 @@ def run_summary(
     return summarise(run, name, with_actions=with_actions)
 
 
+def static_grid(
+    spec: ReplaySpec,
+    settings: Sequence[int] = DEFAULT_STATICS,
+    budgets: Sequence[int] = DEFAULT_BUDGETS,
+    budget_settings: Sequence[int] = BUDGET_STATICS,
+) -> list[str]:
+    """The static policies a sweep replays: ``static:N`` for every N in ``settings`` (at the engine's
+    default token budget), then ``static:N/T`` for every other budget T in ``budgets`` and N in
+    ``budget_settings``."""
+    default_tokens = spec.max_num_batched_tokens or vllm_defaults(spec.gpu)[1]
+    grid = [f"static:{n}" for n in settings]
+    grid += [f"static:{n}/{t}" for t in budgets if t != default_tokens for n in budget_settings]
+    return grid
+
+
 def sweep(
-    spec: ReplaySpec, settings: Sequence[int] = DEFAULT_STATICS, *, workload: Workload | None = None
+    spec: ReplaySpec,
+    settings: Sequence[int] = DEFAULT_STATICS,
+    *,
+    budgets: Sequence[int] = DEFAULT_BUDGETS,
+    budget_settings: Sequence[int] = BUDGET_STATICS,
+    workload: Workload | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Every static setting (one summary each, without action lists) and the one with the best goodput
-    (ties: the higher SLO attainment). ``workload`` saves re-reading the trace for each setting."""
+    """Every static setting of :func:`static_grid` (one summary each, without action lists) and the one
+    with the best goodput (ties: the higher SLO attainment). ``workload`` saves re-reading the trace for
+    each setting; ``budgets=()`` sweeps the batch alone."""
     base = replace(spec, energy=False)
-    rows = [run_summary(base, f"static:{n}", with_actions=False, workload=workload) for n in settings]
+    grid = static_grid(spec, settings, budgets, budget_settings)
+    rows = [run_summary(base, policy, with_actions=False, workload=workload) for policy in grid]
     best = max(rows, key=lambda r: (r["goodput_tps"], r["slo_attainment"]))
     return rows, best

@@ -88,6 +88,8 @@ class CoreSignals:
             "engine.requests_running": float(core.num_running),
             "engine.requests_waiting": float(core.num_waiting),
             "engine.kv_cache_usage_ratio": core.kv_usage,
+            # what the control API's state reports live; the token budget policy reads it
+            "engine.max_num_batched_tokens": float(core.settings.max_num_batched_tokens),
         }
         nvml: dict[str, float] = {}
         p = self._prefix

@@ -199,6 +199,27 @@ class Sidecar:
         elif wanted is None and current is not None:
             self.loop.set_policy_state("breaker", breaker.release(state, now))
 
+    async def _add_token_budget(self) -> None:
+        """When the engine's control API offers the chunked-prefill budget (the simulator does; vLLM and
+        SGLang fix ``max_num_batched_tokens`` at start-up), the ``auto`` set gains its controller, around
+        the value the engine runs with now. Known only after discovery, hence here and not in __init__."""
+        from policies import knobs as policy_knobs
+
+        bound = policy_knobs.TOKEN_BUDGET in self.knobs.actuation.knobs
+        if self.cfg.policies.set != "auto" or not bound or self.knobs.control is None:
+            return
+        try:
+            current = (await self.knobs.control.read()).get(policy_knobs.TOKEN_BUDGET.split(".", 1)[1])
+        except Exception as error:  # observation goes on without the lever
+            log.warning("token budget controller not started: cannot read the engine's budget: %s", error)
+            return
+        if isinstance(current, int | float) and not isinstance(current, bool) and current > 0:
+            from policies.registry import token_budget_policy
+
+            p = self.cfg.policies
+            self.loop.policies.append(token_budget_policy(p.ttft_slo_s, p.itl_slo_s, float(current)))
+            log.info("token budget controller on: the engine runs max_num_batched_tokens=%g", current)
+
     async def _leak_evidence(self, findings: tuple[Finding, ...], snapshot: Snapshot) -> tuple[Finding, ...]:
         """When the leak detector fires, ask the probe (in the background) to record allocator history."""
         if self.evidence.wanted(findings, snapshot.now) and self._evidence_task is None:
@@ -254,6 +275,7 @@ class Sidecar:
             if forced is not None:
                 self.knobs.actuation.forced["breaker.level"] = forced
         await self.knobs.start()
+        await self._add_token_budget()
         from agent.admin import add_admin_routes
 
         agent_cfg = self.cfg.agent

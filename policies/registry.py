@@ -82,21 +82,25 @@ def build_set(
         AutoBatch(ttft_slo_s, itl_slo_s, lower=lower, upper=upper, initial=initial_batch)
     ]
     if initial_token_budget is not None:
-        budget = TokenBudget(ttft_slo_s, itl_slo_s)
-        policies.append(
-            TokenBudget(
-                ttft_slo_s,
-                itl_slo_s,
-                lower=min(budget.lower, initial_token_budget),
-                upper=max(budget.upper, initial_token_budget),
-                initial=initial_token_budget,
-            )
-        )
+        policies.append(token_budget_policy(ttft_slo_s, itl_slo_s, initial_token_budget))
     if clock_levels_mhz:
         policies.append(Energy(ttft_slo_s, itl_slo_s, clock_levels_mhz))
     if breaker:
         policies.append(Breaker())
     return policies
+
+
+def token_budget_policy(ttft_slo_s: float, itl_slo_s: float, initial_token_budget: float) -> TokenBudget:
+    """The token budget controller for an engine that starts at ``initial_token_budget``: its default
+    range, widened to include the start value (an H100 engine starts at 8192)."""
+    budget = TokenBudget(ttft_slo_s, itl_slo_s)
+    return TokenBudget(
+        ttft_slo_s,
+        itl_slo_s,
+        lower=min(budget.lower, initial_token_budget),
+        upper=max(budget.upper, initial_token_budget),
+        initial=initial_token_budget,
+    )
 
 
 def default_arbiter(

@@ -42,7 +42,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "simulated engine with servepilot's policies deciding, thousands of times faster than real time.",
     )
     parser.add_argument("--trace", required=True, help="trace file")
-    parser.add_argument("--policy", default="auto", help="auto, seed or static:N (default auto)")
+    parser.add_argument(
+        "--policy",
+        default="auto",
+        help="auto, seed, static:N (max_num_seqs N) or static:N/T (and token budget T); default auto",
+    )
     parser.add_argument("--sweep", action="store_true", help="also replay every static setting")
     parser.add_argument("--gpu", default="a100-80g", help="simulated GPU profile (default a100-80g)")
     parser.add_argument("--model", default="llama-2-7b", help="simulated model (default llama-2-7b)")

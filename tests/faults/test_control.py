@@ -93,3 +93,34 @@ async def test_an_engine_that_keeps_failing_gives_one_temporary_error(sim: tuple
     _, url = sim
     _, result = await _apply_through(Front(url, fail=100), 32)
     assert isinstance(result, ControlError) and result.temporary and "\n" not in str(result)
+
+
+async def test_the_sidecar_runs_the_token_budget_controller_where_the_engine_offers_the_knob(
+    sim: tuple[SimServer, str],
+) -> None:
+    """Discovery decides: the simulator's control API offers max_num_batched_tokens, so the auto set gains
+    the controller, bounded around the value the engine runs with; without control there is none."""
+    from agent import config
+    from agent.engines.launcher import free_port
+    from agent.sidecar import Sidecar
+    from policies.token_budget import TokenBudget
+
+    server, url = sim
+    base = {
+        "agent": {"listen_port": free_port(), "admin_listen_port": free_port()},
+        "audit": {"path": None},
+        "forecast": {"enabled": False},
+        "engine": {"url": url, "kind": "vllm"},
+    }
+    with_control = config.build({**base, "control": {"enabled": True, "url": url, "adapter": "generic"}})
+    for cfg, wanted in ((with_control, True), (config.build(base), False)):
+        sidecar = Sidecar(cfg)
+        await sidecar.start()
+        try:
+            budgets = [p for p in sidecar.loop.policies if isinstance(p, TokenBudget)]
+        finally:
+            await sidecar.stop()
+        assert bool(budgets) is wanted
+        if budgets:
+            start = server.core.max_num_batched_tokens
+            assert budgets[0].lower <= start <= budgets[0].upper

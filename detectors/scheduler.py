@@ -11,7 +11,9 @@ per step) against :math:`x = (1, B)`, with :math:`B` = ``engine.batch_size_mean`
 ``engine.requests_running``) and :math:`T` = ``engine.generation_tokens_per_second``, both averaged over
 the last ``smooth`` busy ticks: a per-tick rate of a small engine swings by half between ticks, and
 :math:`B/T` of a noisy :math:`T` is biased upward (Jensen), which fitted a model far below the engine's
-real throughput. Each tick is scored first, :math:`d = (T - \hat T)/\hat T`, then learned unless
+real throughput. While the batch has hardly varied the slope is unidentifiable and the expectation is
+the mean step time alone (:meth:`expected_throughput`). Each tick is scored first,
+:math:`d = (T - \hat T)/\hat T`, then learned unless
 :math:`d` is below the threshold: a degraded period must not teach the model that degraded is normal
 (guarded learning), while an engine faster than the model says is news the model must take (guarding
 both sides froze a poor warm-up fit for good). During ``warmup`` ticks everything is learned and nothing
@@ -52,6 +54,20 @@ class _Ewma:
             self.value = x if self.value is None else self.value + self.alpha * (x - self.value)
 
 
+class _RunningMean:
+    """Mean with exponential forgetting that is exact while young (weight ``max(1/n, 1 - forgetting)``):
+    no first sample dominates the way an EWMA seeded with it would."""
+
+    def __init__(self, forgetting: float) -> None:
+        self.floor = 1.0 - forgetting
+        self.n = 0
+        self.value = 0.0
+
+    def learn(self, x: float) -> None:
+        self.n += 1
+        self.value += max(1.0 / self.n, self.floor) * (x - self.value)
+
+
 class SchedulerEfficiencyDetector:
     """Observed generation throughput against what the batch size predicts; diagnoses shortfalls."""
 
@@ -68,7 +84,8 @@ class SchedulerEfficiencyDetector:
         baseline_alpha: float = 0.01,
         k: int = 3,
         n: int = 5,
-        smooth: int = 4,
+        smooth: int = 8,
+        min_batch_spread: float = 0.1,
     ) -> None:
         self.threshold = threshold
         self.warmup = warmup
@@ -84,10 +101,22 @@ class SchedulerEfficiencyDetector:
         self.prompt_len_ = _Ewma(baseline_alpha)
         self.queue_p95_ = _Ewma(baseline_alpha)
         self.recent_: deque[tuple[float, float]] = deque(maxlen=smooth)  # (throughput, batch), busy ticks
+        # seconds per step, and the batch's mean and square: for the batch's spread (see expected_throughput)
+        self.step_ = _RunningMean(forgetting)
+        self.batch_ = _RunningMean(forgetting)
+        self.batch_sq_ = _RunningMean(forgetting)
+        self.min_batch_spread = min_batch_spread
 
     def expected_throughput(self, batch: float) -> float | None:
-        """:math:`\\hat T(B)` under the current model, or ``None`` before it is usable."""
-        step = self.model_.predict((1.0, batch))
+        """:math:`\\hat T(B)` under the current model, or ``None`` before it is usable.
+
+        While the batch has hardly varied (its coefficient of variation under ``min_batch_spread``) the
+        slope :math:`b` is not identifiable: the fit's split between :math:`a` and :math:`b` is noise, and
+        a batch 10% off the usual one extrapolated to several times the real throughput (a llama.cpp at a
+        steady batch of ~1 flagged itself healthy). Then the expectation is the mean step time alone."""
+        mean = self.batch_.value
+        spread = max(0.0, self.batch_sq_.value - mean * mean) ** 0.5 / mean if mean > 0 else 0.0
+        step = self.model_.predict((1.0, batch)) if spread >= self.min_batch_spread else self.step_.value
         return batch / step if step > 0 else None
 
     def update(self, snapshot: Snapshot) -> list[Finding]:
@@ -114,6 +143,9 @@ class SchedulerEfficiencyDetector:
             findings.append(self._finding(snapshot, throughput, expected, batch, deviation, prompt_len))
         if not warm or deviation >= -self.threshold:
             self.model_.learn((1.0, batch), batch / throughput)
+            self.step_.learn(batch / throughput)
+            self.batch_.learn(batch)
+            self.batch_sq_.learn(batch * batch)
             self.prompt_len_.learn(prompt_len)
             self.queue_p95_.learn(queue_p95)
         return findings

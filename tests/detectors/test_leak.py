@@ -138,3 +138,20 @@ def test_series_of_an_exited_process_is_forgotten() -> None:
     detector.update(_snap(0.0, {"nvml.gpu0.process_used_bytes.pid7": 1e9, "engine.requests_running": 1.0}))
     detector.update(_snap(700.0, {"engine.requests_running": 1.0}))
     assert "nvml.gpu0.process_used_bytes.pid7" not in detector.series_
+
+
+def test_series_are_analysed_in_phases_not_all_on_one_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """16 GPUs' memory series: each still analysed once per interval, but at most 2 on any one tick."""
+    detector = MemoryLeakDetector()
+    per_tick: dict[float, int] = {}
+
+    def counting(name: str, series: object, now: float, total: float | None) -> None:
+        per_tick[now] = per_tick.get(now, 0) + 1
+
+    monkeypatch.setattr(detector, "_analyse", counting)
+    values = {"engine.requests_running": 8.0}
+    values |= {f"nvml.gpu{i}.memory_used_bytes": 40 * GIB for i in range(16)}
+    for now in range(0, 600):
+        detector.update(_snap(float(now), values))
+    assert max(per_tick.values()) <= 2
+    assert sum(per_tick.values()) == 16 * 5  # 600 s / 120 s: five analyses per series

@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from agent import atomic
 from detectors.forecast.base import Forecast, Forecaster
 from detectors.forecast.series import Series, fill_gaps
 
@@ -156,19 +155,8 @@ def state_document(tracks: Mapping[str, Track], capacity_rps: float, last_refit_
 
 
 def write_atomically(path: str, text: str) -> None:
-    """Temp file in the same directory, fsync, rename: readers see the old file or the new one."""
-    directory = os.path.dirname(os.path.abspath(path))
-    handle, temp = tempfile.mkstemp(prefix=".forecast-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
+    """The state document, written atomically (agent/atomic.py)."""
+    atomic.write_atomically(path, text.encode("utf-8"), prefix=".forecast-")
 
 
 def load_state(path: str, tracks: Mapping[str, Track]) -> tuple[float, float | None] | None:

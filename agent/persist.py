@@ -32,13 +32,12 @@ import collections
 import dataclasses
 import io
 import logging
-import os
 import pickle
-import tempfile
 from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
+from agent import atomic
 from agent.loop import Loop
 from policies.breaker import BreakerState
 from policies.canary import CanaryState
@@ -106,19 +105,8 @@ def capture(loop: Loop, now: float, actuation: Any = None) -> bytes:
 
 
 def write_atomically(path: str, data: bytes) -> None:
-    """Temp file in the same directory, fsync, rename: readers see the old file or the new one."""
-    directory = os.path.dirname(os.path.abspath(path))
-    handle, temp = tempfile.mkstemp(prefix=".servepilot-state-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
+    """The state file, written atomically (agent/atomic.py)."""
+    atomic.write_atomically(path, data, prefix=".servepilot-state-")
 
 
 class _Unpickler(pickle.Unpickler):

@@ -21,16 +21,7 @@ from agent.sidecar import Sidecar, build_detectors
 from agent.store import Store
 from detectors.snapshot import Reading, Snapshot, SourceStatus
 from policies.breaker import Breaker, BreakerState
-
-
-class OneValue:
-    name = "engine"
-
-    async def collect(self, now: float) -> Reading:
-        return Reading("engine", now, SourceStatus.OK, {"engine.requests_running": 2.0})
-
-    async def close(self) -> None:
-        pass
+from tests.agent.test_sidecar import OneValue
 
 
 def _cfg(tmp_path: Path, state_path: str | None = None) -> config.Config:

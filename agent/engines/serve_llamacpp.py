@@ -23,7 +23,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8080)
     ap.add_argument("-c", "--ctx-size", type=int, default=8192, help="total KV context, split over slots")
     ap.add_argument("-np", "--parallel", type=int, default=4, help="slots (sequences decoded together)")
-    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-t", "--threads", type=int, default=1, help="compute threads (see LaunchOptions)")
     ap.add_argument("--alias", default="tiny-random-llama", help="model name the API reports")
     a = ap.parse_args()
 

@@ -135,6 +135,9 @@ def main() -> int:
         "--duration", type=float, default=300.0, help="seconds of ticking to measure (>= 300 for a p99)"
     )
     parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument(
+        "--dump", type=Path, help="write every tick's durations (ms) as CSV, to see which ticks are slow"
+    )
     args = parser.parse_args()
     port = _free_port()
     server = multiprocessing.Process(
@@ -155,6 +158,9 @@ def main() -> int:
     finally:
         server.terminate()
     ticks = np.array(durations) * 1000  # columns: see Tick
+    if args.dump:
+        header = "wall_ms,cpu_ms,collect_ms,think_ms,engine_ms,probe_ms,nvml_ms"
+        np.savetxt(args.dump, ticks, fmt="%.3f", delimiter=",", header=header, comments="")
     print(
         f"servepilot tick benchmark: {args.gpus} GPUs (fake NVML backend) sampled every 100 ms, "
         f"full vLLM scrape ({VLLM_SCRAPE.stat().st_size} bytes) + probe, 1 s tick, {wall:.0f} s"

@@ -117,8 +117,10 @@ class Sidecar:
             self.forecaster = LiveForecaster(cfg.forecast)
             self.collectors.append(self.forecaster)
         from agent.cost import CostTracker
+        from agent.refits import AfterTickExecutor
 
-        self._refits = ThreadPoolExecutor(1, thread_name_prefix="servepilot-refit")
+        # detector refits run in a worker thread, started when the tick that asked for them ends
+        self._refits = AfterTickExecutor(ThreadPoolExecutor(1, thread_name_prefix="servepilot-refit"))
 
         self.cost = CostTracker(cfg.cost.price_per_gpu_hour_usd, window_s=cfg.cost.window_s)
         # -- precision canary (agent/canary_live.py): its meter is a collector, its policy joins the set
@@ -150,6 +152,7 @@ class Sidecar:
 
         self.evidence = LeakEvidence()
         self._evidence_task: asyncio.Task[None] | None = None
+        self.loop.subscribe(self._refits.release)
         self.loop.subscribe(self.exporter.publish)
         if self.forecaster is not None:
             self.loop.subscribe(self.forecaster.on_state)

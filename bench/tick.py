@@ -79,6 +79,7 @@ async def _run(duration_s: float, gpus: int, port: int) -> tuple[list[Tick], flo
     from agent.exporter import Exporter
     from agent.heap import settle_after_start_up
     from agent.loop import Loop
+    from agent.refits import AfterTickExecutor
     from agent.sidecar import build_detectors
     from agent.state import AgentState
     from agent.store import Store
@@ -93,13 +94,15 @@ async def _run(duration_s: float, gpus: int, port: int) -> tuple[list[Tick], flo
     nvml = NvmlCollector(cfg.nvml, backend=FakeNvmlBackend(gpus))
     nvml.start()
     collectors: list[Collector] = [EngineMetricsCollector(cfg.engine), nvml, ProbeCollector(cfg.probe)]
+    refits = AfterTickExecutor(ThreadPoolExecutor(1))  # as the sidecar: refits between ticks
     loop = Loop(
         collectors,
         Store(cfg.agent.history_points, cfg.agent.max_series),
         interval_s=1.0,
         source_timeout_s=0.8,
-        detectors=build_detectors(ThreadPoolExecutor(1)),  # as the sidecar: refits off the tick
+        detectors=build_detectors(refits),
     )
+    loop.subscribe(refits.release)
     exporter = Exporter()
     loop.subscribe(exporter.publish)
     durations: list[Tick] = []

@@ -47,6 +47,9 @@ import numpy.typing as npt
 
 from detectors.streaming import ScorerBase
 
+FIRST_CUT_SPREAD = 8
+"""Staggered scorers make their first cut over this many points before the warm-up ends."""
+
 
 class LevelNoveltyScorer(ScorerBase):
     """Scores values that land in a bin of the running range no recent value occupied (see the module
@@ -156,7 +159,9 @@ class LevelNoveltyScorer(ScorerBase):
         counts = self.counts_
         counts[s] = counts.get(s, 0) + 1
         self.learned_ = n = n + 1
-        if n == self.warmup or (
+        # The first cut comes up to FIRST_CUT_SPREAD - 1 points before the warm-up ends, by phase, so
+        # that ~80 staggered scorers do not all cut on the same tick; scoring still starts at ``warmup``.
+        if n == max(1, self.warmup - self.phase_ % FIRST_CUT_SPREAD) or (
             n > self.warmup and n % self.requant_every == self.phase_ % self.requant_every
         ):
             self._requantise()

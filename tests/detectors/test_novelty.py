@@ -148,7 +148,9 @@ def _cuts(phase: int = 0) -> list[int]:
 
 def test_requant_phase_moves_the_recut_points() -> None:
     assert _cuts() == [50, *range(100, 1001, 100)]
-    assert _cuts(phase=37) == [50, *range(137, 1001, 100)]
+    # the first cut moves too, within the warm-up (37 % 8 = 5 points early), so scorers do not all cut
+    # on the tick their warm-up ends; scoring still starts at the warm-up
+    assert _cuts(phase=37) == [45, *range(137, 1001, 100)]
 
 
 def test_staggered_factory_gives_each_scorer_its_own_phase() -> None:

@@ -47,7 +47,7 @@ def test_llamacpp_binds_loopback_with_slots_threads_and_alias() -> None:
     argv, env = command(ENGINES["llamacpp"], Path("/m.gguf"), 8123, LaunchOptions(parallel=3, ctx=6144))
     assert argv[1].endswith("serve_llamacpp.py") and env == {}
     joined = " ".join(argv[2:])
-    assert joined == "-m /m.gguf --host 127.0.0.1 --port 8123 -c 6144 -np 3 -t 2 --alias tiny-random-llama"
+    assert joined == "-m /m.gguf --host 127.0.0.1 --port 8123 -c 6144 -np 3 -t 1 --alias tiny-random-llama"
 
 
 def test_vllm_runs_the_api_server_module_offline_in_dev_mode() -> None:

@@ -18,8 +18,17 @@ A failed probe goes back at once (it is the half-open circuit re-opening, not a 
     b(6 h) >= 6    and b(30 m) >= 6          slow burn: 5% of the budget in six hours
     (both only while b(last 2 m) >= 1: a burn that has stopped does not escalate further)
     5xx ratio over 1 m >= error_max          an error storm
-    preemptions/s >= preempt_max             KV thrash / OOM storm
+    preemptions/s >= preempt_max             KV thrash / OOM storm (the rate smoothed over ``preempt_tau_s``:
+                                             a storm, not a burst of a few in one tick)
     memory used / total >= memory_max        an OOM is coming (a leak)
+
+**Queueing at full capacity is not a fault.** With ``itl_slo_s`` set, a burn does not trip while
+decoding meets the inter-token SLO (window mean ITL <= ``itl_slo_s``) and the 5xx share is under
+``error_max``: then the misses are late first tokens, requests that waited for a busy engine (in the
+queue or behind other prompts' prefill, also while a queue drains), and every level makes that worse:
+L1 halves the batch (less capacity, a longer queue), L2's fp8 weight-only kernels prefill slower on an
+A100. The batch and token budget controllers own that case. Faults still trip: a latency spike slows
+decode past the SLO, a 5xx storm and a leak have their own trips, and so does a preemption storm.
 
 **Healthy** when none holds and ``b(5 m) < 1`` (within budget). Short windows only count outcomes of the
 current *generation* (since the last level change), so stale outcomes from before a change never push
@@ -29,6 +38,7 @@ freezes the machine until ``release``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -66,6 +76,9 @@ class BreakerState:
     buckets: Buckets = ()
     forced: int | None = None
     reason: str = "normal"
+    #: Preemptions/s smoothed over ``preempt_tau_s`` and when it was last updated.
+    preempt_rate: float = 0.0
+    at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -78,10 +91,13 @@ class Breaker:
     probe_s: float = 120.0
     error_max: float = 0.05
     preempt_max: float = 5.0
+    preempt_tau_s: float = 60.0
     memory_max: float = 0.97
     batch_factor: float = 0.5
     batch_floor: float = 8.0
     max_level: int = 3
+    #: The inter-token SLO: with it, a burn while queueing at full capacity does not trip (see above).
+    itl_slo_s: float | None = None
     name: str = "breaker"
 
     # -- operator overrides -------------------------------------------------------------------------
@@ -139,8 +155,9 @@ class Breaker:
         self, snapshot: Snapshot, state: BreakerState, burns: tuple[float, float, float, float]
     ) -> str | None:
         b2, b5, b30, b1h = burns
-        # Burning still, in the last two minutes: a burn that stopped must not push the level further.
-        burning = b2 >= 1.0
+        # Burning still, in the last two minutes: a burn that stopped must not push the level further;
+        # and not merely queueing at full capacity, which no level relieves.
+        burning = b2 >= 1.0 and not self._queueing(snapshot)
         if burning and b1h >= 14.4 and b5 >= 14.4:
             return f"fast burn: {b5:.1f}x over 5 m and {b1h:.1f}x over 1 h (>= 14.4x)"
         if burning and b30 >= 6.0 and (b6h := self._burn_6h(state)) >= 6.0:
@@ -149,13 +166,25 @@ class Breaker:
         errors = snapshot.get(knobs.GATE_ERRORS) or 0.0
         if requests >= 5 and errors / requests >= self.error_max:
             return f"5xx storm: {errors / requests:.0%} of answers (>= {self.error_max:.0%})"
-        preempt = snapshot.get(knobs.PREEMPTIONS) or 0.0
-        if preempt >= self.preempt_max:
-            return f"preemption storm: {preempt:.1f}/s (>= {self.preempt_max:g}/s)"
+        if state.preempt_rate >= self.preempt_max:
+            return (
+                f"preemption storm: {state.preempt_rate:.1f}/s over {self.preempt_tau_s:g} s "
+                f"(>= {self.preempt_max:g}/s)"
+            )
         used, total = snapshot.get(knobs.MEMORY_USED), snapshot.get(knobs.MEMORY_TOTAL)
         if used is not None and total and used / total >= self.memory_max:
             return f"memory {used / total:.1%} of the GPU (>= {self.memory_max:.0%}): OOM risk"
         return None
+
+    def _queueing(self, snapshot: Snapshot) -> bool:
+        """Decode meets the ITL SLO and errors are rare: the misses are first tokens that waited."""
+        if self.itl_slo_s is None:
+            return False
+        itl = snapshot.get(knobs.ITL_MEAN)
+        requests = snapshot.get(knobs.GATE_REQUESTS) or 0.0
+        errors = snapshot.get(knobs.GATE_ERRORS) or 0.0
+        errors_ok = requests <= 0 or errors / requests < self.error_max
+        return itl is not None and itl <= self.itl_slo_s and errors_ok
 
     # -- the policy ---------------------------------------------------------------------------------
     def decide(
@@ -164,8 +193,14 @@ class Breaker:
         state = state or BreakerState(dwell_s=self.dwell_s)
         requests = snapshot.get(knobs.GATE_REQUESTS) or 0.0
         bad = min(requests, snapshot.get(knobs.GATE_SLO_BAD) or 0.0)
+        preempt = snapshot.get(knobs.PREEMPTIONS) or 0.0
+        last = state.at
+        alpha = math.exp(-max(0.0, now - last) / self.preempt_tau_s) if last is not None else 1.0
         state = replace(
-            state, buckets=rolling_sum(state.buckets, now, BUCKET_S, 6 * 3600.0, requests - bad, bad)
+            state,
+            buckets=rolling_sum(state.buckets, now, BUCKET_S, 6 * 3600.0, requests - bad, bad),
+            preempt_rate=state.preempt_rate * alpha + preempt * (1.0 - alpha),
+            at=now,
         )
         if state.forced is None:
             state = self._step(snapshot, state, now)

@@ -86,7 +86,7 @@ def build_set(
     if clock_levels_mhz:
         policies.append(Energy(ttft_slo_s, itl_slo_s, clock_levels_mhz))
     if breaker:
-        policies.append(Breaker())
+        policies.append(Breaker(itl_slo_s=itl_slo_s))
     return policies
 
 

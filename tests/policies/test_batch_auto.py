@@ -1,6 +1,6 @@
 import pytest
 
-from policies.batch_auto import AutoBatch
+from policies.batch_auto import AutoBatch, AutoState
 from tests.policies.conftest import make_snapshot
 
 POLICY = AutoBatch(ttft_slo_s=10.0, itl_slo_s=0.1)
@@ -34,14 +34,58 @@ def test_shrinks_when_itl_is_over_target():
     assert value < 64
 
 
-def test_backs_off_below_running_on_preemptions():
-    assert _decide(
-        gate__limit=256,
-        engine__requests_running=80,
-        engine__preemptions_per_second=1.0,
-        engine__kv_cache_usage_ratio=0.99,
-        engine__itl_seconds__mean=0.03,
-    ) == [76]
+#: A tick with the KV cache full, one preemption, a queue and ITL far below target.
+FULL = {
+    "gate__limit": 256,
+    "engine__requests_running": 80,
+    "engine__requests_waiting": 10,
+    "engine__preemptions_per_second": 1.0,
+    "engine__kv_cache_usage_ratio": 0.99,
+    "engine__itl_seconds__mean": 0.03,
+}
+
+
+def test_backs_off_below_running_on_a_sustained_preemption_storm():
+    storm = AutoState(256.0, preempt_rate=3.0, at=99.0)
+    _, proposals = POLICY.decide(make_snapshot(100.0, **FULL), [], storm, 100.0)
+    assert [p.value for p in proposals] == [76]
+
+
+def test_a_full_cache_with_occasional_preemptions_holds_instead_of_cutting():
+    """The cache binding is not thrash: hold (no cut, no growth) while the smoothed rate is low."""
+    calm = AutoState(256.0, preempt_rate=0.1, at=99.0)
+    state, proposals = POLICY.decide(make_snapshot(100.0, **FULL), [], calm, 100.0)
+    assert proposals == []
+    assert state is not None and 0.1 < state.preempt_rate < 1.0  # smoothed: one tick moves it a little
+
+
+def test_a_full_cache_without_preemptions_does_not_cut():
+    values = {**FULL, "engine__preemptions_per_second": 0.0}
+    assert _decide(**values) == []
+
+
+def test_does_not_grow_in_a_tick_with_preemptions():
+    values = {**FULL, "gate__limit": 80, "engine__kv_cache_usage_ratio": 0.5}
+    assert _decide(**values) == []
+    assert _decide(**{**values, "engine__preemptions_per_second": 0.0}) != []  # the same tick, none: grows
+
+
+def test_the_smoothed_rate_reaches_the_threshold_only_when_preemptions_persist():
+    """3 preemptions/s: a 5-s burst stays under 2/s smoothed (tau 30 s); 40 s of it crosses."""
+    state = AutoState(256.0)
+    for t in range(1, 6):
+        state, proposals = POLICY.decide(
+            make_snapshot(float(t), **{**FULL, "engine__preemptions_per_second": 3.0}), [], state, float(t)
+        )
+        assert proposals == []
+    cut_at = None
+    for t in range(6, 60):
+        state, proposals = POLICY.decide(
+            make_snapshot(float(t), **{**FULL, "engine__preemptions_per_second": 3.0}), [], state, float(t)
+        )
+        if proposals and cut_at is None:
+            cut_at = t
+    assert cut_at is not None and 25 <= cut_at <= 40
 
 
 def test_does_not_grow_a_limit_that_does_not_bind():

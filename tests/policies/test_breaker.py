@@ -122,3 +122,74 @@ def test_l1_caps_the_batch_at_half_the_limit():
 
 def test_transition_table_covers_every_phase_and_event():
     assert set(TRANSITIONS) == {(p, e) for p in ("steady", "probe") for e in ("trip", "healthy")}
+
+
+#: The breaker as the auto set builds it: it knows the inter-token SLO.
+QUEUE_AWARE = Breaker(dwell_s=300.0, probe_s=120.0, itl_slo_s=0.1)
+
+
+def _queueing(t: float) -> dict[str, float]:
+    """60% of answers miss the SLO (late first tokens) while 40 wait and decode meets the ITL SLO."""
+    return {**_latency_spike(t), "engine__requests_waiting": 40.0, "engine__itl_seconds__mean": 0.05}
+
+
+def _levels(breaker: Breaker, fault: Callable[[float], dict[str, float]], total_s: float) -> list[int]:
+    state: BreakerState | None = None
+    levels = [0]
+    for t in range(int(total_s)):
+        state, _ = breaker.decide(make_snapshot(float(t), **fault(t)), [], state, float(t))
+        if state.level != levels[-1]:
+            levels.append(state.level)
+    return levels[1:]
+
+
+def test_a_burn_from_queueing_at_full_capacity_does_not_trip():
+    """Halving the batch or moving to fp8 would only lengthen the queue the misses come from."""
+    assert _levels(QUEUE_AWARE, _queueing, 2000.0) == []
+    # the same signals without the ITL SLO (the breaker cannot tell): it escalates as before
+    assert _levels(BREAKER, _queueing, 2000.0) == [1, 2, 3]
+
+
+def test_a_burn_with_slow_decode_still_trips_while_queueing():
+    """A latency spike slows every step: the ITL mean is over the SLO, so it is a fault, not a queue."""
+
+    def spike(t: float) -> dict[str, float]:
+        return {**_queueing(t), "engine__itl_seconds__mean": 0.4}
+
+    assert _levels(QUEUE_AWARE, spike, 2000.0) == [1, 2, 3]
+
+
+def test_a_burn_without_an_itl_reading_still_trips():
+    def no_itl(t: float) -> dict[str, float]:
+        return {k: v for k, v in _queueing(t).items() if k != "engine__itl_seconds__mean"}
+
+    assert _levels(QUEUE_AWARE, no_itl, 500.0) == [1, 2]
+
+
+def test_errors_and_preemption_storms_trip_while_queueing():
+    def storm(t: float) -> dict[str, float]:
+        return {**_queueing(t), "gate__errors": 3.0}
+
+    def thrash(t: float) -> dict[str, float]:
+        return {**_queueing(t), "gate__slo_bad": 0.0, "engine__preemptions_per_second": 8.0}
+
+    assert _levels(QUEUE_AWARE, storm, 500.0) == [1, 2]
+    assert _levels(QUEUE_AWARE, thrash, 500.0) == [1, 2]
+
+
+@pytest.mark.parametrize("fault", [_latency_spike, _error_storm, _leak], ids=["latency", "5xx", "leak"])
+def test_queue_aware_breaker_still_escalates_and_recovers_in_order_on_faults(fault):
+    assert _levels(QUEUE_AWARE, lambda t: fault(t) if t < 1200 else _healthy(t), 4000.0) == [1, 2, 3, 2, 1, 0]
+
+
+def test_a_burst_of_preemptions_is_no_storm():
+    """6 preemptions/s for 10 s (the KV cache binding on a chat trace) stays under 5/s smoothed over 60 s."""
+
+    def burst(t: float) -> dict[str, float]:
+        return {**_healthy(t), "engine__preemptions_per_second": 6.0 if 100 <= t < 110 else 0.0}
+
+    def storm(t: float) -> dict[str, float]:
+        return {**_healthy(t), "engine__preemptions_per_second": 6.0 if t >= 100 else 0.0}
+
+    assert _levels(BREAKER, burst, 600.0) == []
+    assert _levels(BREAKER, storm, 600.0) == [1, 2]

@@ -31,9 +31,59 @@ def test_holds_when_itl_is_over_target_without_prefill():
     assert _decide(engine__itl_seconds__p99=0.13, **values) == []
 
 
-def test_never_goes_below_its_lower_bound():
+def test_itl_alone_stops_halving_at_the_itl_floor():
+    """Below 1024 an ITL tail comes from decode: only KV pressure takes the budget further down."""
     values = {**PREFILL, "engine__max_num_batched_tokens": 1024}
     assert _decide(engine__itl_seconds__p99=0.2, **values) == []
+    assert _decide(engine__itl_seconds__p99=0.2, engine__preemptions_per_second=0.5, **values) == [512]
+
+
+def test_halves_on_kv_pressure_while_prefilling_even_with_itl_in_target():
+    values = {**PREFILL, "engine__itl_seconds__p99": 0.03}
+    assert _decide(engine__kv_cache_usage_ratio=0.97, **values) == [1024]
+    assert _decide(engine__preemptions_per_second=2.0, **values) == [1024]
+    assert _decide(engine__kv_cache_usage_ratio=0.9, **values) == []  # below kv_high: no pressure
+
+
+def test_kv_pressure_without_prefill_holds():
+    """Preemptions in pure-decode steps: the chunk is not what fills the cache."""
+    values = {**PREFILL, "engine__prompt_tokens_per_second": 0, "engine__itl_seconds__p99": 0.03}
+    assert _decide(engine__preemptions_per_second=2.0, **values) == []
+
+
+def test_never_goes_below_its_lower_bound():
+    values = {**PREFILL, "engine__max_num_batched_tokens": 512, "engine__preemptions_per_second": 3.0}
+    assert _decide(engine__itl_seconds__p99=0.2, **values) == []
+
+
+#: A tick at budget 512 that would double (TTFT at risk, ITL far below target) but for KV pressure.
+DOUBLING = {
+    **PREFILL,
+    "engine__max_num_batched_tokens": 512,
+    "engine__ttft_seconds__p99": 9.0,
+    "engine__itl_seconds__p99": 0.03,
+    "engine__kv_cache_usage_ratio": 0.5,
+}
+
+
+def test_does_not_double_within_the_kv_hold_after_pressure():
+    assert _decide(BudgetState(512, changed_at=0.0, pressed_at=60.0), now=100.0, **DOUBLING) == []
+    assert _decide(BudgetState(512, changed_at=0.0, pressed_at=30.0), now=100.0, **DOUBLING) == [1024]
+
+
+def test_does_not_double_while_kv_usage_is_above_target():
+    values = {**DOUBLING, "engine__kv_cache_usage_ratio": 0.9}
+    assert _decide(**values) == []
+    assert _decide(**DOUBLING) == [1024]
+
+
+def test_remembers_pressure_seen_during_the_dwell():
+    """A preemption inside the dwell after a change still bars doubling for kv_hold_s."""
+    snapshot = make_snapshot(**{**DOUBLING, "engine__preemptions_per_second": 1.0})
+    state, proposals = POLICY.decide(snapshot, [], BudgetState(512, changed_at=95.0), 100.0)
+    assert proposals == [] and state is not None and state.pressed_at == 100.0
+    _, later = POLICY.decide(make_snapshot(**DOUBLING), [], state, 140.0)
+    assert later == []
 
 
 def test_doubles_when_ttft_is_at_risk_and_itl_has_room():
@@ -85,6 +135,8 @@ def test_rejects_bad_parameters():
         TokenBudget(10.0, 0.1, lower=4096, initial=2048)
     with pytest.raises(ValueError):
         TokenBudget(10.0, 0.1, low=0.9)
+    with pytest.raises(ValueError):
+        TokenBudget(10.0, 0.1, kv_target=0.97)
 
 
 def test_auto_set_includes_the_budget_only_when_the_engine_budget_is_known():

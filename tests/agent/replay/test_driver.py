@@ -89,9 +89,9 @@ def test_fp8_upstream_switches_the_engine_precision(conv):
 
 
 def test_brain_runs_policies_through_the_arbiter(conv):
-    brain = Brain(
-        [AutoBatch(10.0, 0.1, initial=256)], Arbiter({knobs.BATCH: KnobRule(1, 1024, integer=True)})
-    )
+    # a short 8x burst: a preemption rate of 0.5/s already counts as a storm
+    auto = AutoBatch(10.0, 0.1, initial=256, preempt_max=0.5)
+    brain = Brain([auto], Arbiter({knobs.BATCH: KnobRule(1, 1024, integer=True)}))
     run = _replay(conv, batch=256, scale=8.0, controller=brain).run()
     assert run.actions and all(a.policy == "batch_auto" for a in run.actions)
 

@@ -43,8 +43,13 @@ def _levels(faults: list[FaultEvent]) -> tuple[list[int], list[float]]:
     core = make_core("a100-80g", "llama-2-7b", max_num_seqs=64, max_num_batched_tokens=2048)
     brain = Brain([recorder], default_arbiter())
     Replay(core, _workload(), Slo(1.0, 0.05), controller=brain, faults=faults).run()
+    return level_changes(recorder.trace)
+
+
+def level_changes(trace: list[tuple[float, int]]) -> tuple[list[int], list[float]]:
+    """The levels a (time, level) trace changed to, and when, starting from L0."""
     levels, times, level = [], [], 0
-    for now, new in recorder.trace:
+    for now, new in trace:
         if new != level:
             level = new
             levels.append(level)

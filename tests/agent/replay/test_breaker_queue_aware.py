@@ -12,7 +12,7 @@ from agent.replay.workload import Workload
 from policies.breaker import Breaker
 from policies.registry import default_arbiter
 from simulator.engine import make_core
-from tests.agent.replay.test_breaker_faults import SPIKE, STORM, _Recording
+from tests.agent.replay.test_breaker_faults import SPIKE, STORM, _Recording, level_changes
 
 DWELL_S = 60.0
 SLO = Slo(1.0, 0.05)
@@ -33,13 +33,7 @@ def _levels(
     recorder = _Recording(Breaker(dwell_s=DWELL_S, probe_s=20.0, itl_slo_s=slo.itl_s))
     core = make_core("a100-80g", "llama-2-7b", max_num_seqs=64, max_num_batched_tokens=budget)
     Replay(core, workload, slo, controller=Brain([recorder], default_arbiter()), faults=faults).run()
-    levels, times, level = [], [], 0
-    for now, new in recorder.trace:
-        if new != level:
-            level = new
-            levels.append(level)
-            times.append(now)
-    return levels, times
+    return level_changes(recorder.trace)
 
 
 @pytest.mark.parametrize("faults", [SPIKE, STORM], ids=["latency_spike", "5xx_storm"])

@@ -100,6 +100,11 @@ def build_detectors(executor: Executor | None = None) -> list[Detector]:
     return detectors
 
 
+def warm_imports() -> None:
+    """Import the heavy modules detectors import on first use (a worker thread's job at start-up)."""
+    import scipy.stats  # noqa: F401  (detectors/domain_util.py's Theil-Sen slope)
+
+
 class Sidecar:
     """The running agent: owns the loop task and the HTTP site."""
 
@@ -265,6 +270,9 @@ class Sidecar:
         return self.knobs.values()
 
     async def start(self) -> None:
+        # what detectors import lazily (scipy.stats: ~0.7 s), imported off the event loop now rather than
+        # inside the first tick that needs it
+        await asyncio.get_running_loop().run_in_executor(None, warm_imports)
         if self.forecaster is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.forecaster.restore)
         if self.cfg.agent.state_path is not None:

@@ -80,7 +80,7 @@ async def _run(duration_s: float, gpus: int, port: int) -> tuple[list[Tick], flo
     from agent.heap import settle_after_start_up
     from agent.loop import Loop
     from agent.refits import AfterTickExecutor
-    from agent.sidecar import build_detectors
+    from agent.sidecar import build_detectors, warm_imports
     from agent.state import AgentState
     from agent.store import Store
 
@@ -116,6 +116,7 @@ async def _run(duration_s: float, gpus: int, port: int) -> tuple[list[Tick], flo
         )
 
     loop.subscribe(record)
+    warm_imports()  # as the sidecar's start does, in a worker thread there
     await loop.tick(time.time())  # warm-up: first scrape, imports, connection set-up
     settle_after_start_up()  # as `servepilot run` does once the sidecar has started (agent/heap.py)
     durations.clear()

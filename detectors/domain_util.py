@@ -16,7 +16,6 @@ from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
-from scipy.stats import theilslopes
 
 from detectors.snapshot import Snapshot
 
@@ -187,5 +186,9 @@ def robust_slope(t: FloatArray, y: FloatArray, alpha: float = 0.95) -> tuple[flo
     outlying points (a burst, a step that is later released) cannot drag it. Returns
     ``(slope, low, high)``.
     """
+    # imported here: scipy.stats takes ~0.7 s to import, which every start-up (the CLI, the sidecar building
+    # its detectors while the demo's in-process simulator waits on the same event loop) would pay at once
+    from scipy.stats import theilslopes
+
     result = theilslopes(y, t, alpha)
     return float(result.slope), float(result.low_slope), float(result.high_slope)

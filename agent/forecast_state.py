@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from agent import atomic
+from detectors import atomic_file
 from detectors.forecast.base import Forecast, Forecaster
 from detectors.forecast.series import Series, fill_gaps
 
@@ -155,8 +155,8 @@ def state_document(tracks: Mapping[str, Track], capacity_rps: float, last_refit_
 
 
 def write_atomically(path: str, text: str) -> None:
-    """The state document, written atomically (agent/atomic.py)."""
-    atomic.write_atomically(path, text.encode("utf-8"), prefix=".forecast-")
+    """The state document, written atomically (detectors/atomic_file.py)."""
+    atomic_file.write_atomically(path, text.encode("utf-8"), prefix=".forecast-")
 
 
 def load_state(path: str, tracks: Mapping[str, Track]) -> tuple[float, float | None] | None:

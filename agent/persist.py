@@ -37,8 +37,8 @@ from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
-from agent import atomic
 from agent.loop import Loop
+from detectors import atomic_file
 from policies.breaker import BreakerState
 from policies.canary import CanaryState
 
@@ -105,8 +105,8 @@ def capture(loop: Loop, now: float, actuation: Any = None) -> bytes:
 
 
 def write_atomically(path: str, data: bytes) -> None:
-    """The state file, written atomically (agent/atomic.py)."""
-    atomic.write_atomically(path, data, prefix=".servepilot-state-")
+    """The state file, written atomically (detectors/atomic_file.py)."""
+    atomic_file.write_atomically(path, data, prefix=".servepilot-state-")
 
 
 class _Unpickler(pickle.Unpickler):

@@ -13,19 +13,20 @@ A linear head outputs ``H x Q`` values read as ``z_{t+k} - z_{t-1}`` at each qua
 the pinball loss ``max(q * e, (q - 1) * e)``, so intervals are learned directly; crossing quantiles are
 sorted. Training is seeded and single-threaded by default (reproducible on a shared machine). With
 ``warm_start=True`` a second ``fit`` continues from the current weights for ``retrain_epochs`` on the most
-recent ``train_window_s`` (incremental retraining). ``save`` writes atomically (temp file + ``os.replace``);
-``LSTMForecaster.load`` restores a forecaster that gives identical forecasts.
+recent ``train_window_s`` (incremental retraining). ``save`` writes atomically (temp file + ``os.replace``,
+detectors/atomic_file.py); ``LSTMForecaster.load`` restores a forecaster that gives identical forecasts.
 """
 
 from __future__ import annotations
 
+import io
 import os
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from detectors.atomic_file import write_atomically
 from detectors.forecast.base import DEFAULT_QUANTILES, BaseForecaster
 from detectors.forecast.naive import DAY_S
 from detectors.forecast.series import FloatArray
@@ -214,18 +215,9 @@ class LSTMForecaster(BaseForecaster):
             "history": torch.from_numpy(self.history_.copy()),
             "scalars": {key: getattr(self, key) for key in _SCALARS},
         }
-        directory = os.path.dirname(os.path.abspath(path))
-        handle, temp = tempfile.mkstemp(prefix=".lstm-", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(handle, "wb") as stream:
-                torch.save(state, stream)
-                stream.flush()
-                os.fsync(stream.fileno())
-            os.replace(temp, path)
-        except BaseException:
-            if os.path.exists(temp):
-                os.unlink(temp)
-            raise
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        write_atomically(path, buffer.getvalue(), prefix=".lstm-")
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> LSTMForecaster:

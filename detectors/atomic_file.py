@@ -1,4 +1,8 @@
-"""Write a file so that readers see the old content or the new one, never half of either."""
+"""Write a file so that readers see the old content or the new one, never half of either.
+
+In the lowest layer so that everything that saves state shares it: the agent's state file and forecaster
+state, and the LSTM forecaster's own ``save`` (detectors/ may not import agent/).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import os
 import tempfile
 
 
-def write_atomically(path: str, data: bytes, prefix: str = ".servepilot-") -> None:
+def write_atomically(path: str | os.PathLike[str], data: bytes, prefix: str = ".servepilot-") -> None:
     """Temp file in the same directory (so the rename stays on one file system), fsync, ``os.replace``;
     the temp file is removed when anything fails, including an interrupt."""
     directory = os.path.dirname(os.path.abspath(path))

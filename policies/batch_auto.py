@@ -49,6 +49,7 @@ from detectors.snapshot import Snapshot
 from policies import knobs
 from policies.arbiter import PRIORITY
 from policies.base import Proposal
+from policies.windows import smoothed
 
 
 @dataclass(frozen=True)
@@ -94,10 +95,8 @@ class AutoBatch:
         waiting = (snapshot.get(knobs.WAITING) or 0.0) + (snapshot.get(knobs.GATE_QUEUE) or 0.0)
         kv = snapshot.get(knobs.KV_USAGE) or 0.0
         preempt = snapshot.get(knobs.PREEMPTIONS) or 0.0
-        last = state.at if state is not None else None
-        # the first tick only starts the clock: one tick of preemptions is no rate to act on
-        alpha = math.exp(-max(0.0, now - last) / self.preempt_tau_s) if last is not None else 1.0
-        rate = (state.preempt_rate if state is not None else 0.0) * alpha + preempt * (1.0 - alpha)
+        previous, at = (state.preempt_rate, state.at) if state is not None else (0.0, None)
+        rate = smoothed(previous, at, now, preempt, self.preempt_tau_s)
         itl = snapshot.get(knobs.ITL_MEAN)
         g_itl = self.headroom * self.itl_slo_s / itl if itl else math.inf
         binds = waiting > 0 and running >= limit - 1

@@ -38,7 +38,6 @@ freezes the machine until ``release``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -48,7 +47,7 @@ from detectors.snapshot import Snapshot
 from policies import knobs
 from policies.arbiter import PRIORITY
 from policies.base import Proposal
-from policies.windows import Buckets, rolling_sum
+from policies.windows import Buckets, rolling_sum, smoothed
 
 LEVELS = ("L0 normal", "L1 smaller batch", "L2 fp8 upstream", "L3 small model")
 UPSTREAM_BY_LEVEL = ("primary", "primary", "fp8", "small")
@@ -194,12 +193,10 @@ class Breaker:
         requests = snapshot.get(knobs.GATE_REQUESTS) or 0.0
         bad = min(requests, snapshot.get(knobs.GATE_SLO_BAD) or 0.0)
         preempt = snapshot.get(knobs.PREEMPTIONS) or 0.0
-        last = state.at
-        alpha = math.exp(-max(0.0, now - last) / self.preempt_tau_s) if last is not None else 1.0
         state = replace(
             state,
             buckets=rolling_sum(state.buckets, now, BUCKET_S, 6 * 3600.0, requests - bad, bad),
-            preempt_rate=state.preempt_rate * alpha + preempt * (1.0 - alpha),
+            preempt_rate=smoothed(state.preempt_rate, state.at, now, preempt, self.preempt_tau_s),
             at=now,
         )
         if state.forced is None:

@@ -5,11 +5,13 @@ proposals in between are the last ones repeated), and :class:`Hysteresis` drops 
 relative change from the last one passed through is below ``band``. Both keep their own state next to the
 inner policy's, in one immutable pair, so the loop's state handling stays uniform.
 
-:func:`rolling_sum` is the windowed counter the breaker's burn rates use: per-bucket sums in a tuple.
+:func:`rolling_sum` is the windowed counter the breaker's burn rates use: per-bucket sums in a tuple;
+:func:`smoothed` the time-decayed average the breaker and the batch controller read preemptions through.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +81,13 @@ class Hysteresis(_Wrapper):
             passed.append(p)
         kept = {p.knob: p for p in state.last} | {p.knob: p for p in passed}
         return WrapperState(inner, now, tuple(kept.values())), passed
+
+
+def smoothed(previous: float, at: float | None, now: float, value: float, tau_s: float) -> float:
+    """Exponential average of ``value`` with time constant ``tau_s`` over irregular ticks. The first tick
+    (``at`` is ``None``) only starts the clock: one tick's value is no rate to act on, so it returns 0."""
+    alpha = math.exp(-max(0.0, now - at) / tau_s) if at is not None else 1.0
+    return previous * alpha + value * (1.0 - alpha)
 
 
 def rolling_sum(

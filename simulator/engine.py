@@ -336,24 +336,28 @@ class EngineCore:
         done: list[Request] = []
         gaps: list[float] = []
         tokens = result.tokens
+        gap = gaps.append
         for req, n in sched.items:
-            req.computed += n
-            if req.computed < req.prompt + req.output:
+            computed = req.computed + n
+            req.computed = computed
+            output = req.output
+            if computed < req.prompt + output:
                 continue  # mid-prefill chunk: no token yet
-            if req.output == 0:
+            if output == 0:
                 req.first_token = end
                 stats.ttft.observe(end - req.arrival)
                 stats.prompt_tokens += req.prompt
             else:
-                gaps.append(end - req.last_token)
-            req.output += 1
+                gap(end - req.last_token)
+            output += 1
+            req.output = output
             req.last_token = end
-            tokens[req.rid] = tokens.get(req.rid, 0) + 1
-            if req.output >= req.max_tokens:
+            tokens[req.rid] = 1  # the step's first iteration: each request appears once
+            if output >= req.max_tokens:
                 done.append(req)
         stats.generation_tokens += len(tokens)
         if gaps:
-            stats.itl.observe_many(np.array(gaps))
+            stats.itl.observe_list(gaps)
         if done:
             self._finish(done, end, result)
 
@@ -427,19 +431,24 @@ class EngineCore:
         tokens = result.tokens
         firsts: list[float] = []
         used = 0
+        add_first = firsts.append
+        get = tokens.get
         for req in running:
-            firsts.append(first_end - req.last_token)
-            req.computed += k
-            req.output += k
-            blocks = -(-req.computed // bs)
+            add_first(first_end - req.last_token)
+            computed = req.computed + k
+            req.computed = computed
+            output = req.output + k
+            req.output = output
+            blocks = -(-computed // bs)
             used += blocks - req.blocks
             req.blocks = blocks
             req.last_token = end
-            tokens[req.rid] = tokens.get(req.rid, 0) + k
-            if req.output >= req.max_tokens:
+            rid = req.rid
+            tokens[rid] = get(rid, 0) + k
+            if output >= req.max_tokens:
                 done.append(req)
         self.scheduler.pool.used += used
-        stats.itl.observe_many(np.array(firsts))
+        stats.itl.observe_list(firsts)
         result.steps += k
         result.duration = end - result.start
         if done:

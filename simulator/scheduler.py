@@ -100,26 +100,39 @@ class Scheduler:
         running, pool, bs = self.running, self.pool, self.block_size
         i = 0
         items = out.items
+        append = items.append
+        # ``free`` mirrors ``pool.num_blocks - pool.used`` in a local (this loop runs for every running
+        # request at every step, the replay's hottest code); the pool is written back before anything
+        # else reads it.
+        free = pool.num_blocks - pool.used
+        taken = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            left = req.prompt + req.output - req.computed
+            computed = req.computed
+            left = req.prompt + req.output - computed
             num_new = left if left < budget else budget
-            need = -(-(req.computed + num_new) // bs) - req.blocks
-            self_preempted = False
-            while need > pool.num_blocks - pool.used:
-                victim = running.pop()
-                self._preempt(victim)
-                out.preempted.append(victim)
-                if victim is req:
-                    self_preempted = True
+            need = -(-(computed + num_new) // bs) - req.blocks
+            if need > free:
+                pool.used += taken
+                taken = 0
+                self_preempted = False
+                while need > pool.num_blocks - pool.used:
+                    victim = running.pop()
+                    self._preempt(victim)
+                    out.preempted.append(victim)
+                    if victim is req:
+                        self_preempted = True
+                        break
+                free = pool.num_blocks - pool.used
+                if self_preempted:
                     break
-            if self_preempted:
-                break
-            pool.used += need
+            free -= need
+            taken += need
             req.blocks += need
-            items.append((req, num_new))
+            append((req, num_new))
             budget -= num_new
             i += 1
+        pool.used += taken
         if out.preempted:
             out.num_tokens = self.max_num_batched_tokens - budget
             return out

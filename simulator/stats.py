@@ -101,31 +101,71 @@ def buckets_1_2_5(limit: int) -> tuple[float, ...]:
 
 
 class Histogram:
-    """Cumulative-at-read histogram: per-bucket counts (last one is +Inf), sum and count."""
+    """Cumulative-at-read histogram: per-bucket counts (last one is +Inf), sum and count.
 
-    __slots__ = ("_bounds_list", "bounds", "count", "counts", "sum")
+    Single values handed over as Python lists (:meth:`observe_list`, the engine's per-step inter-token
+    gaps) wait in a buffer and are counted in one vectorised pass when ``counts``, ``sum`` or ``count``
+    is read or the buffer is full: a replay hands over tens of thousands of small lists, and per-call
+    numpy overhead was most of their cost.
+    """
+
+    __slots__ = ("_bounds_list", "_count", "_counts", "_pending", "_sum", "bounds")
+
+    #: Buffered values are counted once this many wait (bounds the buffer's memory).
+    FLUSH_AT = 65_536
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds = np.asarray(bounds, dtype=np.float64)
         self._bounds_list = [float(b) for b in bounds]
-        self.counts = np.zeros(len(bounds) + 1, dtype=np.int64)
-        self.sum = 0.0
-        self.count = 0
+        self._counts = np.zeros(len(bounds) + 1, dtype=np.int64)
+        self._sum = 0.0
+        self._count = 0
+        self._pending: list[float] = []
+
+    @property
+    def counts(self) -> npt.NDArray[np.int64]:
+        if self._pending:
+            self._flush()
+        return self._counts
+
+    @property
+    def sum(self) -> float:
+        if self._pending:
+            self._flush()
+        return self._sum
+
+    @property
+    def count(self) -> int:
+        if self._pending:
+            self._flush()
+        return self._count
 
     def observe(self, value: float, weight: int = 1) -> None:
         """Count ``value`` ``weight`` times (``le`` semantics: a value equal to a bound falls in it)."""
-        self.counts[bisect.bisect_left(self._bounds_list, value)] += weight
-        self.sum += value * weight
-        self.count += weight
+        self._counts[bisect.bisect_left(self._bounds_list, value)] += weight
+        self._sum += value * weight
+        self._count += weight
 
     def observe_many(self, values: npt.NDArray[np.float64], weight: int = 1) -> None:
         """Count every value in ``values`` ``weight`` times, vectorised."""
         if values.size == 0:
             return
         index = np.searchsorted(self.bounds, values, side="left")
-        self.counts += np.bincount(index, minlength=self.counts.size) * weight
-        self.sum += float(values.sum()) * weight
-        self.count += int(values.size) * weight
+        self._counts += np.bincount(index, minlength=self._counts.size) * weight
+        self._sum += float(values.sum()) * weight
+        self._count += int(values.size) * weight
+
+    def observe_list(self, values: list[float]) -> None:
+        """Count every value in ``values`` once, later (buffered; see the class docstring)."""
+        pending = self._pending
+        pending.extend(values)
+        if len(pending) >= self.FLUSH_AT:
+            self._flush()
+
+    def _flush(self) -> None:
+        values = np.array(self._pending, dtype=np.float64)
+        self._pending = []
+        self.observe_many(values)
 
     def cumulative(self) -> list[tuple[str, float]]:
         """``(le, cumulative count)`` pairs ending with ``+Inf``, the exposition format's shape."""

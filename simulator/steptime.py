@@ -130,5 +130,8 @@ class StepTimeModel:
     @staticmethod
     def summarise(arrays: DecodeArrays, steps: int) -> StepCost:
         """One :class:`StepCost` for the first ``steps`` entries of :meth:`decode_arrays`."""
-        durations, t_mem, t_comp, moved, flops = (a[:steps].sum() for a in arrays)
+        if steps == 1:  # the common case (a power-limit check on the first step): no reductions
+            durations, t_mem, t_comp, moved, flops = (a[0] for a in arrays)
+        else:
+            durations, t_mem, t_comp, moved, flops = (a[:steps].sum() for a in arrays)
         return StepCost(float(durations), float(t_mem), float(t_comp), float(moved), float(flops))

@@ -36,3 +36,21 @@ def test_quantile_is_the_bucket_upper_bound() -> None:
         hist.observe(v)
     assert hist.quantile(0.5) == 2.0
     assert hist.quantile(0.99) == 4.0
+
+
+def test_buffered_values_count_like_observe_many_when_read() -> None:
+    values = [0.0005, 0.01, 0.3, 7.0, 5000.0, 0.01]
+    direct, buffered = Histogram(TTFT_BUCKETS), Histogram(TTFT_BUCKETS)
+    direct.observe_many(np.array(values))
+    buffered.observe_list(values[:2])
+    buffered.observe_list(values[2:])
+    assert np.array_equal(direct.counts, buffered.counts)
+    assert buffered.sum == pytest.approx(direct.sum) and buffered.count == direct.count == 6
+
+
+def test_the_buffer_is_counted_once_it_is_full() -> None:
+    hist = Histogram((1.0,))
+    hist.observe_list([0.5] * (Histogram.FLUSH_AT - 1))
+    assert len(hist._pending) == Histogram.FLUSH_AT - 1
+    hist.observe_list([2.0])
+    assert hist._pending == [] and hist._counts.tolist() == [Histogram.FLUSH_AT - 1, 1]

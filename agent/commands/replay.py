@@ -62,6 +62,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=int,
         help="engine default max_num_seqs (vLLM V1's: 256 on A100, 1024 on H100/H200)",
     )
+    parser.add_argument(
+        "--queue-timeout",
+        type=float,
+        metavar="S",
+        help="the gate's max_queue_wait_s: a request not scheduled within S s is answered 503 "
+        "(default: the TTFT SLO; inf: no timeout, the engine alone)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="random seed (count series, Mooncake jitter)")
     parser.add_argument("--json", action="store_true", help="print the JSON summary")
     parser.add_argument("--report", metavar="FILE.html", help="write an HTML report")
@@ -80,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
         parse_policy(args.policy)
         if not args.rate_scale > 0:
             raise ValueError(f"--rate-scale must be > 0, got {args.rate_scale:g}")
+        if args.queue_timeout is not None and not args.queue_timeout > 0:
+            raise ValueError(f"--queue-timeout must be > 0, got {args.queue_timeout:g}")
         if args.duration is not None and not args.duration > 0:
             raise ValueError(f"--duration must be > 0, got {args.duration:g}")
         spec = ReplaySpec(
@@ -93,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
             duration_s=args.duration,
             default_batch=args.default_batch,
             energy=args.energy,
+            queue_timeout_s=args.queue_timeout,
         )
         replay_run, name = run_policy(spec, args.policy)
         summary: dict[str, Any] = summarise(replay_run, name)

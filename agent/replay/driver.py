@@ -9,6 +9,11 @@ the same trace and seed give the same result.
 
 Requests are judged against the SLO one by one: good when it finished, got no 5xx, its TTFT is within
 ``slo.ttft_s`` and its mean inter-token latency (TPOT) within ``slo.itl_s`` (DistServe's goodput).
+
+The gate stands in front of the engine as it does live: its queue is the engine's waiting queue (the
+batch knob is the engine's ``max_num_seqs``), and a request that has waited ``queue_timeout_s`` without
+being scheduled is answered 503, as the gate's ``max_queue_wait_s`` does. It counts as a miss, and, as
+live, not as an engine error (the breaker does not see it).
 """
 
 from __future__ import annotations
@@ -88,6 +93,8 @@ class ReplayRun:
     actions: list[Decision] = field(default_factory=list)
     preemptions: int = 0
     itl_p99_s: float = 0.0
+    #: requests the gate's queue timeout answered 503 (also set in ``error``: never served)
+    expired: int = 0
 
     @property
     def good(self) -> NDArray[np.bool_]:
@@ -110,6 +117,7 @@ class Replay:
         faults: Sequence[FaultEvent] = (),
         seed: int = 0,
         on_tick: Callable[[Snapshot], None] | None = None,
+        queue_timeout_s: float = float("inf"),
     ) -> None:
         self.core = core
         self.workload = workload
@@ -120,6 +128,8 @@ class Replay:
         self.faults = sorted(faults, key=lambda f: f.at_s)
         self.rng = np.random.default_rng(seed)
         self.on_tick = on_tick
+        self.queue_timeout_s = queue_timeout_s
+        self.expired = 0
         self.upstream = "primary"
         n = len(workload)
         self.ttft = np.full(n, np.inf)
@@ -183,6 +193,27 @@ class Replay:
         self.core.submit(rid, int(w.prompts[index]), int(w.outputs[index]), at)
         self._live[rid] = (index, self.core.scheduler.waiting[-1])
 
+    def _expire(self, now: float) -> None:
+        """The gate's queue timeout: a request still waiting for its first schedule ``queue_timeout_s``
+        after it arrived is answered 503 (never served). Requests put back by a preemption were
+        admitted already and stay."""
+        waiting = self.core.scheduler.waiting
+        cut = now - self.queue_timeout_s
+        for req in waiting:  # the oldest fresh request decides whether anything expires now
+            if req.first_scheduled >= 0:
+                continue
+            if req.arrival > cut:
+                return
+            break
+        else:
+            return
+        expired = [r for r in waiting if r.first_scheduled < 0 and r.arrival <= cut]
+        for req in expired:
+            self.core.abort(req.rid, now)
+            index, _ = self._live.pop(req.rid)
+            self.error[index] = True
+            self.expired += 1  # not an answer: the live gate counts it as rejected, not as a 5xx
+
     def _finish(self, rid: str) -> None:
         index, req = self._live.pop(rid)
         ttft = req.first_token - req.arrival
@@ -243,11 +274,14 @@ class Replay:
         i = 0
         next_tick = start + self.interval_s
         inf = float("inf")
+        expiring = self.queue_timeout_s < inf
         while i < n or core.has_work():
             next_arrival = start + times[i] if i < n else inf
             next_fault = start + faults[0].at_s if faults else inf
             horizon = min(next_arrival, next_tick, next_fault)
             if core.has_work() and core.time < horizon:
+                if expiring:
+                    self._expire(core.time)
                 result = core.step(core.time, max_steps=MAX_STEPS, until=horizon)
                 for finished in result.finished:
                     self._finish(finished.request_id)
@@ -283,4 +317,5 @@ class Replay:
             self.actions,
             core.stats.preemptions - preempt0,
             p99 or 0.0,
+            self.expired,
         )

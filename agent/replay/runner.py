@@ -51,6 +51,13 @@ class ReplaySpec:
     clock_floor_share: float = 0.45
     interval_s: float = 1.0
     faults: tuple[FaultEvent, ...] = ()
+    #: the gate's queue timeout (``gate.max_queue_wait_s``); None: the TTFT SLO, as docs/gate.md
+    #: recommends (a request that waited longer has missed it anyway); ``inf``: no gate timeout
+    queue_timeout_s: float | None = None
+
+    @property
+    def gate_timeout_s(self) -> float:
+        return self.slo.ttft_s if self.queue_timeout_s is None else self.queue_timeout_s
 
 
 def vllm_defaults(gpu: str) -> tuple[int, int]:
@@ -140,6 +147,7 @@ def run_policy(spec: ReplaySpec, policy: str, workload: Workload | None = None) 
         interval_s=spec.interval_s,
         faults=spec.faults,
         seed=spec.seed,
+        queue_timeout_s=spec.gate_timeout_s,
     )
     return replay.run(), name
 

@@ -60,3 +60,17 @@ def test_slo_accepts_milliseconds():
 def test_slo_needs_both_targets():
     with pytest.raises(argparse.ArgumentTypeError, match="both"):
         parse_slo("ttft=2")
+
+
+def test_a_non_positive_queue_timeout_is_one_line_usage_error(conv):
+    assert "--queue-timeout" in _main(["--trace", str(conv), "--queue-timeout", "0"])
+
+
+def test_queue_timeout_defaults_to_the_ttft_slo_and_inf_turns_it_off(conv, capsys):
+    base = ["--trace", str(conv), "--policy", "static:256", "--rate-scale", "8", "--slo", "ttft=1,itl=0.1"]
+    _main([*base, "--json"])
+    gated = json.loads(capsys.readouterr().out)
+    _main([*base, "--queue-timeout", "inf", "--json"])
+    alone = json.loads(capsys.readouterr().out)
+    assert gated["expired"] > 0 and alone["expired"] == 0
+    assert gated["ttft_p99_s"] < alone["ttft_p99_s"]

@@ -4,6 +4,7 @@ Built from the config; each part exists only when configured (the gate when ``ga
 control when ``control.enabled``, the GPU knob when ``actuators.gpu`` is not ``off``). Knob names:
 
 * ``batch.max_in_flight`` — the effective batch (the gate's in-flight limit);
+* ``gate.max_queue_wait_s`` — the gate's queue deadline (503 after it);
 * ``route.upstream`` — route all traffic to one named upstream (breaker levels L2/L3);
 * ``route.fp8_share`` — the precision canary's share of traffic on ``canary.candidate`` (the rest goes to
   ``canary.primary``; other upstreams get none while the canary drives the split);
@@ -53,6 +54,7 @@ class Knobs:
             self.collectors.append(GateCollector(self.gate))
             self.actuation.bind(knobs.BATCH, self._gate_limit, self._set_gate_limit)
             self.actuation.bind(knobs.UPSTREAM, self._gate_upstream, self._set_gate_upstream)
+            self.actuation.bind(knobs.QUEUE_WAIT, self._gate_queue_wait, self._set_gate_queue_wait)
             if cfg.canary.enabled:
                 self.actuation.bind(knobs.FP8_SHARE, self._fp8_share, self._set_fp8_share)
         if cfg.actuators.gpu != "off":
@@ -94,6 +96,13 @@ class Knobs:
     async def _set_gate_limit(self, value: Any) -> Any:
         self.gate.set_limit(int(value))
         return self.gate.limit
+
+    async def _gate_queue_wait(self) -> Any:
+        return self.gate.max_queue_wait_s
+
+    async def _set_gate_queue_wait(self, value: Any) -> Any:
+        self.gate.set_max_queue_wait(float(value))
+        return self.gate.max_queue_wait_s
 
     async def _gate_upstream(self) -> Any:
         """The upstream that takes all traffic, or None while traffic is split."""
@@ -163,6 +172,7 @@ class Knobs:
         out: dict[str, float | str] = {}
         if self.gate is not None:
             out[knobs.BATCH] = float(self.gate.limit)
+            out[knobs.QUEUE_WAIT] = float(self.gate.max_queue_wait_s)
             if self.cfg.canary.enabled:
                 out[knobs.FP8_SHARE] = self._fp8_share_now()
         if self.gpu is not None:

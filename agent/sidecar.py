@@ -82,6 +82,7 @@ def build_policies(cfg: Config) -> list[Policy]:
         itl_slo_s=p.itl_slo_s,
         batch_bounds=(float(p.batch_min), float(p.batch_max)),
         initial_batch=float(p.initial_batch),
+        queue_deadline=cfg.gate.enabled,  # its knob is the gate's
     )
 
 

@@ -17,6 +17,8 @@ POWER_LIMIT = "gpu.power_limit_w"
 UPSTREAM = "route.upstream"
 FP8_SHARE = "route.fp8_share"
 TOKEN_BUDGET = "engine.max_num_batched_tokens"
+#: The admission gate's queue deadline: a request not admitted within it is answered 503.
+QUEUE_WAIT = "gate.max_queue_wait_s"
 
 UPSTREAMS: tuple[str, ...] = ("primary", "fp8", "small")
 

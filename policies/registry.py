@@ -17,7 +17,8 @@ from policies.batch_seed import SeedBatch
 from policies.breaker import Breaker
 from policies.canary import Canary
 from policies.energy import Energy
-from policies.knobs import BATCH, POWER_LIMIT, SM_CLOCK, TOKEN_BUDGET
+from policies.knobs import BATCH, POWER_LIMIT, QUEUE_WAIT, SM_CLOCK, TOKEN_BUDGET
+from policies.queue_deadline import QueueDeadline
 from policies.token_budget import TokenBudget
 
 DEFAULT_TTFT_S = 2.0
@@ -69,6 +70,7 @@ def build_set(
     clock_levels_mhz: tuple[float, ...] = (),
     breaker: bool = True,
     initial_token_budget: float | None = None,
+    queue_deadline: bool = False,
 ) -> list[Policy]:
     """The policies of a named set: ``auto`` (SLO-aware batch + breaker, + the token budget controller
     when ``initial_token_budget`` (the engine's start value) is given, + energy when clock levels are
@@ -83,6 +85,8 @@ def build_set(
     ]
     if initial_token_budget is not None:
         policies.append(token_budget_policy(ttft_slo_s, itl_slo_s, initial_token_budget))
+    if queue_deadline:
+        policies.append(QueueDeadline(ttft_slo_s))
     if clock_levels_mhz:
         policies.append(Energy(ttft_slo_s, itl_slo_s, clock_levels_mhz))
     if breaker:
@@ -114,5 +118,6 @@ def default_arbiter(
             SM_CLOCK: KnobRule(clock_bounds[0], clock_bounds[1], hysteresis=0.0),
             POWER_LIMIT: KnobRule(0.0, 1e5, max_step=0.25, cooldown_s=5.0),
             TOKEN_BUDGET: KnobRule(256.0, 16384.0, max_step=1.0, cooldown_s=5.0, integer=True),
+            QUEUE_WAIT: KnobRule(0.1, 3600.0, max_step=0.5, cooldown_s=2.0),
         }
     )

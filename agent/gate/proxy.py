@@ -84,6 +84,8 @@ class Gate:
         self.cfg = cfg
         self.clock = clock
         now = clock()
+        #: the queue deadline (``cfg.max_queue_wait_s`` at start; the ``gate.max_queue_wait_s`` knob)
+        self.max_queue_wait_s = cfg.max_queue_wait_s
         self.admission = AdmissionQueue(
             cfg.max_in_flight,
             cfg.queue_size,
@@ -220,6 +222,19 @@ class Gate:
             raise ValueError("long-request isolation is off")
         self._wake(self.isolation.admission.set_limit(int(limit), self.clock()))
 
+    def set_max_queue_wait(self, seconds: float) -> None:
+        """Set the queue deadline (absolute seconds). Requests that start waiting afterwards get it; a
+        lower one also expires, now, those already waiting longer than it (they answer 503)."""
+        seconds = float(seconds)
+        if not 0 < seconds <= 3600:
+            raise ValueError(f"max_queue_wait_s must be in (0, 3600], got {seconds:g}")
+        self.max_queue_wait_s = seconds
+        now = self.clock()
+        lanes = [self.admission] + ([self.isolation.admission] if self.isolation is not None else [])
+        for admission in lanes:
+            admission.max_wait_s = seconds
+            self._wake(admission.expire(now))
+
     def set_split(self, split: Mapping[str, float]) -> None:
         """Set the traffic split (absolute weights per upstream name); ValueError on a bad split.
 
@@ -241,6 +256,7 @@ class Gate:
         values["gate.in_flight"] = float(self.admission.in_flight)
         values["gate.queue_depth"] = float(self.admission.queue_depth)
         values["gate.limit"] = float(self.admission.limit)
+        values["gate.max_queue_wait_s"] = self.max_queue_wait_s
         values["gate.upstreams_healthy"] = float(sum(up.healthy for up in self.pool.upstreams.values()))
         if self.isolation is not None:
             values.update(self.isolation.values())
@@ -341,8 +357,9 @@ class Gate:
         """Wait for admission; a refusal response if the ticket was shed or expired instead."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[ticket] = future
+        deadline = self.max_queue_wait_s
         try:
-            await asyncio.wait_for(future, timeout=self.cfg.max_queue_wait_s)
+            await asyncio.wait_for(future, timeout=deadline)
         except TimeoutError:
             admission.expire_ticket(ticket)
         except asyncio.CancelledError:  # the client went away while queued
@@ -356,10 +373,8 @@ class Gate:
             return None
         if ticket.state is TicketState.REJECTED:
             return self._refuse(record, 429, f"the gate's queue is full ({ticket.reason})", "queue_full", 1.0)
-        message = f"no capacity within {self.cfg.max_queue_wait_s:g} s (in-flight limit {admission.limit})"
-        return self._refuse(
-            record, 503, message, "queue_timeout", self.cfg.max_queue_wait_s, outcome="expired"
-        )
+        message = f"no capacity within {deadline:g} s (in-flight limit {admission.limit})"
+        return self._refuse(record, 503, message, "queue_timeout", deadline, outcome="expired")
 
     def _refuse(
         self,

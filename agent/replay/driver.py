@@ -154,6 +154,7 @@ class Replay:
             knobs.SM_CLOCK: s.sm_clock_mhz,
             knobs.POWER_LIMIT: s.power_limit_w,
             knobs.UPSTREAM: self.upstream,
+            knobs.QUEUE_WAIT: self.queue_timeout_s,
         }
 
     def apply(self, decision: Decision, now: float) -> None:
@@ -168,6 +169,10 @@ class Replay:
             settings = core.with_settings(sm_clock_mhz=float(value))
         elif decision.knob == knobs.POWER_LIMIT:
             settings = core.with_settings(power_limit_w=float(value))
+        elif decision.knob == knobs.QUEUE_WAIT:
+            self.queue_timeout_s = float(value)  # the gate's, not the engine's: settings unchanged
+            self.actions.append(decision)
+            return
         elif decision.knob == knobs.UPSTREAM:
             # One simulated GPU: the fp8 upstream is this engine in fp8; the small model, too (the
             # simulator has no second deployment), so L3 differs from L2 only in the audit trail.
@@ -233,6 +238,8 @@ class Replay:
             knobs.GATE_SLO_BAD: float(self._tick_bad),
             knobs.GATE_ERRORS: float(self._tick_errors),
         }
+        if self.queue_timeout_s < float("inf"):
+            gate[knobs.QUEUE_WAIT] = self.queue_timeout_s
         snapshot = self.signals.snapshot(now, gate)
         if self.on_tick is not None:
             self.on_tick(snapshot)
@@ -274,13 +281,12 @@ class Replay:
         i = 0
         next_tick = start + self.interval_s
         inf = float("inf")
-        expiring = self.queue_timeout_s < inf
         while i < n or core.has_work():
             next_arrival = start + times[i] if i < n else inf
             next_fault = start + faults[0].at_s if faults else inf
             horizon = min(next_arrival, next_tick, next_fault)
             if core.has_work() and core.time < horizon:
-                if expiring:
+                if self.queue_timeout_s < inf:
                     self._expire(core.time)
                 result = core.step(core.time, max_steps=MAX_STEPS, until=horizon)
                 for finished in result.finished:

@@ -9,6 +9,7 @@ engine's default batch and token budget: vLLM V1's defaults for the OpenAI serve
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -135,6 +136,7 @@ def run_policy(spec: ReplaySpec, policy: str, workload: Workload | None = None) 
             batch_bounds=(8.0, float(max(512, default_batch))),
             clock_levels_mhz=levels,
             initial_token_budget=float(default_tokens),
+            queue_deadline=spec.gate_timeout_s < math.inf,
         )
         controller = Brain(policies, default_arbiter(), interval_s=spec.interval_s)
         if levels:

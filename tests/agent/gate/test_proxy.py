@@ -194,6 +194,30 @@ async def test_full_queue_gets_429_and_a_long_wait_503(
         await gate.stop()
 
 
+async def test_lowering_the_queue_deadline_expires_who_waited_past_it(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    upstream.release.clear()
+    gate = await _gate({"primary": upstream.url}, max_in_flight=1, queue_size=4, max_queue_wait_s=60.0)
+    try:
+        held = asyncio.create_task(_post(client, gate, _body()))
+        await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
+        queued = asyncio.create_task(_post(client, gate, _body()))
+        await asyncio.wait_for(_until(lambda: gate.admission.queue_depth == 1), TIMEOUT)
+        clock = gate.clock
+        gate.clock = lambda: clock() + 30.0  # 30 s later: it has waited longer than the deadline set next
+        gate.set_max_queue_wait(10.0)
+        timed_out = await asyncio.wait_for(queued, TIMEOUT)  # at once, not after the 60 s it started with
+        assert timed_out.status == 503 and (await timed_out.json())["error"]["code"] == "queue_timeout"
+        assert gate.snapshot_values()["gate.max_queue_wait_s"] == 10.0
+        with pytest.raises(ValueError, match="max_queue_wait_s"):
+            gate.set_max_queue_wait(0.0)
+        upstream.release.set()
+        assert (await held).status == 200
+    finally:
+        await gate.stop()
+
+
 async def test_dead_upstream_gets_502_json(client: aiohttp.ClientSession) -> None:
     gate = await _gate({"primary": "http://127.0.0.1:9"})  # discard port: nothing listens
     try:

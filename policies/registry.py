@@ -8,6 +8,7 @@ no arguments and build a policy with its defaults (an SLO of 2 s TTFT / 100 ms I
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from policies import base
 from policies.arbiter import Arbiter, KnobRule
@@ -84,7 +85,10 @@ def build_set(
         AutoBatch(ttft_slo_s, itl_slo_s, lower=lower, upper=upper, initial=initial_batch)
     ]
     if initial_token_budget is not None:
-        policies.append(token_budget_policy(ttft_slo_s, itl_slo_s, initial_token_budget))
+        budget = token_budget_policy(ttft_slo_s, itl_slo_s, initial_token_budget)
+        if clock_levels_mhz:  # lower clocks lengthen every chunk's step: ITL may take it to the floor
+            budget = replace(budget, itl_floor=budget.lower)
+        policies.append(budget)
     if queue_deadline:
         policies.append(QueueDeadline(ttft_slo_s))
     if clock_levels_mhz:

@@ -33,7 +33,9 @@ the last pressure and while usage is above ``kv_target``, since the larger chunk
 The floor (``lower``, 512 by default) is reached only under KV pressure: ITL alone stops halving at
 ``itl_floor`` (1024), where a full chunk's step is already well under the ITL target on the A100
 profile (0.063 s): below it, a tail over target comes from decode (the batch limit's business) or from
-rare long steps, and halving again only loses prefill throughput.
+rare long steps, and halving again only loses prefill throughput. That premise holds at full clock
+only: with the energy policy in the set (it lowers the SM clock), a 1024-token step is that much
+longer, so :func:`policies.registry.build_set` sets ``itl_floor`` to ``lower`` there.
 
 The gap between ``itl_hi`` and ``low * itl_slo`` is the hysteresis: doubling a budget about doubles its
 stall, so a budget is raised only when twice its ITL still meets the target. The ITL signal is the

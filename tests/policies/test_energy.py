@@ -63,3 +63,17 @@ def test_proposes_the_clock_knob():
 def test_levels_must_descend():
     with pytest.raises(ValueError, match="sorted"):
         Energy(10.0, 0.1, (800.0, 1400.0))
+
+
+def test_a_queue_alone_holds_the_clock_but_does_not_raise_it():
+    """A burst that queues requests while TTFT and ITL are inside the SLO neither climbs nor descends."""
+    queued = {**SLACK, "engine__requests_waiting": 40.0}
+    state, proposals = _decide(EnergyState(3, 0.0), 100.0, **queued)
+    assert state.level == 3 and proposals[0].value == 800.0
+    assert proposals[0].priority == PRIORITY["energy"]
+
+
+def test_the_ttft_tail_climbs():
+    late = {**SLACK, "engine__ttft_seconds__p99": 10.5}
+    state, proposals = _decide(EnergyState(3, None), 0.0, **late)
+    assert state.level == 1 and proposals[0].priority == PRIORITY["slo_guard"]

@@ -163,3 +163,13 @@ def test_a_queued_request_without_finishes_is_no_ttft_risk():
     """One long prompt queued in a tick where nothing finished is an arrival gap, not a stall."""
     values = {**PREFILL, "engine__max_num_batched_tokens": 1024, "engine__requests_waiting": 1}
     assert _decide(engine__itl_seconds__p99=0.01, engine__requests_finished_per_second=0, **values) == []
+
+
+def test_with_the_energy_policy_the_token_budget_may_reach_its_floor_on_itl():
+    """Its 1024 ITL floor assumes full clock; the energy policy lowers the clock."""
+    plain = build_set("auto", ttft_slo_s=10.0, itl_slo_s=0.1, initial_token_budget=2048.0)
+    energy = build_set(
+        "auto", ttft_slo_s=10.0, itl_slo_s=0.1, initial_token_budget=2048.0, clock_levels_mhz=(1410.0, 700.0)
+    )
+    floors = [[p.itl_floor for p in s if p.name == "token_budget"] for s in (plain, energy)]
+    assert floors == [[1024.0], [512.0]]

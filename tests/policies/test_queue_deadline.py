@@ -21,14 +21,14 @@ def test_admitted_requests_late_shorten_the_deadline_by_the_gain_times_the_exces
 
 
 def test_a_short_queue_brings_the_deadline_back_to_the_slo_and_no_further():
-    assert _decide(**{"gate__max_queue_wait_s": 6.0, "engine__ttft_seconds__p99": 0.4})[1] == [8.275]
+    assert _decide(**{"gate__max_queue_wait_s": 8.0, "engine__ttft_seconds__p99": 0.4})[1] == [10.0]
     assert _decide(**{"gate__max_queue_wait_s": 9.8, "engine__ttft_seconds__p99": 0.4})[1] == [10.0]
     assert _decide(**{"gate__max_queue_wait_s": 10.0, "engine__ttft_seconds__p99": 0.4})[1] == []
 
 
-def test_never_below_the_floor_of_half_the_slo():
-    assert _decide(**{"gate__max_queue_wait_s": 5.2, "engine__ttft_seconds__p99": 60.0})[1] == [5.0]
-    assert _decide(**{"gate__max_queue_wait_s": 5.0, "engine__ttft_seconds__p99": 60.0})[1] == []
+def test_never_below_the_floor_of_80_percent_of_the_slo():
+    assert _decide(**{"gate__max_queue_wait_s": 8.5, "engine__ttft_seconds__p99": 60.0})[1] == [8.0]
+    assert _decide(**{"gate__max_queue_wait_s": 8.0, "engine__ttft_seconds__p99": 60.0})[1] == []
 
 
 def test_small_moves_are_not_proposed():
@@ -37,8 +37,8 @@ def test_small_moves_are_not_proposed():
 
 
 def test_no_first_token_in_the_window_holds_and_state_stands_in_for_the_knob():
-    assert _decide(state=7.0) == (7.0, [])
-    assert _decide(state=7.0, engine__ttft_seconds__p99=12.0) == (6.375, [6.375])
+    assert _decide(state=9.0) == (9.0, [])
+    assert _decide(state=9.0, engine__ttft_seconds__p99=12.0) == (8.375, [8.375])
 
 
 def test_bad_parameters_are_refused():

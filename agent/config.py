@@ -188,7 +188,9 @@ class GateConfig(_Section):
         64, ge=1, le=65536, description="effective batch: requests sent upstream at once"
     )
     queue_size: int = Field(1024, ge=0, le=1_000_000, description="requests that may wait; beyond -> 429")
-    max_queue_wait_s: float = Field(10.0, gt=0, le=3600, description="longest wait before 503")
+    max_queue_wait_s: float = Field(
+        10.0, gt=0, le=3600, description="longest wait before 503; set it to the TTFT SLO (auto moves it)"
+    )
     high_reserved_ratio: float = Field(0.2, ge=0, lt=1, description="share of the limit only high may use")
     aging_s: float = Field(0.2, gt=0, le=60, description="wait after which a request is promoted one class")
     line_header: str = Field("x-servepilot-line", description="header naming the business line")
@@ -364,7 +366,9 @@ class PolicyConfig(_Section):
     """Which decision rules run, against which latency SLO (actions still follow actuators.mode)."""
 
     set: Literal["none", "auto", "seed"] = Field(
-        "auto", description="auto: SLO-aware batch + breaker; seed: the published rule; none: observe only"
+        "auto",
+        description="auto: SLO-aware batch + breaker (+ the gate's queue deadline; + the token budget where "
+        "the engine offers it); seed: the published rule; none: observe only",
     )
     ttft_slo_s: float = Field(2.0, gt=0, le=600, description="time-to-first-token target (P99)")
     itl_slo_s: float = Field(0.1, gt=0, le=60, description="inter-token latency target (mean)")

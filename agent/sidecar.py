@@ -102,8 +102,16 @@ def build_detectors(executor: Executor | None = None) -> list[Detector]:
 
 
 def warm_imports() -> None:
-    """Import the heavy modules detectors import on first use (a worker thread's job at start-up)."""
+    """Import the heavy modules detectors import on first use (a worker thread's job at start-up).
+
+    Imported later, on first use, they run in the refit thread while ticks run, and an import holds the
+    GIL for most of its 0.3-0.7 s: the multivariate detector's first forest fit (after 256 ticks)
+    imported scikit-learn and made the ticks around it the slowest of a 300-tick benchmark (5.0-5.4 ms
+    against a 3.4 ms median)."""
     import scipy.stats  # noqa: F401  (detectors/domain_util.py's Theil-Sen slope)
+
+    with contextlib.suppress(ImportError):  # the [ml] extra (without it the forest cannot fit)
+        import sklearn.ensemble  # noqa: F401  (detectors/multivariate.py's isolation forest)
 
 
 class Sidecar:

@@ -173,16 +173,24 @@ async def test_line_over_its_rate_gets_429_with_retry_after(
         await gate.stop()
 
 
+async def _one_held_one_queued(
+    upstream: Upstream, client: aiohttp.ClientSession, gate: Gate
+) -> tuple[asyncio.Task[aiohttp.ClientResponse], asyncio.Task[aiohttp.ClientResponse]]:
+    """With a limit of 1 and the upstream parked: one request in flight, the next one waiting."""
+    held = asyncio.create_task(_post(client, gate, _body()))
+    await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
+    queued = asyncio.create_task(_post(client, gate, _body()))
+    await asyncio.wait_for(_until(lambda: gate.admission.queue_depth == 1), TIMEOUT)
+    return held, queued
+
+
 async def test_full_queue_gets_429_and_a_long_wait_503(
     upstream: Upstream, client: aiohttp.ClientSession
 ) -> None:
     upstream.release.clear()
     gate = await _gate({"primary": upstream.url}, max_in_flight=1, queue_size=1, max_queue_wait_s=0.02)
     try:
-        held = asyncio.create_task(_post(client, gate, _body()))
-        await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
-        queued = asyncio.create_task(_post(client, gate, _body()))
-        await asyncio.wait_for(_until(lambda: gate.admission.queue_depth == 1), TIMEOUT)
+        held, queued = await _one_held_one_queued(upstream, client, gate)
         full = await _post(client, gate, _body())
         assert full.status == 429 and (await full.json())["error"]["code"] == "queue_full"
         timed_out = await queued
@@ -200,10 +208,7 @@ async def test_lowering_the_queue_deadline_expires_who_waited_past_it(
     upstream.release.clear()
     gate = await _gate({"primary": upstream.url}, max_in_flight=1, queue_size=4, max_queue_wait_s=60.0)
     try:
-        held = asyncio.create_task(_post(client, gate, _body()))
-        await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
-        queued = asyncio.create_task(_post(client, gate, _body()))
-        await asyncio.wait_for(_until(lambda: gate.admission.queue_depth == 1), TIMEOUT)
+        held, queued = await _one_held_one_queued(upstream, client, gate)
         clock = gate.clock
         gate.clock = lambda: clock() + 30.0  # 30 s later: it has waited longer than the deadline set next
         gate.set_max_queue_wait(10.0)

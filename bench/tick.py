@@ -8,7 +8,10 @@ on this machine, so driver call cost is not included), the engine collector scra
 Prints tick p50/p99 (wall time of collect + snapshot + store + detectors) and the agent process's CPU
 share of one core over the run. Targets from the issue: p99 < 5 ms, CPU < 2 % of one core.
 
-    python bench/tick.py [--duration 300] [--gpus 8]
+    python bench/tick.py [--duration 300] [--gpus 8] [--no-probe]
+
+The issue's setup is the engine scrape and NVML sampling; the allocator probe's scrape is added by default
+(a sidecar with the probe loaded does both each tick). ``--no-probe`` measures the issue's setup alone.
 
 The default run is 300 s (300 ticks): the p99 of N ticks is about the (N/100)-th slowest, so at 60 or
 120 ticks it is just the maximum; and only after ~150 ticks do the general detector's scorers leave
@@ -69,7 +72,9 @@ Tick = tuple[float, float, float, float, float, float, float]
 """Per tick: wall, main-thread CPU, collect wall, think wall, then engine / probe / nvml collect duration."""
 
 
-async def _run(duration_s: float, gpus: int, port: int) -> tuple[list[Tick], float, float, int]:
+async def _run(
+    duration_s: float, gpus: int, port: int, with_probe: bool = True
+) -> tuple[list[Tick], float, float, int]:
     from agent import config
     from agent.collectors.base import Collector
     from agent.collectors.engine_metrics import EngineMetricsCollector
@@ -93,7 +98,9 @@ async def _run(duration_s: float, gpus: int, port: int) -> tuple[list[Tick], flo
     )
     nvml = NvmlCollector(cfg.nvml, backend=FakeNvmlBackend(gpus))
     nvml.start()
-    collectors: list[Collector] = [EngineMetricsCollector(cfg.engine), nvml, ProbeCollector(cfg.probe)]
+    collectors: list[Collector] = [EngineMetricsCollector(cfg.engine), nvml]
+    if with_probe:
+        collectors.append(ProbeCollector(cfg.probe))
     refits = AfterTickExecutor(ThreadPoolExecutor(1))  # as the sidecar: refits between ticks
     loop = Loop(
         collectors,
@@ -140,6 +147,9 @@ def main() -> int:
     )
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument(
+        "--no-probe", action="store_true", help="no allocator probe scrape (the issue's setup: engine + NVML)"
+    )
+    parser.add_argument(
         "--dump", type=Path, help="write every tick's durations (ms) as CSV, to see which ticks are slow"
     )
     args = parser.parse_args()
@@ -158,7 +168,7 @@ def main() -> int:
                 raise SystemExit("static server did not start") from None
             time.sleep(0.05)
     try:
-        durations, cpu, wall, series = asyncio.run(_run(args.duration, args.gpus, port))
+        durations, cpu, wall, series = asyncio.run(_run(args.duration, args.gpus, port, not args.no_probe))
     finally:
         server.terminate()
     ticks = np.array(durations) * 1000  # columns: see Tick
@@ -167,7 +177,8 @@ def main() -> int:
         np.savetxt(args.dump, ticks, fmt="%.3f", delimiter=",", header=header, comments="")
     print(
         f"servepilot tick benchmark: {args.gpus} GPUs (fake NVML backend) sampled every 100 ms, "
-        f"full vLLM scrape ({VLLM_SCRAPE.stat().st_size} bytes) + probe, 1 s tick, {wall:.0f} s"
+        f"full vLLM scrape ({VLLM_SCRAPE.stat().st_size} bytes)"
+        f"{' + probe' if not args.no_probe else ', no probe'}, 1 s tick, {wall:.0f} s"
     )
     print(f"  ticks {len(ticks)};  series in store {series};  load average {os.getloadavg()[0]:.2f}")
     if len(ticks) < 300:

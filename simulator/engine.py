@@ -336,24 +336,20 @@ class EngineCore:
         done: list[Request] = []
         gaps: list[float] = []
         tokens = result.tokens
-        gap = gaps.append
         for req, n in sched.items:
-            computed = req.computed + n
-            req.computed = computed
-            output = req.output
-            if computed < req.prompt + output:
+            req.computed += n
+            if req.computed < req.prompt + req.output:
                 continue  # mid-prefill chunk: no token yet
-            if output == 0:
+            if req.output == 0:
                 req.first_token = end
                 stats.ttft.observe(end - req.arrival)
                 stats.prompt_tokens += req.prompt
             else:
-                gap(end - req.last_token)
-            output += 1
-            req.output = output
+                gaps.append(end - req.last_token)
+            req.output += 1
             req.last_token = end
             tokens[req.rid] = 1  # the step's first iteration: each request appears once
-            if output >= req.max_tokens:
+            if req.output >= req.max_tokens:
                 done.append(req)
         stats.generation_tokens += len(tokens)
         if gaps:
@@ -431,21 +427,16 @@ class EngineCore:
         tokens = result.tokens
         firsts: list[float] = []
         used = 0
-        add_first = firsts.append
-        get = tokens.get
         for req in running:
-            add_first(first_end - req.last_token)
-            computed = req.computed + k
-            req.computed = computed
-            output = req.output + k
-            req.output = output
-            blocks = -(-computed // bs)
+            firsts.append(first_end - req.last_token)
+            req.computed += k
+            req.output += k
+            blocks = -(-req.computed // bs)
             used += blocks - req.blocks
             req.blocks = blocks
             req.last_token = end
-            rid = req.rid
-            tokens[rid] = get(rid, 0) + k
-            if output >= req.max_tokens:
+            tokens[req.rid] = tokens.get(req.rid, 0) + k
+            if req.output >= req.max_tokens:
                 done.append(req)
         self.scheduler.pool.used += used
         stats.itl.observe_list(firsts)

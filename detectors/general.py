@@ -98,8 +98,7 @@ class GeneralAnomalyDetector:
             value = values[name]
             score = scorer.update(now, value)
             last_scores[name] = score
-            event = thresholders[name].update(now, score)
-            if event.raised:
+            if thresholders[name].push(now, score):
                 self.active_[name] = Finding(
                     detector=self.name,
                     signal=name,

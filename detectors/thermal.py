@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from detectors.base import Finding, Severity
 from detectors.domain_util import KOfN, RecursiveLeastSquares, gpu_indices
 from detectors.snapshot import Snapshot
@@ -49,6 +47,7 @@ THROTTLE_REASONS: dict[str, tuple[int, Severity | None]] = {
 _WATCHED = tuple(
     (reason, bit, severity) for reason, (bit, severity) in THROTTLE_REASONS.items() if severity is not None
 )
+_WATCHED_BITS = sum(bit for _, bit, _ in _WATCHED)
 _HINTS = {
     "sw_power_cap": "The GPU runs at its power limit: expected at full load; if utilisation is low, "
     "check the configured power limit.",
@@ -105,6 +104,8 @@ class ThermalDetector:
         self.n = n
         self.gpus_: dict[int, _Gpu] = {}
         self.throttle_: dict[tuple[int, str], KOfN] = {}
+        #: per GPU, ticks in a row with no watched reason active (capped at ``n``)
+        self.calm_: dict[int, int] = {}
         self._names: dict[int, _Names] = {}
         self._keys: frozenset[str] = frozenset()
         self._indices: list[int] = []
@@ -148,7 +149,7 @@ class ThermalDetector:
         if power is not None:
             gpu.power = power if gpu.power is None else gpu.power + weight * (power - gpu.power)
         gpu.t = snapshot.now
-        x = np.array([1.0, gpu.util, (gpu.power or 0.0) / 1000.0])
+        x = [1.0, gpu.util, (gpu.power or 0.0) / 1000.0]  # a list: the RLS works in plain floats
         if gpu.rls.n_ < self.warmup:
             gpu.rls.learn(x, temp)
             return None
@@ -183,12 +184,23 @@ class ThermalDetector:
     def _throttle(self, i: int, names: _Names, snapshot: Snapshot) -> list[Finding]:
         values = snapshot.values
         mask = values.get(names.mask)
+        bits = 0 if mask is None else int(mask)
+        flags = [values.get(name) for name in names.flags]
+        if not bits & _WATCHED_BITS and not any(flag is not None and flag >= 0.5 for flag in flags):
+            # Nothing active. Once the last ``n`` checks of this GPU were all calm, every gate's window
+            # holds no hit and one more miss changes nothing, so the gates are not pushed (the common
+            # case, which otherwise cost a dozen look-ups per reason per GPU per tick).
+            calm = self.calm_.get(i, 0)
+            if calm >= self.n:
+                return []
+            self.calm_[i] = calm + 1
+        else:
+            self.calm_[i] = 0
         findings: list[Finding] = []
-        for (reason, bit, severity), flag_name in zip(_WATCHED, names.flags, strict=True):
-            flag = values.get(flag_name)
+        for (reason, bit, severity), flag_name, flag in zip(_WATCHED, names.flags, flags, strict=True):
             if flag is None and mask is None:
                 continue
-            active = (flag is not None and flag >= 0.5) or (mask is not None and int(mask) & bit != 0)
+            active = (flag is not None and flag >= 0.5) or bits & bit != 0
             gate = self.throttle_.get((i, reason))
             if gate is None:
                 gate = self.throttle_[(i, reason)] = KOfN(self.k, self.n)

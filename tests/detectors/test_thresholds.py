@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from detectors.thresholds import Thresholder
@@ -61,3 +62,22 @@ def test_at_most_one_alarm_per_day_on_noise() -> None:
 def test_bad_parameters_are_one_line_errors(kwargs: dict[str, float], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         Thresholder(**kwargs)  # type: ignore[arg-type]
+
+
+def test_push_is_update_without_the_event() -> None:
+    """The general detector's path (push) leaves the same state and raises on the same points."""
+    rng = np.random.default_rng(3)
+    scores = rng.uniform(0, 1, 5000) ** 4  # mostly low, some >= 0.9
+    scores[::97] = math.nan
+    by_update, by_push = (
+        Thresholder(k=2, n=3, max_alarms_per_day=24),
+        Thresholder(k=2, n=3, max_alarms_per_day=24),
+    )
+    raised = []
+    for i, score in enumerate(scores):
+        t = 60.0 * i
+        event = by_update.update(t, float(score))
+        assert by_push.push(t, float(score)) is event.raised
+        raised.append(event.raised)
+    assert vars(by_update) == vars(by_push)
+    assert sum(raised) > 0 and by_update.suppressed_total_ > 0

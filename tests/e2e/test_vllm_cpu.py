@@ -144,20 +144,29 @@ async def test_auto_policy_settles_within_15_percent_of_the_best_static_limit(en
     # cores (2026-11-30: first attempts failed with auto already at the best static limit, 8, from
     # tick 10 on, both at this code and at the previous session's).
     window = (20.0, 40.0)
-    sweep = [await replay(engine.url, trace, slo, limit=n, window=window) for n in (1, 2, 4, 8, 16)]
+    limits = (1, 2, 4, 8, 16)
+    sweep = [await replay(engine.url, trace, slo, limit=n, window=window) for n in limits]
+    best_limit = limits[max(range(len(sweep)), key=lambda i: sweep[i].goodput_tps)]
     auto = AutoBatch(slo.ttft_s, slo.itl_s, lower=1, upper=16, initial=1)
     result = await replay(engine.url, trace, slo, limit=1, window=window, policy=auto)
-    best = max(sweep, key=lambda r: r.goodput_tps)
+    # The sweep picks the best limit; auto is compared with that limit measured again right after it.
+    # The sweep's own best run is the maximum of five noisy runs, biased upwards by the noise (on 2 shared
+    # cores one static row measured 98% within the SLO in one run and 14% in the next), while auto is a
+    # single run: that comparison failed first attempts with auto already at the best limit.
+    best = await replay(
+        engine.url, trace, slo, limit=best_limit, window=window, name=f"static {best_limit} again"
+    )
     table = "\n".join(
         [
             f"capacity {tps:.0f} tok/s (trace-shaped), engine ITL {itl * 1000:.1f} ms, {len(trace)} requests",
             "| run | goodput tok/s | throughput tok/s | SLO met | requests | final limit |",
             "|---|---|---|---|---|---|",
-            *(r.row() for r in [*sweep, result]),
+            *(r.row() for r in [*sweep, result, best]),
             f"auto limits per tick: {result.limits}",
         ]
     )
     print("\n" + table)
+    assert max(r.goodput_tps for r in sweep) > 0, table
     assert best.goodput_tps > 0, table
     assert result.goodput_tps >= 0.85 * best.goodput_tps, table
 

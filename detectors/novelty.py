@@ -45,7 +45,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from detectors.streaming import ScorerBase, clamp_score
+from detectors.streaming import ScorerBase
 
 FIRST_CUT_SPREAD = 8
 """Staggered scorers make their first cut over this many points before the warm-up ends."""
@@ -133,63 +133,36 @@ class LevelNoveltyScorer(ScorerBase):
     def _learn(self, t: float, x: float) -> None:
         self._update(t, x)
 
-    def update(self, t: float, x: float) -> float:
-        """The contract's ``update`` (:class:`ScorerBase`'s checks, warm-up and clamp) in one frame with
-        :meth:`_update`: the general detector calls it for ~75 signals every tick, where the layers of calls
-        and attribute look-ups cost as much as the maths. Returns what ``ScorerBase.update`` would."""
-        if not (math.isfinite(t) and math.isfinite(x)):
-            return 0.0
-        seen = self.__dict__.get("n_seen_", 0)
-        score = self._update(t, x)
-        self.n_seen_ = seen + 1
-        if seen < self.warmup:
-            return 0.0
-        return score if 0.0 <= score <= 1.0 else clamp_score(score)
-
     def _update(self, t: float, x: float) -> float:
-        if "values_" not in self.__dict__:
-            self._state()
+        self._state()
         # One symbol serves scoring and learning: the bins cannot change between the two.
-        lo = self.lo_
-        if lo is None:
-            s, raw = 0, 0.0
-        else:
-            # Clamped so a value 1e300 away cannot overflow the int conversion (as _symbol).
-            s = math.floor(max(-1e9, min(1e9, (x - lo) / self.width_)))
-            raw = 0.0 if s in self.counts_ else self._raw_at(s)
+        s = self._symbol(x)
+        raw = 0.0 if self.lo_ is None else self._raw_at(s)
+        score = self._rested(raw)
         n = self.learned_
-        rest = self.rest
-        if rest > 0:
+        if self.rest > 0:
             peaks = self.peaks_
-            score = 0.0 if peaks and raw <= peaks[0][1] else raw  # _rested, inline
             while peaks and peaks[-1][1] <= raw:
                 peaks.pop()
             peaks.append((n, raw))
-            if peaks[0][0] <= n - rest:
+            if peaks[0][0] <= n - self.rest:
                 peaks.popleft()
-        else:
-            score = raw
-        symbols, counts, history = self.symbols_, self.counts_, self.history
-        if len(symbols) == history:
-            old = symbols[0]  # _count(old, -1), inline
-            left = counts.get(old, 0) - 1
-            if left > 0:
-                counts[old] = left
-            else:
-                counts.pop(old, None)
+        symbols = self.symbols_
+        if len(symbols) == self.history:
+            self._count(symbols[0], -1)
         head = self.head_
         self.values_[head] = x
-        self.head_ = head + 1 if head + 1 < history else 0
-        if self.filled_ < history:
+        self.head_ = head + 1 if head + 1 < self.history else 0
+        if self.filled_ < self.history:
             self.filled_ += 1
         symbols.append(s)
+        counts = self.counts_
         counts[s] = counts.get(s, 0) + 1
         self.learned_ = n = n + 1
         # The first cut comes up to FIRST_CUT_SPREAD - 1 points before the warm-up ends, by phase, so
         # that ~80 staggered scorers do not all cut on the same tick; scoring still starts at ``warmup``.
-        warmup, phase = self.warmup, self.phase_
-        if n == max(1, warmup - phase % FIRST_CUT_SPREAD) or (
-            n > warmup and n % self.requant_every == phase % self.requant_every
+        if n == max(1, self.warmup - self.phase_ % FIRST_CUT_SPREAD) or (
+            n > self.warmup and n % self.requant_every == self.phase_ % self.requant_every
         ):
             self._requantise()
         return score

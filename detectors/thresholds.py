@@ -89,7 +89,7 @@ class Thresholder:
             self._refill(t)
         hits = self.hits_
         hits.append(math.isfinite(score) and score >= self.threshold)
-        condition = (hits[0] if self.n == 1 else sum(hits)) >= self.k
+        condition = sum(hits) >= self.k
         raised = False
         if condition and not self.firing_:
             if self.tokens_ >= 1.0:

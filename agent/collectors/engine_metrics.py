@@ -21,6 +21,7 @@ from types import MappingProxyType
 
 import aiohttp
 
+from agent.collectors.base import SCRAPE_HEADERS
 from agent.collectors.derive import Trackers
 from agent.collectors.exposition import Counter, Exposition, Gauge, Histogram, parse_exposition
 from agent.collectors.metric_mapping import MetricMapping, SignalSpec, detect_engine, load_mappings
@@ -235,7 +236,7 @@ class EngineMetricsCollector:
             self._session = aiohttp.ClientSession()
             self._owns_session = True
         timeout = aiohttp.ClientTimeout(total=self.cfg.timeout_s)
-        async with self._session.get(self.url, timeout=timeout) as response:
+        async with self._session.get(self.url, timeout=timeout, headers=SCRAPE_HEADERS) as response:
             if response.status != 200:
                 raise _HttpStatus(response.status, response.reason or "")
             body = bytearray()

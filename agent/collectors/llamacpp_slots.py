@@ -30,6 +30,7 @@ from typing import Any
 
 import aiohttp
 
+from agent.collectors.base import SCRAPE_HEADERS
 from agent.config import EngineConfig
 from detectors.snapshot import Reading, SourceStatus
 
@@ -143,7 +144,7 @@ class LlamaCppSlotsCollector:
             self._session = aiohttp.ClientSession()
             self._owns_session = True
         timeout = aiohttp.ClientTimeout(total=self.cfg.timeout_s)
-        async with self._session.get(self.url, timeout=timeout) as response:
+        async with self._session.get(self.url, timeout=timeout, headers=SCRAPE_HEADERS) as response:
             body = await response.content.read(MAX_BODY_BYTES + 1)
             if len(body) > MAX_BODY_BYTES:
                 raise ValueError(f"body larger than {MAX_BODY_BYTES} bytes")

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
+from agent.collectors.base import SCRAPE_HEADERS
 from agent.collectors.exposition import Counter, Gauge, parse_exposition
 from agent.config import ProbeConfig
 from agent.probe.stats import fragmentation
@@ -184,7 +185,7 @@ class ProbeCollector:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         try:
-            async with self._session.get(url, timeout=self._timeout) as response:
+            async with self._session.get(url, timeout=self._timeout, headers=SCRAPE_HEADERS) as response:
                 if response.status != 200:
                     reason = f"{response.status} {response.reason or ''}".strip()
                     raise _ScrapeError(f"{url} answered HTTP {reason}")

@@ -2,7 +2,8 @@
 
 It uses prometheus_client's own threaded server with a *private* :class:`CollectorRegistry`, so nothing
 the engine registers globally (vLLM's own metrics) leaks in or collides. Every scrape calls the stats
-source afresh; the probe keeps no state and costs nothing between scrapes.
+source afresh; the probe keeps no state and costs nothing between scrapes. Answers are never compressed:
+gzip would run in the engine's process (holding its GIL) to save bytes on loopback.
 
 Families (one series per CUDA device this process uses, labelled ``device``)::
 
@@ -162,7 +163,7 @@ def serve(port: int, host: str = "127.0.0.1", source: StatsSource = torch_stats)
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AllocatorCollector(source))
-    app = wsgi_app(MemoryRecorder(evidence_dir()), make_wsgi_app(registry))
+    app = wsgi_app(MemoryRecorder(evidence_dir()), make_wsgi_app(registry, disable_compression=True))
     httpd = make_server(host, port, app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler)
     thread = threading.Thread(target=httpd.serve_forever, name="servepilot-probe", daemon=True)
     thread.start()

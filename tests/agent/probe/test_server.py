@@ -91,6 +91,16 @@ def test_served_text_matches_the_golden_fixture(probe: server.ProbeServer) -> No
     assert info.sub("INFO", text) == info.sub("INFO", GOLDEN.read_text())
 
 
+def test_answers_are_never_gzipped_even_when_asked(probe: server.ProbeServer) -> None:
+    """Compressing would run in the engine's process, under its GIL, to save bytes on loopback."""
+    request = urllib.request.Request(probe.url, headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        encoding = response.headers.get("Content-Encoding")
+        text = response.read().decode()
+    assert encoding is None
+    assert "servepilot_probe_up 1.0" in text
+
+
 def test_zero_reserved_serves_zero_fragmentation() -> None:
     running = server.serve(0, source=lambda: {0: {}})
     try:

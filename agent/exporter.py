@@ -173,8 +173,13 @@ class StateCollector(PromCollector):
         snap = state.snapshot
         success = GaugeMetricFamily(
             "servepilot_collector_success",
-            "1 when the collector's last fetch succeeded.",
+            "1 when the collector's last fetch returned data (0 for an error or for no data yet).",
             labels=["collector"],
+        )
+        status = GaugeMetricFamily(
+            "servepilot_collector_status",
+            "1 for the collector's last outcome: ok, no_data (answered, nothing to report yet) or error.",
+            labels=["collector", "status"],
         )
         duration = GaugeMetricFamily(
             "servepilot_collector_duration_seconds",
@@ -196,6 +201,8 @@ class StateCollector(PromCollector):
             for name, reading in sorted(snap.readings.items()):
                 ok = reading.status is SourceStatus.OK
                 success.add_metric([name], 1.0 if ok else 0.0)
+                for outcome in SourceStatus:  # a state set: every state present, the current one 1
+                    status.add_metric([name, outcome.value], 1.0 if reading.status is outcome else 0.0)
                 duration.add_metric([name], reading.duration_s)
                 age.add_metric([name], max(0.0, snap.now - reading.observed_at))
                 if name in ups:
@@ -212,6 +219,7 @@ class StateCollector(PromCollector):
                 if len(family._labelnames) == len(tr.labels):  # a mismatch would break the exposition
                     family.add_metric([v for _, v in tr.labels], value)
         yield success
+        yield status
         yield duration
         yield age
         yield from (f for f in ups.values() if f.samples)

@@ -64,7 +64,13 @@ def overview() -> dashboard.Dashboard:
                 "s",
                 q("servepilot_collector_data_age_seconds{@POD}", "{{pod}} {{collector}} data age"),
                 q("servepilot_collector_success{@POD}", "{{pod}} {{collector}} ok", "B"),
-                desc="Staleness of each source and whether its last fetch succeeded (1).",
+                q(
+                    'servepilot_collector_status{@POD, status!="ok"} == 1',
+                    "{{pod}} {{collector}} {{status}}",
+                    "C",
+                ),
+                desc="Staleness of each source, whether its last fetch returned data (1), and why not "
+                "(no_data: answered with nothing yet, e.g. a forecast warming up; error).",
                 w=24,
             )
         )

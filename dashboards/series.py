@@ -31,6 +31,7 @@ def _agent(*names: str) -> list[Series]:
 
 AGENT: list[Series] = _agent(
     "servepilot_collector_success",
+    "servepilot_collector_status",
     "servepilot_collector_data_age_seconds",
     "servepilot_engine_up",
     "servepilot_nvml_up",

@@ -54,6 +54,12 @@ def test_metrics_show_sources_values_and_findings() -> None:
     assert samples[("servepilot_engine_up", ())] == 1.0
     assert samples[("servepilot_nvml_up", ())] == 0.0
     assert samples[("servepilot_collector_success", (("collector", "nvml"),))] == 0.0
+    nvml_status = {
+        dict(labels)["status"]: value
+        for (name, labels), value in samples.items()
+        if name == "servepilot_collector_status" and dict(labels)["collector"] == "nvml"
+    }
+    assert nvml_status == {"ok": 0.0, "no_data": 0.0, "error": 1.0}
     assert samples[("servepilot_collector_duration_seconds", (("collector", "engine"),))] == 0.003
     assert samples[("servepilot_collector_data_age_seconds", (("collector", "engine"),))] == 0.5
     assert samples[("servepilot_engine_ttft_seconds", (("quantile", "0.99"),))] == 0.25
@@ -73,3 +79,17 @@ def test_empty_state_still_exposes_valid_text() -> None:
     samples = _samples(exporter)
     assert ("servepilot_ticks_total", ()) in samples
     assert ("servepilot_engine_up", ()) not in samples
+
+
+def test_a_collector_with_nothing_yet_is_no_data_not_an_error() -> None:
+    """A forecast warming up answers with no values: success is 0, and the status says why."""
+    exporter = Exporter()
+    warming = Reading.empty("forecast", 10.0, "forecast warming up (needs history and a fitted model)")
+    exporter.publish(AgentState(snapshot=Snapshot.from_readings(10.0, {"forecast": warming})))
+    samples = _samples(exporter)
+    assert samples[("servepilot_collector_success", (("collector", "forecast"),))] == 0.0
+    status = {
+        s: samples[("servepilot_collector_status", (("collector", "forecast"), ("status", s)))]
+        for s in ("ok", "no_data", "error")
+    }
+    assert status == {"ok": 0.0, "no_data": 1.0, "error": 0.0}

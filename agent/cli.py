@@ -14,6 +14,7 @@ from collections.abc import Sequence
 #: Subcommand modules, registered explicitly in this order (``servepilot --help`` lists them so).
 COMMANDS: tuple[str, ...] = (
     "agent.commands.run",
+    "agent.commands.check",
     "agent.commands.demo",
     "agent.commands.sim",
     "agent.commands.gate",

@@ -1,0 +1,128 @@
+"""``servepilot check``: every source and API a config names, read once against the real simulator."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from agent import config
+from agent.cli import main
+from agent.preflight import CheckResult, render, run_checks
+from simulator.engine import make_core
+from simulator.server import SimServer
+
+
+@pytest.fixture
+async def sim_url() -> AsyncIterator[str]:
+    server = SimServer(make_core("a100-80g", "llama-2-7b", "fp16", 256), speed=10.0)
+    runner = web.AppRunner(server.app())
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    await runner.cleanup()
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:  # free a moment ago, and nothing listens on it now
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _engine_only(port: int) -> str:
+    """A config whose only source is an engine at ``port`` (NVML and the probe off)."""
+    return (
+        f"engine: {{url: 'http://127.0.0.1:{port}'}}\nnvml: {{backend: 'off'}}\nprobe: {{enabled: false}}\n"
+    )
+
+
+def _full_config(url: str, dead_upstream: str) -> config.Config:
+    return config.build(
+        {
+            "engine": {"kind": "vllm", "url": url},
+            "nvml": {"backend": "simulated", "simulated_url": url, "sample_interval_s": 0.05},
+            "probe": {"enabled": True, "url": f"{url}/sim/probe/metrics"},
+            "control": {"enabled": True, "url": url},
+            "actuators": {"gpu": "power_limit", "gpu_backend": "simulated"},
+            "gate": {"enabled": True, "upstreams": {"primary": url, "fp8": dead_upstream}},
+        }
+    )
+
+
+async def test_every_enabled_part_is_checked_once_and_a_dead_upstream_fails(sim_url: str) -> None:
+    dead = f"http://127.0.0.1:{_closed_port()}"
+    results = {r.name: r for r in await run_checks(_full_config(sim_url, dead))}
+    assert list(results) == [
+        "engine",
+        "nvml",
+        "probe",
+        "control",
+        "gpu_actuator",
+        "upstream primary",
+        "upstream fp8",
+    ]
+    assert {name for name, r in results.items() if r.failed} == {"upstream fp8"}
+    assert "engine vllm" in results["engine"].detail and results["engine"].target == f"{sim_url}/metrics"
+    assert "gpus 1" in results["nvml"].detail
+    assert "torch_version" in results["probe"].detail
+    assert results["control"].detail.startswith("generic API, knobs max_num_seqs=256")
+    assert results["gpu_actuator"].detail == "power_limit on GPUs 0: power limit 100-400 W (simulated)"
+    assert results["upstream primary"].detail == "HTTP 200"
+    assert results["upstream fp8"].target == f"{dead}/health"
+    table = render(list(results.values())).splitlines()
+    assert len(table) == 8 and table[-1] == "7 checks, 1 failed"
+
+
+async def test_the_check_changes_nothing_on_the_engine(sim_url: str) -> None:
+    """Discovery reads the control state; no knob moves and no lease is left behind."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{sim_url}/v1/control/state") as response:
+            before = await response.json()
+        await run_checks(_full_config(sim_url, sim_url))
+        async with session.get(f"{sim_url}/v1/control/state") as response:
+            after = await response.json()
+    assert after["settings"] == before["settings"]
+    assert after["lease"]["active"] is False and before["lease"]["active"] is False
+
+
+def test_cli_exits_1_with_one_row_naming_the_dead_engine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = _closed_port()
+    path = tmp_path / "pod.yaml"
+    path.write_text(_engine_only(port))
+    assert main(["check", "--config", str(path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        out[0].startswith("engine  error") and f"cannot connect to http://127.0.0.1:{port}/metrics" in out[0]
+    )
+    assert out[-1] == "1 checks, 1 failed"
+
+
+def test_cli_json_lists_every_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "pod.yaml"
+    path.write_text(_engine_only(_closed_port()))
+    assert main(["check", "--config", str(path), "--json"]) == 1
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["name"] == "engine" and row["status"] == "error" and row["duration_s"] >= 0
+
+
+def test_cli_bad_config_is_exit_2_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "pod.yaml"
+    path.write_text("engine: {url: 'ftp://engine'}\n")
+    assert main(["check", "--config", str(path)]) == 2
+    assert "engine.url" in capsys.readouterr().err
+
+
+def test_no_data_is_shown_but_does_not_fail() -> None:
+    row = CheckResult("probe", "no_data", "CUDA not initialised in the engine process", 0.001)
+    assert not row.failed
+    assert render([row]).splitlines()[-1] == "1 checks, 0 failed"

@@ -65,12 +65,12 @@ def overview() -> dashboard.Dashboard:
                 q("servepilot_collector_data_age_seconds{@POD}", "{{pod}} {{collector}} data age"),
                 q("servepilot_collector_success{@POD}", "{{pod}} {{collector}} ok", "B"),
                 q(
-                    'servepilot_collector_status{@POD, status!="ok"} == 1',
-                    "{{pod}} {{collector}} {{status}}",
+                    'sum by (pod, status) (servepilot_collector_status{@POD, status!="ok"})',
+                    "{{pod}} collectors {{status}}",
                     "C",
                 ),
-                desc="Staleness of each source, whether its last fetch returned data (1), and why not "
-                "(no_data: answered with nothing yet, e.g. a forecast warming up; error).",
+                desc="Staleness of each source, whether its last fetch returned data (1), and how many "
+                "collectors answered with nothing yet (no_data: a forecast warming up) or failed (error).",
                 w=24,
             )
         )

@@ -8,6 +8,7 @@ range and the value, e.g. ``agent.interval_s must be in [0.05, 60], got 0``.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -195,6 +196,10 @@ class GateConfig(_Section):
     aging_s: float = Field(0.2, gt=0, le=60, description="wait after which a request is promoted one class")
     line_header: str = Field("x-servepilot-line", description="header naming the business line")
     priority_header: str = Field("x-servepilot-priority", description="header naming the priority class")
+    max_wait_header: str = Field(
+        "x-servepilot-max-wait-ms",
+        description="header with the client's own queue deadline in ms (the shorter wins; 0: never wait)",
+    )
     api_keys: dict[str, str] = Field(default_factory=dict, description="bearer API key -> business line")
     default_line: str = Field("default", description="line of requests that name none (or an unknown one)")
     lines: dict[str, GateLineConfig] = Field(default_factory=dict, description="per-line limits")
@@ -583,7 +588,8 @@ def reference_markdown() -> str:
         model = section.annotation
         assert model is not None
         for name, info in model.model_fields.items():
-            default = list(info.default) if isinstance(info.default, tuple) else info.default
+            default = info.get_default(call_default_factory=True)  # {} rather than PydanticUndefined
+            default = list(default) if isinstance(default, tuple) else default
             allowed = []
             for meta in info.metadata:
                 for attr, symbol in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
@@ -592,7 +598,12 @@ def reference_markdown() -> str:
             choices = getattr(info.annotation, "__args__", ()) if "Literal" in str(info.annotation) else ()
             if choices:
                 allowed.append(" \\| ".join(str(c) for c in choices))
-            default_text = str(default).lower() if isinstance(default, bool) else str(default)
+            if isinstance(default, bool):
+                default_text = str(default).lower()
+            elif isinstance(default, dict):
+                default_text = json.dumps(default)  # as YAML reads it
+            else:
+                default_text = str(default)
             meaning = info.description or ""
             rows.append(f"| `{section_name}.{name}` | `{default_text}` | {', '.join(allowed)} | {meaning} |")
     return "\n".join(rows)

@@ -99,3 +99,10 @@ def test_demo_example_matches_what_the_demo_runs() -> None:
 
     example = config.load(next(p for p in EXAMPLES if p.name == "demo.yaml"), {})
     assert example == config.build(demo_config(9400, 8000))
+
+
+def test_reference_shows_factory_defaults_as_yaml_reads_them() -> None:
+    reference = config.reference_markdown()
+    assert "PydanticUndefined" not in reference
+    assert '| `gate.split` | `{"primary": 1.0}` |' in reference
+    assert "| `gate.api_keys` | `{}` |" in reference

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -56,6 +57,24 @@ HOP_BY_HOP = frozenset(
 
 def _forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
+
+
+def client_max_wait_s(header: str | None) -> float | None:
+    """The client's own queue deadline in seconds from the ``max_wait_header`` value in milliseconds.
+
+    A client that gives up after 1.5 s gains nothing from a gate that keeps it queued for 10: it learns
+    of the overload only from its own timeout, and the slot it was waiting for may go to a request
+    nobody reads. ``0`` means "answer 503 rather than queue". ValueError (a 400) on anything but a finite
+    number >= 0."""
+    if header is None:
+        return None
+    try:
+        milliseconds = float(header)
+    except ValueError:
+        raise ValueError(f"must be a number of milliseconds >= 0, got {header!r}") from None
+    if not math.isfinite(milliseconds) or milliseconds < 0:
+        raise ValueError(f"must be a number of milliseconds >= 0, got {header!r}")
+    return milliseconds / 1000.0
 
 
 def _json_error(
@@ -314,6 +333,11 @@ class Gate:
         priority = Priority.parse(
             request.headers.get(self.cfg.priority_header), Priority[limiter.priority.upper()]
         )
+        try:
+            own_wait_s = client_max_wait_s(request.headers.get(self.cfg.max_wait_header))
+        except ValueError as error:
+            message = f"{self.cfg.max_wait_header}: {error}"
+            return _json_error(400, message, "invalid_request_error", "bad_request")
         record = RequestRecord(line, priority.name.lower(), path, info.prompt_tokens, arrived)
         est_tokens = info.prompt_tokens + info.max_tokens
         verdict = limiter.admit(est_tokens, arrived)
@@ -337,7 +361,7 @@ class Gate:
         ticket, changed = admission.offer(priority, arrived)
         self._wake(changed)
         if ticket.state is TicketState.WAITING:
-            refusal = await self._wait(ticket, record, admission)
+            refusal = await self._wait(ticket, record, admission, own_wait_s)
             if refusal is not None:
                 limiter.refund(est_tokens)
                 return refusal
@@ -352,12 +376,13 @@ class Gate:
             self._wake(admission.release(ticket, self.clock()))
 
     async def _wait(
-        self, ticket: Ticket, record: RequestRecord, admission: AdmissionQueue
+        self, ticket: Ticket, record: RequestRecord, admission: AdmissionQueue, own_wait_s: float | None
     ) -> web.Response | None:
-        """Wait for admission; a refusal response if the ticket was shed or expired instead."""
+        """Wait for admission; a refusal response if the ticket was shed or expired instead. The deadline
+        is the gate's, or the client's own (``max_wait_header``) when that is shorter."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[ticket] = future
-        deadline = self.max_queue_wait_s
+        deadline = self.max_queue_wait_s if own_wait_s is None else min(own_wait_s, self.max_queue_wait_s)
         try:
             await asyncio.wait_for(future, timeout=deadline)
         except TimeoutError:
@@ -374,7 +399,8 @@ class Gate:
         if ticket.state is TicketState.REJECTED:
             return self._refuse(record, 429, f"the gate's queue is full ({ticket.reason})", "queue_full", 1.0)
         message = f"no capacity within {deadline:g} s (in-flight limit {admission.limit})"
-        return self._refuse(record, 503, message, "queue_timeout", deadline, outcome="expired")
+        retry_s = self.max_queue_wait_s  # when capacity may free, whatever this client was ready to wait
+        return self._refuse(record, 503, message, "queue_timeout", retry_s, outcome="expired")
 
     def _refuse(
         self,

@@ -202,6 +202,65 @@ async def test_full_queue_gets_429_and_a_long_wait_503(
         await gate.stop()
 
 
+async def test_a_client_s_own_shorter_deadline_answers_503_before_the_gate_s(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    upstream.release.clear()
+    gate = await _gate({"primary": upstream.url}, max_in_flight=1, queue_size=4, max_queue_wait_s=60.0)
+    try:
+        held = asyncio.create_task(_post(client, gate, _body()))
+        await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
+        own = await asyncio.wait_for(
+            _post(client, gate, _body(), headers={"x-servepilot-max-wait-ms": "20"}), TIMEOUT
+        )  # well before the gate's 60 s
+        assert own.status == 503 and (await own.json())["error"]["code"] == "queue_timeout"
+        assert "within 0.02 s" in (await own.json())["error"]["message"]
+        never = await asyncio.wait_for(
+            _post(client, gate, _body(), headers={"x-servepilot-max-wait-ms": "0"}), TIMEOUT
+        )
+        assert never.status == 503  # 0: rather a 503 than any wait
+        assert gate.admission.queue_depth == 0
+        upstream.release.set()
+        assert (await held).status == 200
+        free = await _post(client, gate, _body(), headers={"x-servepilot-max-wait-ms": "0"})
+        assert free.status == 200  # no wait needed: the deadline never applies
+    finally:
+        await gate.stop()
+
+
+async def test_the_gate_s_deadline_still_applies_to_a_longer_client_deadline(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    upstream.release.clear()
+    gate = await _gate({"primary": upstream.url}, max_in_flight=1, queue_size=4, max_queue_wait_s=0.02)
+    try:
+        held = asyncio.create_task(_post(client, gate, _body()))
+        await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
+        patient = await asyncio.wait_for(
+            _post(client, gate, _body(), headers={"x-servepilot-max-wait-ms": "600000"}), TIMEOUT
+        )
+        assert patient.status == 503 and "within 0.02 s" in (await patient.json())["error"]["message"]
+        upstream.release.set()
+        assert (await held).status == 200
+    finally:
+        await gate.stop()
+
+
+@pytest.mark.parametrize("value", ["soon", "-5", "nan", "inf", ""])
+async def test_a_bad_client_deadline_is_a_400_naming_the_header(
+    upstream: Upstream, client: aiohttp.ClientSession, value: str
+) -> None:
+    gate = await _gate({"primary": upstream.url})
+    try:
+        resp = await _post(client, gate, _body(), headers={"x-servepilot-max-wait-ms": value})
+        error = (await resp.json())["error"]
+        assert resp.status == 400 and error["code"] == "bad_request"
+        assert error["message"].startswith("x-servepilot-max-wait-ms: must be a number of milliseconds")
+        assert upstream.seen == 0
+    finally:
+        await gate.stop()
+
+
 async def test_lowering_the_queue_deadline_expires_who_waited_past_it(
     upstream: Upstream, client: aiohttp.ClientSession
 ) -> None:

@@ -173,12 +173,20 @@ async def test_line_over_its_rate_gets_429_with_retry_after(
         await gate.stop()
 
 
+async def _one_held(
+    upstream: Upstream, client: aiohttp.ClientSession, gate: Gate
+) -> asyncio.Task[aiohttp.ClientResponse]:
+    """With a limit of 1 and the upstream parked: one request in flight (the task answers once released)."""
+    held = asyncio.create_task(_post(client, gate, _body()))
+    await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
+    return held
+
+
 async def _one_held_one_queued(
     upstream: Upstream, client: aiohttp.ClientSession, gate: Gate
 ) -> tuple[asyncio.Task[aiohttp.ClientResponse], asyncio.Task[aiohttp.ClientResponse]]:
     """With a limit of 1 and the upstream parked: one request in flight, the next one waiting."""
-    held = asyncio.create_task(_post(client, gate, _body()))
-    await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
+    held = await _one_held(upstream, client, gate)
     queued = asyncio.create_task(_post(client, gate, _body()))
     await asyncio.wait_for(_until(lambda: gate.admission.queue_depth == 1), TIMEOUT)
     return held, queued
@@ -208,8 +216,7 @@ async def test_a_client_s_own_shorter_deadline_answers_503_before_the_gate_s(
     upstream.release.clear()
     gate = await _gate({"primary": upstream.url}, max_in_flight=1, queue_size=4, max_queue_wait_s=60.0)
     try:
-        held = asyncio.create_task(_post(client, gate, _body()))
-        await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
+        held = await _one_held(upstream, client, gate)
         own = await asyncio.wait_for(
             _post(client, gate, _body(), headers={"x-servepilot-max-wait-ms": "20"}), TIMEOUT
         )  # well before the gate's 60 s
@@ -234,8 +241,7 @@ async def test_the_gate_s_deadline_still_applies_to_a_longer_client_deadline(
     upstream.release.clear()
     gate = await _gate({"primary": upstream.url}, max_in_flight=1, queue_size=4, max_queue_wait_s=0.02)
     try:
-        held = asyncio.create_task(_post(client, gate, _body()))
-        await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
+        held = await _one_held(upstream, client, gate)
         patient = await asyncio.wait_for(
             _post(client, gate, _body(), headers={"x-servepilot-max-wait-ms": "600000"}), TIMEOUT
         )

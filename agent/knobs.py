@@ -58,15 +58,9 @@ class Knobs:
             if cfg.canary.enabled:
                 self.actuation.bind(knobs.FP8_SHARE, self._fp8_share, self._set_fp8_share)
         if cfg.actuators.gpu != "off":
-            from agent.actuators.gpu import GpuActuator
-            from agent.actuators.gpu_backend import NvmlGpuBackend, SimulatedGpuBackend
+            from agent.actuators.gpu import GpuActuator, backend_for
 
-            backend = (
-                SimulatedGpuBackend(state_file=cfg.actuators.gpu_state_file)
-                if cfg.actuators.gpu_backend == "simulated"
-                else NvmlGpuBackend()
-            )
-            self.gpu = GpuActuator(cfg.actuators, backend, registry)
+            self.gpu = GpuActuator(cfg.actuators, backend_for(cfg.actuators), registry)
             self.gpu_knob = knobs.POWER_LIMIT if cfg.actuators.gpu == "power_limit" else knobs.SM_CLOCK
             self.actuation.bind(self.gpu_knob, self._gpu_value, self._set_gpu_value)
         self.token = self._admin_token()

@@ -63,17 +63,17 @@ def _target(collector: object) -> str:
     return ""
 
 
-async def check_sources(cfg: Config, *, settle_s: float | None = None) -> list[CheckResult]:
+async def check_sources(cfg: Config) -> list[CheckResult]:
     """Collect once from every source the config enables (engine, llama.cpp slots, NVML, probe).
 
-    NVML is sampled in the background like in the sidecar, so it is read after ``settle_s`` (three sample
-    periods by default) to have samples to aggregate."""
+    NVML is sampled in the background like in the sidecar, so it is read after three sample periods, to
+    have samples to aggregate."""
     from agent.sidecar import build_collectors
 
     collectors = build_collectors(cfg)
     try:
         if cfg.nvml.backend != "off":
-            await asyncio.sleep(3 * cfg.nvml.sample_interval_s if settle_s is None else settle_s)
+            await asyncio.sleep(3 * cfg.nvml.sample_interval_s)
         results = []
         for collector in collectors:
             started = time.perf_counter()
@@ -113,62 +113,44 @@ async def check_control(cfg: Config) -> CheckResult:
 
 
 def check_gpu_actuator(cfg: Config) -> CheckResult:
-    """Whether this process may drive ``actuators.gpu``, and within which bounds (read only)."""
-    from agent.actuators.gpu_backend import (
-        GpuControlError,
-        NvmlGpuBackend,
-        SimulatedGpuBackend,
-        permission_problem,
-    )
+    """Whether the sidecar's GPU actuator could drive ``actuators.gpu``, and within which bounds: the
+    actuator itself is built (its permission check and bounds), without its lease watchdog; nothing is set."""
+    from prometheus_client import CollectorRegistry
+
+    from agent.actuators.gpu import GpuActuator, backend_for
+    from agent.actuators.gpu_backend import GpuControlError
 
     started = time.perf_counter()
     name, knob = "gpu_actuator", cfg.actuators.gpu
-    simulated = cfg.actuators.gpu_backend == "simulated"
-    problem = None if simulated else permission_problem()
-    if problem is not None:
-        return CheckResult(name, "error", problem, time.perf_counter() - started, knob)
     try:
-        backend = (
-            SimulatedGpuBackend(state_file=cfg.actuators.gpu_state_file) if simulated else NvmlGpuBackend()
-        )
-        indices = list(cfg.actuators.gpus) or backend.gpu_indices()
-        if not indices:
+        actuator = GpuActuator(cfg.actuators, backend_for(cfg.actuators), CollectorRegistry(), watchdog=False)
+        if actuator.problem is not None:
+            return CheckResult(name, "error", actuator.problem, time.perf_counter() - started, knob)
+        if not actuator.indices:
             raise GpuControlError("no GPU found")
-        first = indices[0]
-        if knob == "power_limit":
-            low, high = backend.power_limit_bounds_w(first)
-            bounds = f"power limit {low:g}-{high:g} W"
-        else:
-            low, high = backend.clock_bounds_mhz(first)
-            bounds = f"SM clock {low:g}-{high:g} MHz"
+        low, high = actuator.bounds()
     except (GpuControlError, OSError, ValueError) as error:
         return CheckResult(name, "error", str(error), time.perf_counter() - started, knob)
-    detail = f"{knob} on GPUs {', '.join(map(str, indices))}: {bounds}" + (
-        " (simulated)" if simulated else ""
-    )
+    bounds = f"power limit {low:g}-{high:g} W" if knob == "power_limit" else f"SM clock {low:g}-{high:g} MHz"
+    detail = f"{knob} on GPUs {', '.join(map(str, actuator.indices))}: {bounds}"
+    if cfg.actuators.gpu_backend == "simulated":
+        detail += " (simulated)"
     return CheckResult(name, "ok", detail, time.perf_counter() - started, knob)
 
 
 async def check_upstreams(cfg: Config) -> list[CheckResult]:
-    """GET each gate upstream's health path, as the gate's health checks do."""
-    timeout = aiohttp.ClientTimeout(total=cfg.gate.connect_timeout_s)
+    """Each gate upstream's health path, judged as the gate's own health checks judge it (2xx)."""
+    from agent.gate.upstreams import probe_health
+
     results = []
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with aiohttp.ClientSession() as session:
         for name, base in cfg.gate.upstreams.items():
             url = base + cfg.gate.health_path
             started = time.perf_counter()
-            try:
-                async with session.get(url) as response:
-                    await response.read()
-                    ok = response.status < 400
-                    detail = f"HTTP {response.status}"
-            except (aiohttp.ClientError, TimeoutError) as error:
-                ok, detail = False, f"{type(error).__name__}: {' '.join(str(error).split())}".rstrip(": ")
-            results.append(
-                CheckResult(
-                    f"upstream {name}", "ok" if ok else "error", detail, time.perf_counter() - started, url
-                )
-            )
+            ok, problem = await probe_health(session, url)
+            status, detail = ("ok", "healthy") if ok else ("error", problem)
+            elapsed = time.perf_counter() - started
+            results.append(CheckResult(f"upstream {name}", status, detail, elapsed, url))
     return results
 
 

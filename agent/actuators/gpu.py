@@ -24,10 +24,23 @@ from types import FrameType
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from agent.actuators.gpu_backend import GpuBackend, GpuControlError, permission_problem
+from agent.actuators.gpu_backend import (
+    GpuBackend,
+    GpuControlError,
+    NvmlGpuBackend,
+    SimulatedGpuBackend,
+    permission_problem,
+)
 from agent.config import ActuatorConfig
 
 log = logging.getLogger(__name__)
+
+
+def backend_for(cfg: ActuatorConfig) -> GpuBackend:
+    """The backend ``cfg.gpu_backend`` names; GpuControlError when real NVML cannot start."""
+    if cfg.gpu_backend == "simulated":
+        return SimulatedGpuBackend(state_file=cfg.gpu_state_file)
+    return NvmlGpuBackend()
 
 
 class GpuActuator:

@@ -88,6 +88,19 @@ class UpstreamPool:
         return ordered
 
 
+async def probe_health(session: aiohttp.ClientSession, url: str, timeout_s: float = 2.0) -> tuple[bool, str]:
+    """One health check of ``url``: ``(True, "")`` on a 2xx answer, else ``(False, why)`` in one line.
+    The gate's health loop and ``servepilot check`` both judge an upstream with it."""
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            await resp.read()
+            if 200 <= resp.status < 300:
+                return True, ""
+            return False, f"health check returned HTTP {resp.status}"
+    except (TimeoutError, aiohttp.ClientError, OSError) as error:
+        return False, f"health check failed: {type(error).__name__}: {error}"
+
+
 async def health_loop(
     pool: UpstreamPool,
     session: aiohttp.ClientSession,
@@ -98,16 +111,10 @@ async def health_loop(
     timeout_s: float = 2.0,
 ) -> None:
     """Probe every upstream's ``path`` each ``interval_s`` until ``stop`` is set; 2xx means healthy."""
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
 
     async def probe(up: Upstream) -> None:
-        try:
-            async with session.get(up.url + path, timeout=timeout) as resp:
-                await resp.read()
-                ok = 200 <= resp.status < 300
-                pool.mark(up.name, ok, clock(), "" if ok else f"health check returned HTTP {resp.status}")
-        except (TimeoutError, aiohttp.ClientError, OSError) as error:
-            pool.mark(up.name, False, clock(), f"health check failed: {type(error).__name__}: {error}")
+        ok, problem = await probe_health(session, up.url + path, timeout_s)
+        pool.mark(up.name, ok, clock(), problem)
 
     while not stop.is_set():
         await asyncio.gather(*(probe(up) for up in pool.upstreams.values()))

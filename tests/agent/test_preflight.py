@@ -71,7 +71,7 @@ async def test_every_enabled_part_is_checked_once_and_a_dead_upstream_fails(sim_
     assert "torch_version" in results["probe"].detail
     assert results["control"].detail.startswith("generic API, knobs max_num_seqs=256")
     assert results["gpu_actuator"].detail == "power_limit on GPUs 0: power limit 100-400 W (simulated)"
-    assert results["upstream primary"].detail == "HTTP 200"
+    assert results["upstream primary"].detail == "healthy"
     assert results["upstream fp8"].target == f"{dead}/health"
     table = render(list(results.values())).splitlines()
     assert len(table) == 8 and table[-1] == "7 checks, 1 failed"

@@ -12,9 +12,7 @@ command when vLLM is not installed. One server for the module: its cold start ta
 from __future__ import annotations
 
 import asyncio
-import statistics
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator
 
 import aiohttp
 import pytest
@@ -26,9 +24,6 @@ from agent.config import ControlConfig, EngineConfig
 from agent.control.client import ControlClient
 from agent.control.vllm import VllmAdapter
 from agent.engines.launcher import RunningEngine
-from detectors.base import Finding
-from detectors.snapshot import Snapshot
-from policies import knobs
 from policies.batch_auto import AutoBatch
 from tests.engines.client import completion, stream_many
 from tests.engines.closed_loop import Slo, capacity, replay, scaled_trace
@@ -129,47 +124,16 @@ async def _engine_itl(engine: RunningEngine) -> float:
     return itl
 
 
-class _ItlDuringReplay:
-    """A policy that changes nothing: it records the engine's window-mean ITL at each tick of a replay."""
-
-    name = "itl_probe"
-
-    def __init__(self) -> None:
-        self.seen: list[float] = []
-
-    def decide(
-        self, snapshot: Snapshot, findings: Sequence[Finding], state: Any, now: float
-    ) -> tuple[Any, list[Any]]:
-        itl = snapshot.get(knobs.ITL_MEAN)
-        if itl is not None and itl > 0:
-            self.seen.append(itl)
-        return state, []
-
-    def median(self) -> float:
-        return statistics.median(self.seen) if self.seen else 0.0
-
-
 # Timing-sensitive on 2 shared cores (real engine, wall-clock load): one rerun, reported by pytest as
 # "rerun", never hidden; a real regression fails both attempts.
 @pytest.mark.flaky(reruns=1)
 async def test_auto_policy_settles_within_15_percent_of_the_best_static_limit(engine: RunningEngine) -> None:
     itl = await _engine_itl(engine)
     tps = await capacity(engine.url, scaled_trace(1.0, 1.0, 1e9)[:64])
-    # Capacity is measured closed loop (always 8 busy); the trace's bursts queue at far less. At 0.8 of it
-    # a machine whose engine ran slower during the replay than during the measurement put every setting,
-    # auto included, past the SLO (seen in CI).
-    trace = scaled_trace(tps, load=0.5, seconds=40.0)
     # The engine's ITL is measured alone; during a replay the load generator, the gate and the collectors
     # share its 2 cores, so a per-token allowance of 4x that left no setting inside the SLO in CI. 8x keeps
-    # the SLO reachable for the right limits and out of reach for the starved ones (1, 2). On a slow
-    # CI machine the engine's ITL during a replay was more than 5x its ITL alone, which held auto at a
-    # limit of 2 (its ITL target was taken) while limit 16 met the SLO: the allowance is also at least
-    # 4x the ITL the engine shows during the first 15 s of the trace at limit 8 (on a quiet machine that
-    # is ~1x alone, and 8x alone decides).
-    probe = _ItlDuringReplay()
-    calibration = trace[trace[:, 0] < 15.0]
-    await replay(engine.url, calibration, Slo(2.0, 1.0), limit=8, window=(0.0, 15.0), policy=probe)
-    slo = Slo(ttft_s=2.0, itl_s=max(8.0 * itl, 4.0 * probe.median()))
+    # the SLO reachable for the right limits and out of reach for the starved ones (1, 2).
+    slo = Slo(ttft_s=2.0, itl_s=8.0 * itl)
     # The first 20 s are the auto policy's time to settle. It starts at a limit of 1 (the hardest start,
     # not the sidecar's: that starts at policies.initial_batch) and needs a few ticks of token data
     # before it grows; with 10 s the backlog of that ramp still spilled into the window on 2 shared
@@ -177,7 +141,19 @@ async def test_auto_policy_settles_within_15_percent_of_the_best_static_limit(en
     # tick 10 on, both at this code and at the previous session's).
     window = (20.0, 40.0)
     limits = (1, 2, 4, 8, 16)
-    sweep = [await replay(engine.url, trace, slo, limit=n, window=window) for n in limits]
+    # Capacity is measured closed loop (always 8 busy); the trace's bursts queue at far less. The replay
+    # runs at half of it, unless fewer than two static limits then serve 90% of requests within the SLO:
+    # a load the engine serves has a range of good settings, and the comparison means little when the
+    # load is past the engine at all but the largest. That happened in CI twice on 2026-11-30 (capacity
+    # measured at 1216 and 1487 tok/s against 1064-1104 on quiet runs, so the machine was faster during
+    # the measurement than during the replays; limits 1-4 met the SLO for 0% of requests, 16 for 4-100%,
+    # and the engine's ITL during a replay equalled its ITL alone). Then the sweep is run again at a
+    # quarter of capacity, and the table says which load was used.
+    for load in (0.5, 0.25):
+        trace = scaled_trace(tps, load=load, seconds=40.0)
+        sweep = [await replay(engine.url, trace, slo, limit=n, window=window) for n in limits]
+        if sum(r.attainment >= 0.9 for r in sweep) >= 2:
+            break
     best_limit = limits[max(range(len(sweep)), key=lambda i: sweep[i].goodput_tps)]
     auto = AutoBatch(slo.ttft_s, slo.itl_s, lower=1, upper=16, initial=1)
     result = await replay(engine.url, trace, slo, limit=1, window=window, policy=auto)
@@ -190,8 +166,7 @@ async def test_auto_policy_settles_within_15_percent_of_the_best_static_limit(en
     )
     table = "\n".join(
         [
-            f"capacity {tps:.0f} tok/s (trace-shaped), engine ITL {itl * 1000:.1f} ms alone, "
-            f"{probe.median() * 1000:.1f} ms during a replay at limit 8, SLO ITL {slo.itl_s * 1000:.1f} ms, "
+            f"capacity {tps:.0f} tok/s (trace-shaped), load {load} of it, engine ITL {itl * 1000:.1f} ms, "
             f"{len(trace)} requests",
             "| run | goodput tok/s | throughput tok/s | SLO met | requests | final limit |",
             "|---|---|---|---|---|---|",

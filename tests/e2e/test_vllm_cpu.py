@@ -172,6 +172,8 @@ async def test_auto_policy_settles_within_15_percent_of_the_best_static_limit(en
             "|---|---|---|---|---|---|",
             *(r.row() for r in [*sweep, result, best]),
             f"auto limits per tick: {result.limits}",
+            "auto's control ticks (its inputs, then its proposal or hold):",
+            *result.ticks,
         ]
     )
     print("\n" + table)

@@ -51,6 +51,8 @@ class RunResult:
     attainment: float
     requests: int
     limits: list[int] = field(default_factory=list)
+    ticks: list[str] = field(default_factory=list)
+    """Per control tick (auto only): what the policy saw and did, so a failed run says why it held."""
 
     def row(self) -> str:
         return (
@@ -145,6 +147,24 @@ def _policy_snapshot(readings: Sequence[Reading], now: float) -> Snapshot:
     return Snapshot.from_readings(now, {r.source: r for r in readings})
 
 
+def _tick_line(now: float, snapshot: Snapshot, readings: Sequence[Reading], proposals: Sequence[Any]) -> str:
+    """One control tick in a line: the batch policy's inputs, then its proposal or why it held."""
+
+    def shown(key: str, scale: float = 1.0, unit: str = "") -> str:
+        value = snapshot.get(key)
+        return "-" if value is None else f"{value * scale:.3g}{unit}"
+
+    failed = [f"{r.source}: {r.error}" for r in readings if r.error]
+    inputs = (
+        f"t={now:.0f}s running={shown(knobs.RUNNING)} engine_queue={shown(knobs.WAITING)} "
+        f"gate_queue={shown(knobs.GATE_QUEUE)} limit={shown(knobs.GATE_LIMIT)} "
+        f"itl_mean={shown(knobs.ITL_MEAN, 1000, 'ms')} ttft_p99={shown(knobs.TTFT_P99, 1000, 'ms')} "
+        f"kv={shown(knobs.KV_USAGE)} finished/s={shown(knobs.FINISHED)}"
+    )
+    action = "; ".join(f"-> {p.value} ({p.reason})" for p in proposals) or "hold"
+    return f"{inputs} {action}" + (f" [{'; '.join(failed)}]" if failed else "")
+
+
 async def replay(
     engine_url: str,
     trace: np.ndarray,
@@ -179,6 +199,7 @@ async def replay(
     sources = (metrics, GateCollector(gate))
     done: list[_Done] = []
     limits: list[int] = []
+    ticks: list[str] = []
     state: Any = None
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -190,10 +211,12 @@ async def replay(
                 now = time.monotonic() - start
                 if policy is not None:
                     readings = await asyncio.gather(*(s.collect(now) for s in sources))
-                    state, proposals = policy.decide(_policy_snapshot(readings, now), [], state, now)
+                    snapshot = _policy_snapshot(readings, now)
+                    state, proposals = policy.decide(snapshot, [], state, now)
                     for proposal in proposals:
                         if proposal.knob == knobs.BATCH and isinstance(proposal.value, int | float):
                             gate.set_limit(int(proposal.value))
+                    ticks.append(_tick_line(now, snapshot, readings, proposals))
                 limits.append(gate.limit)
             load.cancel()
             await asyncio.gather(load, return_exceptions=True)
@@ -202,4 +225,5 @@ async def replay(
         await gate.stop()
     result = score(done, slo, window, name or (f"static {limit}" if policy is None else "auto"))
     result.limits = limits
+    result.ticks = ticks
     return result

@@ -11,7 +11,7 @@ differs is the target: not a learned no-load latency but the operator's SLO, wit
 
     thrash                       ->  L = min(L, running) * md             KV cache thrashes: back off
     g_itl < 1                    ->  L = L * max(md, g_itl)              ITL over target: shrink
-    queue > 0 and L binds and
+    L binds and
       g_itl > ai_margin and kv_usage < kv_target and no preemption this tick
                                  ->  L = max(L + max(1, sqrt(L)),        room to grow: additive increase,
                                              L * min(2, sqrt(g_itl / ai_margin)))   or faster far below target
@@ -31,6 +31,17 @@ average over the whole trace, in bursts, at ``max_num_seqs`` 64 with 1024-token 
 When ITL and TTFT are both at risk the engine is overloaded and shrinking would only move the violation
 from ITL to TTFT (prefill-bound steps do not get faster with fewer sequences): the controller holds.
 The queue wait is estimated by Little's law, ``queue / finish rate``.
+
+The limit binds when requests wait and ``running >= L - R - 1``, ``R`` being the slots the gate reserves
+for high priority (0 without a gate: in the replay the limit is the engine's ``max_num_seqs``). Normal
+traffic can fill only ``L - R`` slots, so with the gate's default 20% reserve a test against ``L - 1``
+never saw a normal-priority queue bind, and the limit never grew for one. Behind the gate the engine's
+``running`` gauge is not trusted alone either: it is a sample of the engine's last step, and a real vLLM
+serving a fast model read 0 running, tick after tick, while the gate had 2 in flight and 19 queued (the
+controller held at 2). The gate's own in-flight count minus what the engine says it queues is exact;
+the larger of the two is used, also as the base the limit shrinks from (a sampled 0 would otherwise cut
+the limit to its floor in one step). An engine whose own cap binds below the gate's limit queues the
+gate's excess itself, so ``running`` stays below ``L - R - 1`` and the gate's limit does not grow for it.
 
 A limit that does not bind (fewer running than allowed and no queue) never grows: the controller only
 probes upward when the queue asks for it, so an idle period cannot leave a huge limit behind. TTFT enters
@@ -86,20 +97,26 @@ class AutoBatch:
     def decide(
         self, snapshot: Snapshot, findings: Sequence[Finding], state: AutoState | None, now: float
     ) -> tuple[AutoState | None, list[Proposal]]:
-        running = snapshot.get(knobs.RUNNING)
-        if running is None:
+        engine_running = snapshot.get(knobs.RUNNING)
+        if engine_running is None:
             return state, []  # the engine did not answer this tick: hold
         current = snapshot.get(knobs.GATE_LIMIT)
         limit = current if current is not None else (state.limit if state is not None else self.initial)
+        engine_waiting = snapshot.get(knobs.WAITING) or 0.0
+        gate_queue = snapshot.get(knobs.GATE_QUEUE) or 0.0
+        in_flight = snapshot.get(knobs.GATE_IN_FLIGHT)
+        # the engine's gauge is a sample of its last step; behind the gate its own count is exact
+        running = engine_running if in_flight is None else max(engine_running, in_flight - engine_waiting)
         # behind the gate the queue is the gate's; the engine's own queue adds to it
-        waiting = (snapshot.get(knobs.WAITING) or 0.0) + (snapshot.get(knobs.GATE_QUEUE) or 0.0)
+        waiting = engine_waiting + gate_queue
         kv = snapshot.get(knobs.KV_USAGE) or 0.0
         preempt = snapshot.get(knobs.PREEMPTIONS) or 0.0
         previous, at = (state.preempt_rate, state.at) if state is not None else (0.0, None)
         rate = smoothed(previous, at, now, preempt, self.preempt_tau_s)
         itl = snapshot.get(knobs.ITL_MEAN)
         g_itl = self.headroom * self.itl_slo_s / itl if itl else math.inf
-        binds = waiting > 0 and running >= limit - 1
+        reserved = snapshot.get(knobs.GATE_RESERVED) or 0.0
+        binds = waiting > 0 and running >= limit - reserved - 1
         ttft = snapshot.get(knobs.TTFT_P99) or 0.0
         finished = snapshot.get(knobs.FINISHED) or 0.0
         wait = waiting / finished if finished > 0 else (math.inf if waiting > 0 else 0.0)

@@ -40,6 +40,10 @@ MEMORY_USED = "nvml.gpu0.memory_used_bytes"
 MEMORY_TOTAL = "nvml.gpu0.memory_total_bytes"
 GATE_LIMIT = "gate.limit"
 GATE_QUEUE = "gate.queue_depth"
+#: Requests the gate has sent upstream and not yet seen answered (running or queued in the engine).
+GATE_IN_FLIGHT = "gate.in_flight"
+#: Slots of the gate's limit only high-priority requests may take (the rest of the traffic sees L - R).
+GATE_RESERVED = "gate.reserved"
 #: Requests answered in the tick, and how many of them met the latency SLO / got a 5xx.
 GATE_REQUESTS = "gate.requests"
 GATE_SLO_BAD = "gate.slo_bad"

@@ -275,6 +275,7 @@ class Gate:
         values["gate.in_flight"] = float(self.admission.in_flight)
         values["gate.queue_depth"] = float(self.admission.queue_depth)
         values["gate.limit"] = float(self.admission.limit)
+        values["gate.reserved"] = float(self.admission.reserved)
         values["gate.max_queue_wait_s"] = self.max_queue_wait_s
         values["gate.upstreams_healthy"] = float(sum(up.healthy for up in self.pool.upstreams.values()))
         if self.isolation is not None:

@@ -22,7 +22,9 @@ from simulator.engine import make_core
 from simulator.server import SimServer
 
 
-async def _run(tmp_path: Path, mode: str, ticks: int) -> tuple[Sidecar, list[dict[str, Any]], int]:
+async def _run(
+    tmp_path: Path, mode: str, ticks: int, initial: int = 4, rate: float = 50.0
+) -> tuple[Sidecar, list[dict[str, Any]], int]:
     sim = SimServer(make_core("h100-sxm", "llama-3-8b"))
     runner = web.AppRunner(sim.app(), access_log=None)
     await runner.setup()
@@ -40,17 +42,17 @@ async def _run(tmp_path: Path, mode: str, ticks: int) -> tuple[Sidecar, list[dic
                 "listen_port": gate_port,
                 "upstreams": {"primary": engine},
                 "split": {"primary": 1.0},
-                "max_in_flight": 4,
+                "max_in_flight": initial,
                 "default_requests_per_min": 1e6,
             },
             "actuators": {"mode": mode},
             "audit": {"path": str(tmp_path / "audit.jsonl")},
-            "policies": {"set": "auto", "batch_min": 4, "initial_batch": 4, "batch_max": 64},
+            "policies": {"set": "auto", "batch_min": 4, "initial_batch": initial, "batch_max": 64},
         }
     )
     sidecar = Sidecar(cfg)
     await sidecar.start()
-    trace = [[i * 0.02, 256, 64] for i in range(400)]  # 50 req/s offered: far above 4 in flight
+    trace = [[i / rate, 256, 64] for i in range(int(8 * rate))]  # 50 req/s: far above 4 in flight
     import numpy as np
 
     gen = LoadGenerator(f"http://127.0.0.1:{gate_port}", np.array(trace, dtype=float), model=sim.model_name)
@@ -77,6 +79,20 @@ async def test_act_mode_raises_the_gate_batch_limit_when_requests_queue(tmp_path
     assert limit > 4
     assert all(a["mode"] == "act" and a["policy"] for a in raised)
     assert all(a["to"] <= 64 for a in raised)
+
+
+async def test_a_normal_priority_queue_raises_a_limit_whose_high_priority_reserve_it_cannot_use(
+    tmp_path: Path,
+) -> None:
+    """At 40 the gate keeps 8 slots for high priority, so this normal-only load runs at most 32: the limit
+    binds there. (Before the policy counted the reserve it held, with a queue, at any limit of 8 or more.)"""
+    sidecar, actions, limit = await _run(tmp_path, "act", ticks=24, initial=40, rate=150.0)
+    assert sidecar.knobs.gate.admission.reserved > 0
+    raised = [
+        a for a in actions if a["knob"] == "batch.max_in_flight" and a["result"] == "ok" and a["to"] > 40
+    ]
+    assert raised, actions
+    assert limit > 40
 
 
 async def test_observe_mode_leaves_the_limit_alone(tmp_path: Path) -> None:

@@ -34,6 +34,45 @@ def test_shrinks_when_itl_is_over_target():
     assert value < 64
 
 
+def test_a_normal_priority_queue_grows_the_limit_behind_the_gates_high_priority_reserve():
+    """Normal traffic fills only L - R slots: 51 of 64 with the default 20% reserve, and then it binds."""
+    assert _decide(
+        gate__limit=64,
+        gate__reserved=13,
+        gate__in_flight=51,
+        gate__queue_depth=30,
+        engine__requests_running=51,
+        engine__itl_seconds__mean=0.07,
+    ) == [72]
+
+
+def test_the_gates_in_flight_count_stands_in_for_a_sampled_zero_running_gauge():
+    """Seen on a real vLLM with a fast model: its gauge read 0 running, the gate had 2 in flight, 19 queued"""
+    at_the_gate = {"gate__limit": 8, "gate__in_flight": 8, "engine__requests_running": 0}  # 8: POLICY's floor
+    assert _decide(**at_the_gate, gate__queue_depth=19, engine__itl_seconds__mean=0.01) == [16]
+    # and the limit shrinks from what is in flight, not from the gauge's 0 down to the floor
+    assert _decide(
+        gate__limit=16, gate__in_flight=16, engine__requests_running=0, engine__itl_seconds__mean=0.2
+    ) == [15]
+
+
+def test_an_engine_queueing_below_the_gates_limit_does_not_grow_it():
+    """The engine's own cap binds (40 running, 11 queued inside it): a larger gate limit would only move the
+    gate's queue into the engine's."""
+    assert (
+        _decide(
+            gate__limit=64,
+            gate__reserved=13,
+            gate__in_flight=51,
+            gate__queue_depth=5,
+            engine__requests_running=40,
+            engine__requests_waiting=11,
+            engine__itl_seconds__mean=0.01,
+        )
+        == []
+    )
+
+
 #: A tick with the KV cache full, one preemption, a queue and ITL far below target.
 FULL = {
     "gate__limit": 256,

@@ -124,6 +124,12 @@ async def test_sse_is_relayed_chunk_by_chunk(upstream: Upstream, client: aiohttp
         values = gate.snapshot_values()
         assert "gate.le256.ttft_seconds.p50" in values and "gate.le256.itl_seconds.p99" in values
         assert values["gate.in_flight"] == 0
+        # the batch policy needs the reserve to tell when normal traffic has filled what it may use
+        assert (
+            values["gate.limit"] == gate.admission.limit
+            and values["gate.reserved"] == gate.admission.reserved
+        )
+        assert 0 < values["gate.reserved"] < values["gate.limit"]
     finally:
         await gate.stop()
 

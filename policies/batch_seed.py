@@ -7,7 +7,9 @@ Each tick, from GPU utilisation ``u``, memory-bandwidth utilisation ``m`` and qu
     otherwise               ->  limit x 0.8
     limit = min(upper, max(lower, limit))       default [8, 32]
 
-It ignores latency entirely, which is why it is a baseline and not the default.
+It ignores latency entirely, which is why it is a baseline and not the default. The queue is the engine's
+plus the gate's: behind the gate the requests the limit holds back wait in the gate, and the engine's own
+queue stays near empty (the replay has no gate in front; there it is the engine's alone).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class SeedBatch:
         if util is None:
             return state, []  # no GPU reading this tick: hold, never guess
         bandwidth = snapshot.get(knobs.MEM_BW_UTIL) or 0.0
-        queue = snapshot.get(knobs.WAITING) or 0.0
+        queue = (snapshot.get(knobs.WAITING) or 0.0) + (snapshot.get(knobs.GATE_QUEUE) or 0.0)
         current = snapshot.get(knobs.GATE_LIMIT)
         limit = state.limit if state is not None else (current if current is not None else self.upper)
         if util < 0.60 and bandwidth < 0.70:

@@ -157,7 +157,8 @@ def _tick_line(now: float, snapshot: Snapshot, readings: Sequence[Reading], prop
     failed = [f"{r.source}: {r.error}" for r in readings if r.error]
     inputs = (
         f"t={now:.0f}s running={shown(knobs.RUNNING)} engine_queue={shown(knobs.WAITING)} "
-        f"gate_queue={shown(knobs.GATE_QUEUE)} limit={shown(knobs.GATE_LIMIT)} "
+        f"gate_in_flight={shown(knobs.GATE_IN_FLIGHT)} gate_queue={shown(knobs.GATE_QUEUE)} "
+        f"limit={shown(knobs.GATE_LIMIT)} "
         f"itl_mean={shown(knobs.ITL_MEAN, 1000, 'ms')} ttft_p99={shown(knobs.TTFT_P99, 1000, 'ms')} "
         f"kv={shown(knobs.KV_USAGE)} finished/s={shown(knobs.FINISHED)}"
     )

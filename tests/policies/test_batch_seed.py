@@ -31,6 +31,16 @@ def test_queue_with_headroom_grows_by_a_fifth():
     )
 
 
+def test_behind_the_gate_its_queue_counts():
+    """The gate holds back what its limit does not admit; the engine's own queue is then empty."""
+    busy = {
+        "nvml__gpu0__utilization_ratio__mean": 0.7,
+        "nvml__gpu0__memory_bandwidth_utilization_ratio__mean": 0.8,
+    }
+    assert _value(SeedState(20), **busy, engine__requests_waiting=0, gate__queue_depth=30) == 24
+    assert _value(SeedState(20), **busy, engine__requests_waiting=5, gate__queue_depth=10) == 16  # 15: no
+
+
 def test_busy_gpu_shrinks_the_batch():
     assert (
         _value(

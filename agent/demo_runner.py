@@ -20,6 +20,7 @@ import numpy as np
 from aiohttp import web
 
 from agent import config
+from agent.demo_view import Control
 from agent.loadgen import LoadGenerator
 from agent.sidecar import Sidecar
 
@@ -112,8 +113,10 @@ async def _main(args: argparse.Namespace, faults: dict[str, float], cfg_data: di
     else:
         sim, limits = await _real_engine(args)
     sidecar = Sidecar(cfg)
+    # with the gate on (--mode advise|act) the load goes through it, as clients would in the pod
+    target = f"http://{cfg.gate.listen_host}:{cfg.gate.listen_port}" if cfg.gate.enabled else cfg.engine.url
     gen = LoadGenerator(
-        cfg.engine.url,
+        target,
         bundled_trace(),
         model=sim.model_name,
         speed=args.speed,
@@ -160,16 +163,33 @@ async def _show(
 
         with Live(refresh_per_second=2, screen=False, transient=False) as live:
             while not stop.is_set() and time.monotonic() < deadline:
-                live.update(render(sidecar.loop.state, gen.stats, time.monotonic() - started, url))
+                live.update(
+                    render(
+                        sidecar.loop.state,
+                        gen.stats,
+                        time.monotonic() - started,
+                        url,
+                        _control(sidecar),
+                    )
+                )
                 await _wait(stop, min(0.5, deadline - time.monotonic()))
         return
-    print(f"servepilot demo: agent on {url}/metrics, engine on {sidecar.cfg.engine.url}", flush=True)
+    gate = sidecar.cfg.gate
+    via = f", gate on http://{gate.listen_host}:{gate.listen_port}" if gate.enabled else ""
+    print(f"servepilot demo: agent on {url}/metrics, engine on {sidecar.cfg.engine.url}{via}", flush=True)
     next_line = started + 5.0
     while not stop.is_set() and time.monotonic() < deadline:
         await _wait(stop, min(next_line, deadline) - time.monotonic())
         if time.monotonic() >= next_line:
             print(_status_line(sidecar, gen, time.monotonic() - started), flush=True)
             next_line += 5.0
+
+
+def _control(sidecar: Sidecar) -> Control | None:
+    """What the view shows of actuation: nothing in observe mode (no gate, no decisions to show)."""
+    if sidecar.cfg.actuators.mode == "observe" and not sidecar.cfg.gate.enabled:
+        return None
+    return Control(sidecar.cfg.actuators.mode, sidecar.knobs.audit.recent(6))
 
 
 async def _wait(stop: asyncio.Event, timeout: float) -> None:

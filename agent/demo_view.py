@@ -1,11 +1,15 @@
 """The demo's live terminal view (rich): load, engine, GPU, allocator and findings, from one AgentState.
 
-Pure rendering: it reads the state the loop published and the load generator's counters, nothing else.
+Pure rendering: it reads the state the loop published, the load generator's counters and (with the gate
+on) the actuation mode and the latest audit entries, nothing else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -31,6 +35,40 @@ def _pair(
     return f"{_fmt(get(a), unit, scale, digits)} / {_fmt(get(b), unit, scale, digits)}"
 
 
+@dataclass(frozen=True)
+class Control:
+    """The acting side, for ``--mode advise|act``: the mode and the newest audit entries (newest first)."""
+
+    mode: str
+    actions: Sequence[dict[str, Any]] = ()
+
+
+def _control_table(control: Control, get: Callable[[str], float | None]) -> Table:
+    table = Table(title=f"control (mode {control.mode}; /api/actions lists every decision)", box=None)
+    for column in ("time", "knob", "from -> to", "result", "policy", "reason"):
+        table.add_column(column)
+    table.caption = (
+        f"gate: limit {_fmt(get('gate.limit'), digits=0)} (reserved for high priority "
+        f"{_fmt(get('gate.reserved'), digits=0)}), in flight {_fmt(get('gate.in_flight'), digits=0)}, "
+        f"queued {_fmt(get('gate.queue_depth'), digits=0)}"
+    )
+    for action in control.actions:
+        result = str(action.get("result", ""))
+        table.add_row(
+            time.strftime("%H:%M:%S", time.localtime(float(action.get("time", 0.0)))),
+            str(action.get("knob", "")),
+            f"{action.get('from')} -> {action.get('to')}",
+            Text(result, style="green" if result == "ok" else "yellow"),
+            str(action.get("policy", "")),
+            str(action.get("reason", ""))[:60],
+        )
+    if not control.actions:
+        table.add_row(
+            "—", "", "", "", "", "no decision yet: the limit has not bound, or latency is on target"
+        )
+    return table
+
+
 def _gpu_indices(state: AgentState) -> list[int]:
     snap = state.snapshot
     if snap is None:
@@ -43,7 +81,9 @@ def _gpu_indices(state: AgentState) -> list[int]:
     return sorted(found)
 
 
-def render(state: AgentState, load: LoadStats, elapsed_s: float, url: str) -> RenderableType:
+def render(
+    state: AgentState, load: LoadStats, elapsed_s: float, url: str, control: Control | None = None
+) -> RenderableType:
     snap = state.snapshot
     get = snap.get if snap is not None else (lambda _name: None)
 
@@ -126,4 +166,6 @@ def render(state: AgentState, load: LoadStats, elapsed_s: float, url: str) -> Re
     if not state.findings:
         findings.add_row("—", "", "", "", "nothing unusual")
 
-    return Group(header, sources, top, gpus, findings)
+    if control is None:
+        return Group(header, sources, top, gpus, findings)
+    return Group(header, sources, top, gpus, _control_table(control, get), findings)

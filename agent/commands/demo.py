@@ -4,6 +4,10 @@ Needs no GPU: the engine is servepilot's calibrated simulator (simulated NVML an
 included) and the load replays the arrival pattern and token lengths of the bundled Azure LLM 2023
 conversation trace. A live terminal view shows what the sidecar sees; Ctrl-C or ``--duration`` ends it
 cleanly (exit code 0).
+
+By default the sidecar only observes. ``--mode advise|act`` puts the admission gate in front of the engine,
+sends the load through it and runs the auto policy set: in ``act`` the effective batch and the gate's queue
+deadline move, in ``advise`` the same decisions are only recorded; the view lists the newest ones.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "demo",
         help="simulated engine + sidecar + real-trace load, with a live view (no GPU needed)",
         description="Start the calibrated engine simulator, the servepilot sidecar and a load generator "
-        "replaying the Azure LLM 2023 conversation trace; show what the sidecar sees. Ctrl-C stops.",
+        "replaying the Azure LLM 2023 conversation trace; show what the sidecar sees (and, with --mode "
+        "advise|act, what it decides). Ctrl-C stops.",
     )
     parser.add_argument(
         "--duration", type=float, default=0.0, help="stop after S seconds (default: run until Ctrl-C)"
@@ -48,6 +53,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="simulator fault switch to set at start, e.g. memory_leak_bytes_per_hour=2e9 (repeatable)",
     )
     parser.add_argument(
+        "--mode",
+        choices=["observe", "advise", "act"],
+        default="observe",
+        help="observe (default): watch only; advise or act: the admission gate goes in front of the "
+        "engine (on --gate-port, where the load is sent) and the auto policy sets its effective batch: "
+        "act applies each decision, advise only records it (both listed at /api/actions)",
+    )
+    parser.add_argument(
+        "--gate-port",
+        type=int,
+        default=8080,
+        help="admission gate port with --mode advise|act (default 8080)",
+    )
+    parser.add_argument(
+        "--initial-batch",
+        type=int,
+        default=None,
+        help="the gate's effective batch to start from with --mode advise|act (default: the auto policy's, "
+        "64); start low, e.g. 4, to watch act mode raise it",
+    )
+    parser.add_argument(
         "--no-view", action="store_true", help="print a status line every 5 s instead of the live view"
     )
     parser.set_defaults(func=run)
@@ -70,6 +96,36 @@ def demo_config(port: int, engine_port: int) -> dict[str, Any]:
     }
 
 
+def with_gate(cfg: dict[str, Any], mode: str, gate_port: int, initial_batch: int | None) -> dict[str, Any]:
+    """``cfg`` with the admission gate in front of the engine and the auto policy in ``mode``.
+
+    Every setting is the sidecar's own default except: the gate's one upstream is the demo's engine, the
+    business-line rate is raised so that the trace's bursts (the demo runs it at 3x) are not refused by
+    the default 1000 requests/min, and the audit stays in memory (``/api/actions``), not in a file in
+    the working directory.
+    """
+    engine = cfg["engine"]["url"]
+    gate: dict[str, Any] = {
+        "enabled": True,
+        "listen_host": "127.0.0.1",
+        "listen_port": gate_port,
+        "upstreams": {"primary": engine},
+        "split": {"primary": 1.0},
+        "default_requests_per_min": 60_000.0,
+    }
+    policies: dict[str, Any] = {"set": "auto"}
+    if initial_batch is not None:  # the gate starts there and the policy knows it
+        gate["max_in_flight"] = initial_batch
+        policies.update(initial_batch=initial_batch, batch_min=min(initial_batch, 8))
+    return {
+        **cfg,
+        "gate": gate,
+        "policies": policies,
+        "actuators": {"mode": mode},
+        "audit": {"path": None},
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     from agent.cli import UsageError
 
@@ -77,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         ("--duration", args.duration),
         ("--rate-scale", args.rate_scale),
         ("--speed", args.speed),
+        ("--initial-batch", args.initial_batch if args.initial_batch is not None else 1),
     ):
         if value < 0 or (name != "--duration" and value == 0):
             raise UsageError(f"{name} must be positive, got {value:g}")
@@ -100,4 +157,8 @@ def run(args: argparse.Namespace) -> int:
         from agent.engines.demo import demo_config as real_engine_config
 
         cfg = real_engine_config(args.engine, args.port, args.engine_port)
+    if args.mode != "observe":
+        cfg = with_gate(cfg, args.mode, args.gate_port, args.initial_batch)
+    elif args.initial_batch is not None:
+        raise UsageError("--initial-batch sets the gate's batch: it needs --mode advise or act")
     return run_demo(args, faults, cfg)

@@ -6,6 +6,8 @@ the (simulated) NVML, engine and probe sources, and SIGINT ends the demo with ex
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -15,6 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.engines.launcher import free_port as _free_port
@@ -113,3 +116,53 @@ def test_demo_with_a_taken_port_fails_cleanly() -> None:
     assert result.returncode == 1
     assert "cannot start" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _actions(port: int) -> list[dict[str, object]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/actions", timeout=2) as response:
+        return list(json.loads(response.read())["actions"])
+
+
+def _batch_moves(actions: list[dict[str, object]], result: str) -> list[dict[str, object]]:
+    return [a for a in actions if a["knob"] == "batch.max_in_flight" and a["result"] == result]
+
+
+@pytest.mark.parametrize("mode", ["act", "advise"])
+def test_demo_with_the_gate_decides_the_batch_and_acts_only_in_act_mode(mode: str) -> None:
+    """From a limit of 4 the trace's load queues at the gate: auto raises the limit (act) or records that
+    it would (advise, the gate staying at 4); the load goes through the gate either way."""
+    agent_port, engine_port, gate_port = _free_port(), _free_port(), _free_port()
+    cmd = [
+        sys.executable, "-m", "agent.cli", "demo", "--no-view", "--mode", mode, "--initial-batch", "4",
+        "--port", str(agent_port), "--engine-port", str(engine_port), "--gate-port", str(gate_port),
+        "--duration", "120",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    wanted = "ok" if mode == "act" else "advised"
+    moves: list[dict[str, object]] = []
+    values: dict[str, float] = {}
+    try:
+        started = time.monotonic()
+        while time.monotonic() - started < 60 and proc.poll() is None:
+            with contextlib.suppress(OSError):  # not listening yet
+                moves, values = _batch_moves(_actions(agent_port), wanted), _scrape(agent_port)
+            if moves:
+                break
+            time.sleep(0.5)  # polling a real subprocess; the demo ticks once a second
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = proc.stdout.read() if proc.stdout else ""
+    assert code == 0 and "Traceback" not in output, output
+    assert moves, f"no {wanted} batch decision within 60 s\n{output}"
+    assert all(m["mode"] == mode and m["policy"] == "batch_auto" for m in moves)
+    assert moves[-1]["from"] == 4 and float(str(moves[-1]["to"])) > 4  # the oldest: from the start
+    assert values.get("servepilot_gate_requests_total,line=default,outcome=ok,priority=normal", 0) > 0, values
+    limit = values["servepilot_gate_limit"]
+    assert limit > 4 if mode == "act" else limit == 4
+    assert f"gate on http://127.0.0.1:{gate_port}" in output

@@ -1,0 +1,38 @@
+"""`servepilot demo`: its arguments and the config it builds (its runs are in tests/e2e/test_demo.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent import config
+from agent.cli import main
+from agent.commands.demo import demo_config, with_gate
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--initial-batch", "4"], "--initial-batch sets the gate's batch: it needs --mode advise or act"),
+        (["--mode", "act", "--initial-batch", "0"], "--initial-batch must be positive, got 0"),
+        (["--rate-scale", "0"], "--rate-scale must be positive, got 0"),
+        (["--fault", "leak"], "--fault must look like NAME=NUMBER, got 'leak'"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(says) and "\n" not in err
+
+
+def test_advise_and_act_put_the_gate_in_front_of_the_engine_and_start_it_where_asked() -> None:
+    cfg = config.build(with_gate(demo_config(9400, 8000), "act", 8080, 4))
+    assert cfg.gate.enabled and cfg.gate.upstreams == {"primary": "http://127.0.0.1:8000"}
+    assert (cfg.gate.listen_host, cfg.gate.listen_port) == ("127.0.0.1", 8080)
+    assert cfg.gate.max_in_flight == cfg.policies.initial_batch == 4 and cfg.policies.batch_min == 4
+    assert cfg.actuators.mode == "act" and cfg.policies.set == "auto"
+    assert cfg.audit.path is None  # decisions at /api/actions, no file in the working directory
+    # without a start of its own the gate and the policy keep their shared default
+    plain = config.build(with_gate(demo_config(9400, 8000), "advise", 8080, None))
+    assert plain.gate.max_in_flight == plain.policies.initial_batch and plain.actuators.mode == "advise"

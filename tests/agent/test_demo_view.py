@@ -1,0 +1,39 @@
+"""The demo's live view, rendered to text: what an operator reads on the terminal."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from agent.demo_view import Control, render
+from agent.loadgen import LoadStats
+from agent.state import AgentState
+from detectors.snapshot import Reading, Snapshot, SourceStatus
+
+
+def _text(control: Control | None) -> str:
+    values = {"gate.limit": 21.0, "gate.reserved": 4.0, "gate.in_flight": 17.0, "gate.queue_depth": 3.0}
+    snapshot = Snapshot.from_readings(100.0, {"gate": Reading("gate", 100.0, SourceStatus.OK, values)})
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(render(AgentState(snapshot=snapshot), LoadStats(), 12.0, "http://x:9400", control))
+    return console.export_text()
+
+
+def test_observe_mode_shows_no_control_table() -> None:
+    assert "control (mode" not in _text(None)
+
+
+def test_act_mode_shows_the_gate_and_the_latest_decisions() -> None:
+    action = {
+        "time": 0.0, "knob": "batch.max_in_flight", "from": 14, "to": 21, "result": "ok",
+        "policy": "batch_auto", "reason": "batch_auto: 1 queued, ITL 0.007s and KV 1% leave room",
+    }  # fmt: skip
+    text = _text(Control("act", [action]))
+    assert "control (mode act" in text
+    assert "limit 21 (reserved for high priority 4), in flight 17, queued 3" in text
+    assert "batch.max_in_flight" in text and "14 -> 21" in text and "batch_auto: 1 queued" in text
+
+
+def test_no_decision_yet_is_said_not_left_blank() -> None:
+    assert "no decision yet" in _text(Control("advise"))

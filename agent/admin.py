@@ -62,9 +62,12 @@ def add_admin_routes(
     token: str | None,
     canary: LiveCanary | None = None,
     clock: Any = time.time,
+    *,
+    breaker_levels: tuple[int, ...] = (0, 1, 2, 3),
 ) -> None:
     """Add the override routes and ``GET /api/actions`` to ``app`` (before it starts); the canary
-    routes act on ``canary`` (``clock`` gives the time a start or abort is recorded at)."""
+    routes act on ``canary`` (``clock`` gives the time a start or abort is recorded at). A forced breaker
+    level must be one of ``breaker_levels`` (those whose upstream the gate has)."""
     expected = token.encode() if token else None
 
     def authorized(request: web.Request) -> web.Response | None:
@@ -138,10 +141,15 @@ def add_admin_routes(
         level = (await body(request)).get("level", "missing")
         if level is None:
             actuation.forced.pop("breaker.level", None)
-        elif isinstance(level, int) and not isinstance(level, bool) and 0 <= level <= 3:
+        elif isinstance(level, int) and not isinstance(level, bool) and level in breaker_levels:
             actuation.forced["breaker.level"] = level
         else:
-            return _error(400, f"level must be an integer in [0, 3] (L0-L3) or null, got {level!r}")
+            usable = ", ".join(map(str, breaker_levels))
+            return _error(
+                400,
+                f"level must be one of {usable} (L2 needs an fp8 upstream, L3 a small one) or null, "
+                f"got {level!r}",
+            )
         return web.json_response(actuation.state())
 
     async def canary_route(request: web.Request) -> web.Response:

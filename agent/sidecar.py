@@ -82,8 +82,18 @@ def build_policies(cfg: Config) -> list[Policy]:
         itl_slo_s=p.itl_slo_s,
         batch_bounds=(float(p.batch_min), float(p.batch_max)),
         initial_batch=float(p.initial_batch),
+        breaker_levels=breaker_levels(cfg),
         queue_deadline=cfg.gate.enabled,  # its knob is the gate's
     )
+
+
+def breaker_levels(cfg: Config) -> tuple[int, ...]:
+    """The breaker levels this deployment can take: L2 and L3 route the gate's traffic to its ``fp8`` and
+    ``small`` upstreams, so each needs that upstream; without a gate only L1 (a smaller batch) is left."""
+    from policies.breaker import UPSTREAM_BY_LEVEL
+
+    upstreams = cfg.gate.upstreams if cfg.gate.enabled else {}
+    return tuple(level for level, name in enumerate(UPSTREAM_BY_LEVEL) if level <= 1 or name in upstreams)
 
 
 def build_detectors(executor: Executor | None = None) -> list[Detector]:
@@ -212,7 +222,11 @@ class Sidecar:
         state = self.loop.policy_state("breaker")
         current = getattr(state, "forced", None)
         if wanted is not None and current != int(wanted):
-            self.loop.set_policy_state("breaker", breaker.force(state, int(wanted), now))
+            try:
+                self.loop.set_policy_state("breaker", breaker.force(state, int(wanted), now))
+            except ValueError as error:  # a level saved before the gate lost that upstream
+                log.warning("forced breaker level dropped: %s", error)
+                self.knobs.actuation.forced.pop("breaker.level", None)
         elif wanted is None and current is not None:
             self.loop.set_policy_state("breaker", breaker.release(state, now))
 
@@ -301,11 +315,12 @@ class Sidecar:
         agent_cfg = self.cfg.agent
         app = build_app(self.loop, self.exporter)
         admin_args = (self.knobs.actuation, self.knobs.audit, self.knobs.token, self.canary, self.loop.clock)
+        levels = breaker_levels(self.cfg)
         if agent_cfg.admin_listen_port is None:  # config validation allows this only on loopback
-            add_admin_routes(app, *admin_args)
+            add_admin_routes(app, *admin_args, breaker_levels=levels)
         else:
             admin = web.Application(client_max_size=64 * 1024)
-            add_admin_routes(admin, *admin_args)
+            add_admin_routes(admin, *admin_args, breaker_levels=levels)
             self._admin_runner = web.AppRunner(admin, access_log=None, handle_signals=False)
             await self._admin_runner.setup()
             await web.TCPSite(

@@ -94,16 +94,40 @@ class Breaker:
     memory_max: float = 0.97
     batch_factor: float = 0.5
     batch_floor: float = 8.0
-    max_level: int = 3
+    #: The levels this deployment has: L2 needs an ``fp8`` upstream and L3 a ``small`` one. The breaker
+    #: moves between neighbours in this tuple, so a gate with ``primary`` and ``small`` alone goes L1 -> L3,
+    #: and one with ``primary`` alone stops at L1 instead of routing to an upstream that does not exist.
+    levels: tuple[int, ...] = (0, 1, 2, 3)
     #: The inter-token SLO: with it, a burn while queueing at full capacity does not trip (see above).
     itl_slo_s: float | None = None
     name: str = "breaker"
 
+    def __post_init__(self) -> None:
+        if not self.levels or self.levels[0] != 0 or list(self.levels) != sorted(set(self.levels)):
+            raise ValueError(f"levels must start at 0 and rise, got {self.levels}")
+        if self.levels[-1] >= len(LEVELS):
+            raise ValueError(f"levels go up to {len(LEVELS) - 1}, got {self.levels}")
+
+    @property
+    def max_level(self) -> int:
+        return self.levels[-1]
+
+    def _neighbour(self, level: int, step: int) -> int:
+        """The next usable level up (``step`` > 0) or down (< 0) from ``level``; ``level`` at either end."""
+        if step > 0:
+            return next((n for n in self.levels if n > level), level)
+        if step < 0:
+            return next((n for n in reversed(self.levels) if n < level), level)
+        return level
+
     # -- operator overrides -------------------------------------------------------------------------
     def force(self, state: BreakerState | None, level: int, now: float) -> BreakerState:
-        """Pin ``level`` (0-3) until :meth:`release`; the change starts a new generation."""
-        if not 0 <= level <= self.max_level:
-            raise ValueError(f"breaker level must be in [0, {self.max_level}], got {level}")
+        """Pin ``level`` (one of ``levels``) until :meth:`release`; the change starts a new generation."""
+        if level not in self.levels:
+            usable = ", ".join(map(str, self.levels))
+            raise ValueError(
+                f"breaker level must be one of {usable} (the upstreams this gate has), got {level}"
+            )
         state = state or BreakerState(dwell_s=self.dwell_s)
         return replace(
             state,
@@ -190,6 +214,15 @@ class Breaker:
         self, snapshot: Snapshot, findings: Sequence[Finding], state: BreakerState | None, now: float
     ) -> tuple[BreakerState, list[Proposal]]:
         state = state or BreakerState(dwell_s=self.dwell_s)
+        if state.level not in self.levels:  # restored from a deployment with more upstreams than this one
+            state = replace(
+                state,
+                level=self._neighbour(state.level, -1),
+                forced=None,
+                generation=state.generation + 1,
+                changed_at=now,  # a level change like any other: the dwell starts here
+                reason=f"L{state.level} is not available here (no upstream for it)",
+            )
         requests = snapshot.get(knobs.GATE_REQUESTS) or 0.0
         bad = min(requests, snapshot.get(knobs.GATE_SLO_BAD) or 0.0)
         preempt = snapshot.get(knobs.PREEMPTIONS) or 0.0
@@ -228,7 +261,7 @@ class Breaker:
                 dwell = self.dwell_s
         elif elapsed < dwell:
             return state
-        level = min(self.max_level, max(0, state.level + step))
+        level = self._neighbour(state.level, step)
         if level == state.level and phase == state.phase:
             return state
         cap = state.batch_cap

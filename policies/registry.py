@@ -70,6 +70,7 @@ def build_set(
     initial_batch: float = 64.0,
     clock_levels_mhz: tuple[float, ...] = (),
     breaker: bool = True,
+    breaker_levels: tuple[int, ...] = (0, 1, 2, 3),
     initial_token_budget: float | None = None,
     queue_deadline: bool = False,
 ) -> list[Policy]:
@@ -94,7 +95,7 @@ def build_set(
     if clock_levels_mhz:
         policies.append(Energy(ttft_slo_s, itl_slo_s, clock_levels_mhz))
     if breaker:
-        policies.append(Breaker(itl_slo_s=itl_slo_s))
+        policies.append(Breaker(levels=breaker_levels, itl_slo_s=itl_slo_s))
     return policies
 
 

@@ -73,6 +73,27 @@ async def test_force_and_release_a_breaker_level(admin: tuple[str, Actuation, Au
     assert actuation.forced == {}
 
 
+async def test_a_breaker_level_without_its_upstream_cannot_be_forced() -> None:
+    """With primary and small only, L2 (fp8) is refused with the usable levels named; L3 is accepted."""
+    audit = AuditLog(AuditConfig(path=None), CollectorRegistry())
+    actuation = Actuation("act", audit)
+    app = web.Application()
+    add_admin_routes(app, actuation, audit, TOKEN, breaker_levels=(0, 1, 3))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/api/admin/breaker"
+    try:
+        async with aiohttp.ClientSession() as s:
+            bad = await s.post(url, headers=AUTH, json={"level": 2})
+            assert bad.status == 400 and "must be one of 0, 1, 3" in (await bad.json())["error"]
+            assert actuation.forced == {}
+            assert (await s.post(url, headers=AUTH, json={"level": 3})).status == 200
+    finally:
+        await runner.cleanup()
+    assert actuation.forced == {"breaker.level": 3}
+
+
 async def test_actions_are_listed_newest_first(admin: tuple[str, Actuation, AuditLog]) -> None:
     url, _, audit = admin
     for i in range(3):

@@ -12,7 +12,7 @@ import trustme
 
 from agent import config
 from agent.engines.launcher import free_port as _free_port
-from agent.sidecar import Sidecar
+from agent.sidecar import Sidecar, breaker_levels, build_policies
 from detectors.snapshot import Reading, SourceStatus
 
 
@@ -192,5 +192,42 @@ async def test_a_breaker_level_forced_through_the_admin_api_reaches_the_breaker_
         del sidecar.knobs.actuation.forced["breaker.level"]
         await sidecar.loop.tick(3.0)
         assert sidecar.loop.policy_state("breaker").forced is None
+    finally:
+        await sidecar.stop()
+
+
+@pytest.mark.parametrize(
+    ("upstreams", "levels"),
+    [
+        (None, (0, 1)),
+        ({"primary": "http://127.0.0.1:9"}, (0, 1)),
+        ({"primary": "http://127.0.0.1:9", "fp8": "http://127.0.0.1:9"}, (0, 1, 2)),
+        ({"primary": "http://127.0.0.1:9", "small": "http://127.0.0.1:9"}, (0, 1, 3)),
+        ({"primary": "http://a:1", "fp8": "http://b:1", "small": "http://c:1"}, (0, 1, 2, 3)),
+    ],
+)
+def test_the_breaker_gets_the_levels_the_gates_upstreams_allow(
+    upstreams: dict[str, str] | None, levels: tuple[int, ...]
+) -> None:
+    gate = {"enabled": False} if upstreams is None else {"enabled": True, "upstreams": upstreams}
+    cfg = config.build({"gate": gate, "policies": {"set": "auto"}})
+    assert breaker_levels(cfg) == levels
+    [breaker] = [p for p in build_policies(cfg) if p.name == "breaker"]
+    assert breaker.levels == levels
+
+
+async def test_a_forced_level_this_gate_cannot_route_is_dropped_not_raised(tmp_path: Path) -> None:
+    """E.g. saved with the state file before the fp8 upstream left the config."""
+    cfg = _act_cfg(tmp_path)
+    cfg = cfg.model_copy(
+        update={"gate": cfg.gate.model_copy(update={"upstreams": {"primary": "http://127.0.0.1:9"}})}
+    )
+    sidecar = Sidecar(cfg, collectors=[OneValue()])
+    await sidecar.knobs.start()
+    try:
+        sidecar.knobs.actuation.forced["breaker.level"] = 2
+        await sidecar.loop.tick(1.0)
+        assert "breaker.level" not in sidecar.knobs.actuation.forced
+        assert sidecar.loop.policy_state("breaker").level in (0, 1)
     finally:
         await sidecar.stop()

@@ -34,7 +34,7 @@ def _leak(t: float) -> dict[str, float]:
 
 
 def _run(
-    fault: Callable[[float], dict[str, float]], fault_s: float, total_s: float
+    fault: Callable[[float], dict[str, float]], fault_s: float, total_s: float, breaker: Breaker = BREAKER
 ) -> list[tuple[float, int]]:
     """Tick once a second; the fault holds for the first ``fault_s``. Returns (time, level) at each change."""
     state: BreakerState | None = None
@@ -42,7 +42,13 @@ def _run(
     level = 0
     for t in range(int(total_s)):
         values = fault(t) if t < fault_s else _healthy(t)
-        state, _ = BREAKER.decide(make_snapshot(float(t), **values), [], state, float(t))
+        state, proposals = breaker.decide(make_snapshot(float(t), **values), [], state, float(t))
+        routes = {p.value for p in proposals if p.knob == knobs.UPSTREAM}
+        assert routes <= {
+            "primary",
+            *(("fp8",) if 2 in breaker.levels else ()),
+            *(("small",) if 3 in breaker.levels else ()),
+        }
         if state.level != level:
             level = state.level
             changes.append((float(t), level))
@@ -107,6 +113,33 @@ def test_forced_level_is_held_against_healthy_signals():
 def test_force_rejects_unknown_level():
     with pytest.raises(ValueError, match="level"):
         BREAKER.force(None, 4, now=0.0)
+
+
+@pytest.mark.parametrize(
+    ("levels", "path"),
+    [((0, 1), [1, 0]), ((0, 1, 3), [1, 3, 1, 0]), ((0, 1, 2), [1, 2, 1, 0])],
+    ids=["primary only", "no fp8", "no small"],
+)
+def test_a_gate_without_some_upstreams_skips_their_levels(levels, path):
+    """A long 5xx storm: the breaker climbs only through the levels this gate can route, never proposing
+    an upstream it does not have (each tick's proposals are checked in _run), and comes back the same way."""
+    breaker = Breaker(dwell_s=300.0, probe_s=120.0, levels=levels)
+    assert [level for _, level in _run(_error_storm, 1200.0, 4000.0, breaker)] == path
+
+
+def test_unusable_levels_are_refused_and_a_restored_one_steps_down():
+    breaker = Breaker(levels=(0, 1, 3))
+    with pytest.raises(ValueError, match="must be one of 0, 1, 3"):
+        breaker.force(None, 2, now=0.0)
+    # saved by a sidecar whose gate had an fp8 upstream; this one has none
+    state, proposals = breaker.decide(
+        make_snapshot(0.0, **_healthy(0)), [], BreakerState(level=2, forced=2, dwell_s=300.0), 0.0
+    )
+    assert (state.level, state.forced) == (1, None)
+    assert {p.value for p in proposals if p.knob == knobs.UPSTREAM} == {"primary"}
+    for bad in [(), (1, 2), (0, 2, 1), (0, 4)]:
+        with pytest.raises(ValueError, match="levels"):
+            Breaker(levels=bad)
 
 
 def test_level_two_routes_to_fp8_with_a_smaller_batch():

@@ -380,12 +380,45 @@ class PolicyConfig(_Section):
     batch_min: int = Field(8, ge=1, le=65536, description="lowest effective batch the policies may set")
     batch_max: int = Field(512, ge=1, le=65536, description="highest effective batch the policies may set")
     initial_batch: int = Field(64, ge=1, le=65536, description="batch the auto policy starts from")
+    energy: bool = Field(
+        False,
+        description="SLO-gated energy saving: step the GPU knob (actuators.gpu) down while latency has room, "
+        "back up at once when it is at risk; needs actuators.gpu",
+    )
+    energy_levels: tuple[float, ...] = Field(
+        (),
+        description="the energy ladder, high to low, in MHz (locked_clocks) or W (power_limit); empty: 8 "
+        "even steps from the GPU's top down to 45% of it",
+    )
+    schedule: dict[str, Any] | None = Field(
+        None,
+        description="time of day: {timezone (required), windows: [{days, start, end, mode}], default}; "
+        "in a window whose mode is peak the energy ladder stays at the top",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> PolicyConfig:
         if not self.batch_min <= self.initial_batch <= self.batch_max:
             raise ValueError("initial_batch must lie in [batch_min, batch_max]")
         return self
+
+    @field_validator("energy_levels")
+    @classmethod
+    def _ladder(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not math.isfinite(v) or v <= 0 for v in value) or list(value) != sorted(
+            set(value), reverse=True
+        ):
+            raise ValueError("must be positive and strictly falling (high to low)")
+        return value
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            from policies.schedule import Schedule
+
+            Schedule.from_data(value)  # ScheduleError (a ValueError) names the field in one line
+        return value
 
 
 class CanaryConfig(_Section):
@@ -441,6 +474,12 @@ class Config(_Section):
     cost: CostConfig = CostConfig()
     policies: PolicyConfig = PolicyConfig()
     canary: CanaryConfig = CanaryConfig()
+
+    @model_validator(mode="after")
+    def _energy_wiring(self) -> Config:
+        if self.policies.energy and self.actuators.gpu == "off":
+            raise ValueError("policies.energy needs actuators.gpu (locked_clocks or power_limit) to drive")
+        return self
 
     @model_validator(mode="after")
     def _canary_wiring(self) -> Config:
@@ -520,6 +559,10 @@ def _describe(error: ValidationError) -> ConfigError:
         expected = first.get("ctx", {}).get("expected", "")
         return ConfigError(field, f"must be one of {expected}, got {_fmt(value)}")
     message = first["msg"].removeprefix("Value error, ")
+    last = str(loc[-1]) if loc else ""
+    if last and message.startswith(last + "."):  # a rule that names a part of its field (schedule.timezone)
+        name, _, rest = message.partition(" ")
+        return ConfigError(".".join([*(str(p) for p in loc[:-1]), name]), rest)
     if len(loc) <= 1 and isinstance(value, Mapping):  # a section-level rule names its field first
         name, _, rest = message.partition(" ")
         return ConfigError(f"{field}.{name}" if field else name, rest)

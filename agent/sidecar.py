@@ -69,22 +69,51 @@ def build_collectors(cfg: Config) -> list[Collector]:
     return collectors
 
 
-def build_policies(cfg: Config) -> list[Policy]:
-    """The configured policy set (``policies.set``); none when it is ``none``."""
+def build_policies(cfg: Config, gpu: Any = None) -> list[Policy]:
+    """The configured policy set (``policies.set``); none when it is ``none``. ``gpu`` is the GPU actuator
+    (``agent.actuators.gpu.GpuActuator``), whose range gives the energy ladder when none is configured."""
     if cfg.policies.set == "none":
         return []
+    from policies import knobs as policy_knobs
     from policies.registry import build_set
+    from policies.schedule import Schedule
 
     p = cfg.policies
+    levels = energy_ladder(cfg, gpu) if p.energy else ()
     return build_set(
         p.set,
         ttft_slo_s=p.ttft_slo_s,
         itl_slo_s=p.itl_slo_s,
         batch_bounds=(float(p.batch_min), float(p.batch_max)),
         initial_batch=float(p.initial_batch),
+        clock_levels_mhz=levels,
+        energy_knob=policy_knobs.POWER_LIMIT if cfg.actuators.gpu == "power_limit" else policy_knobs.SM_CLOCK,
+        schedule=Schedule.from_data(p.schedule) if p.schedule else None,
         breaker_levels=breaker_levels(cfg),
         queue_deadline=cfg.gate.enabled,  # its knob is the gate's
     )
+
+
+#: Where the derived energy ladder ends, as a share of the GPU's top clock or power limit: the replay's
+#: floor (``agent/replay/runner.py``), below which the U-shaped energy per token rises again.
+ENERGY_FLOOR_SHARE = 0.45
+
+
+def energy_ladder(cfg: Config, gpu: Any) -> tuple[float, ...]:
+    """``policies.energy_levels``, or 8 steps from the GPU's top (its highest clock, or its default power
+    limit) down to 45% of it, never below what the GPU allows; empty, with one error logged, when the GPU's
+    range cannot be read: energy stays off."""
+    if cfg.policies.energy_levels:
+        return cfg.policies.energy_levels
+    from policies.registry import clock_levels
+
+    try:
+        lo, _ = gpu.bounds()
+        top = gpu.top()
+    except Exception as error:  # NVML trouble: the sidecar runs on without the energy policy
+        log.error("energy policy off: cannot read the GPU's %s range: %s", cfg.actuators.gpu, error)
+        return ()
+    return clock_levels(top, max(lo, ENERGY_FLOOR_SHARE * top))
 
 
 def breaker_levels(cfg: Config) -> tuple[int, ...]:
@@ -161,7 +190,8 @@ class Sidecar:
             interval_s=cfg.agent.interval_s,
             source_timeout_s=cfg.agent.source_timeout_s,
             detectors=build_detectors(self._refits),
-            policies=build_policies(cfg) + ([self.canary.policy] if self.canary is not None else []),
+            policies=build_policies(cfg, self.knobs.gpu)
+            + ([self.canary.policy] if self.canary is not None else []),
             act=self._act,
             derive=[self.cost.update],
             enrich=self._leak_evidence if cfg.probe.enabled else None,

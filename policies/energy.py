@@ -57,11 +57,16 @@ class Energy:
     dwell_s: float = 30.0
     step_up: int = 2
     schedule: Schedule | None = None
+    #: The knob the ladder drives: the SM clock (``levels_mhz`` in MHz) or, where only the power limit
+    #: may be set, the power limit (the same ladder in W): both lower the clock the GPU runs at.
+    knob: str = knobs.SM_CLOCK
     name: str = "energy"
 
     def __post_init__(self) -> None:
         if not self.levels_mhz or list(self.levels_mhz) != sorted(self.levels_mhz, reverse=True):
             raise ValueError("levels_mhz must be non-empty and sorted from high to low")
+        if self.knob not in (knobs.SM_CLOCK, knobs.POWER_LIMIT):
+            raise ValueError(f"knob must be {knobs.SM_CLOCK} or {knobs.POWER_LIMIT}, got {self.knob!r}")
         if not 0 < self.down < self.up:
             raise ValueError("margins must satisfy 0 < down < up")
 
@@ -101,4 +106,4 @@ class Energy:
 
     def _propose(self, level: int, why: str, priority: int) -> list[Proposal]:
         clock = self.levels_mhz[min(max(level, 0), len(self.levels_mhz) - 1)]
-        return [Proposal(self.name, knobs.SM_CLOCK, clock, why, priority)]
+        return [Proposal(self.name, self.knob, clock, why, priority)]

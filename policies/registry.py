@@ -20,6 +20,7 @@ from policies.canary import Canary
 from policies.energy import Energy
 from policies.knobs import BATCH, POWER_LIMIT, QUEUE_WAIT, SM_CLOCK, TOKEN_BUDGET
 from policies.queue_deadline import QueueDeadline
+from policies.schedule import Schedule
 from policies.token_budget import TokenBudget
 
 DEFAULT_TTFT_S = 2.0
@@ -69,6 +70,8 @@ def build_set(
     batch_bounds: tuple[float, float] = (8.0, 512.0),
     initial_batch: float = 64.0,
     clock_levels_mhz: tuple[float, ...] = (),
+    energy_knob: str = SM_CLOCK,
+    schedule: Schedule | None = None,
     breaker: bool = True,
     breaker_levels: tuple[int, ...] = (0, 1, 2, 3),
     initial_token_budget: float | None = None,
@@ -93,7 +96,7 @@ def build_set(
     if queue_deadline:
         policies.append(QueueDeadline(ttft_slo_s))
     if clock_levels_mhz:
-        policies.append(Energy(ttft_slo_s, itl_slo_s, clock_levels_mhz))
+        policies.append(Energy(ttft_slo_s, itl_slo_s, clock_levels_mhz, schedule=schedule, knob=energy_knob))
     if breaker:
         policies.append(Breaker(levels=breaker_levels, itl_slo_s=itl_slo_s))
     return policies

@@ -90,6 +90,14 @@ class GpuActuator:
             return self.backend.power_limit_bounds_w(index)
         return self.backend.clock_bounds_mhz(index)
 
+    def top(self) -> float:
+        """The knob at full speed: the highest clock, or the default power limit (not the maximum one may
+        set: a limit above the default is no setting the GPU returns to when servepilot lets go)."""
+        lo, hi = self.bounds()
+        if self.kind == "power_limit":
+            return max(lo, min(hi, self.backend.default_power_limit_w(self.indices[0])))
+        return hi
+
     def current(self) -> float | None:
         """The knob's value on the first GPU (None: clocks not locked)."""
         index = self.indices[0]

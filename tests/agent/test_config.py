@@ -38,6 +38,26 @@ def test_examples_exist_for_demo_vllm_and_sglang() -> None:
         ({"engine": {"url": "ftp://x"}}, "engine.url must start with http:// or https://, got 'ftp://x'"),
         ({"agent": {"intervall_s": 1}}, "agent.intervall_s is not a known setting"),
         ({"agent": {"interval_s": "fast"}}, "agent.interval_s input should be a valid number"),
+        (
+            {"policies": {"energy": True}},
+            "policies.energy needs actuators.gpu (locked_clocks or power_limit)",
+        ),
+        (
+            {"policies": {"energy_levels": [1000, 1400]}},
+            "policies.energy_levels must be positive and strictly falling (high to low), got [1000, 1400]",
+        ),
+        ({"policies": {"schedule": {"windows": []}}}, "policies.schedule.timezone is required"),
+        (
+            {
+                "policies": {
+                    "schedule": {
+                        "timezone": "UTC",
+                        "windows": [{"start": "9", "end": "17:00", "mode": "peak"}],
+                    }
+                }
+            },
+            "policies.schedule.windows[0].start must look like HH:MM, got '9'",
+        ),
     ],
 )
 def test_bad_values_name_field_range_and_value(data: dict[str, object], message: str) -> None:

@@ -231,3 +231,95 @@ async def test_a_forced_level_this_gate_cannot_route_is_dropped_not_raised(tmp_p
         assert sidecar.loop.policy_state("breaker").level in (0, 1)
     finally:
         await sidecar.stop()
+
+
+class Latency:
+    """An engine whose mean ITL the test sets (TTFT well inside the SLO)."""
+
+    name = "engine"
+
+    def __init__(self) -> None:
+        self.itl_s = 0.01
+
+    async def collect(self, now: float) -> Reading:
+        values = {
+            "engine.requests_running": 2.0,
+            "engine.requests_waiting": 0.0,
+            "engine.itl_seconds.mean": self.itl_s,
+            "engine.ttft_seconds.p99": 0.1,
+        }
+        return Reading("engine", now, SourceStatus.OK, values)
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("knob", ["locked_clocks", "power_limit"])
+async def test_the_energy_policy_walks_the_gpu_down_while_latency_has_room_and_back_up_at_risk(
+    tmp_path: Path, knob: str
+) -> None:
+    cfg = config.build(
+        {
+            "agent": {"listen_port": _free_port(), "admin_listen_port": None},
+            "actuators": {
+                "mode": "act",
+                "gpu": knob,
+                "gpu_backend": "simulated",
+                "gpu_state_file": str(tmp_path / "gpu.json"),
+            },
+            "policies": {"energy": True},
+            "audit": {"path": None},
+            "probe": {"enabled": False},
+            "forecast": {"enabled": False},
+        }
+    )
+    engine = Latency()
+    sidecar = Sidecar(cfg, collectors=[engine])
+    gpu = sidecar.knobs.gpu
+    gpu.problem = None  # the simulated backend needs no privilege; the check still runs for real NVML
+    [energy] = [p for p in sidecar.loop.policies if p.name == "energy"]
+    # the ladder runs from the simulated A100's top (1410 MHz, or its 400 W default limit) down to 45%
+    assert energy.levels_mhz[0] == gpu.top() and energy.levels_mhz[-1] == pytest.approx(
+        0.45 * gpu.top(), abs=1
+    )
+    await sidecar.knobs.start()
+    try:
+        for t in range(0, 300, 10):  # ITL at a tenth of the SLO: one level lower per 30 s dwell
+            await sidecar.loop.tick(float(t))
+        low = gpu.current()
+        assert low is not None and low < gpu.top()
+        engine.itl_s = 0.2  # twice the SLO: back up at once (two levels, the SLO guard's step)
+        await sidecar.loop.tick(300.0)
+        assert gpu.current() > low
+        moves = [a for a in sidecar.knobs.audit.recent(100) if a["policy"] == "energy"]
+        assert moves and all(a["result"] == "ok" for a in moves)
+    finally:
+        await sidecar.stop()
+
+
+def test_the_configured_ladder_and_schedule_reach_the_energy_policy() -> None:
+    schedule = {
+        "timezone": "Europe/Paris",
+        "windows": [{"days": ["mon"], "start": "09:00", "end": "18:00", "mode": "peak"}],
+    }
+    cfg = config.build(
+        {
+            "actuators": {"gpu": "power_limit", "gpu_backend": "simulated"},
+            "policies": {"energy": True, "energy_levels": [300, 250, 200], "schedule": schedule},
+        }
+    )
+    [energy] = [p for p in build_policies(cfg) if p.name == "energy"]
+    assert energy.levels_mhz == (300.0, 250.0, 200.0) and energy.knob == "gpu.power_limit_w"
+    assert energy.schedule is not None
+    assert energy.schedule.mode_at(1796634000.0) == "peak"  # Monday 2026-12-07 09:00 UTC = 10:00 in Paris
+    assert energy.schedule.mode_at(1796605200.0) == "offpeak"  # the same day, 02:00 in Paris
+
+
+def test_an_unreadable_gpu_range_leaves_the_energy_policy_out(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken:
+        def bounds(self) -> tuple[float, float]:
+            raise RuntimeError("NVML: GPU is lost")
+
+    cfg = config.build({"actuators": {"gpu": "locked_clocks"}, "policies": {"energy": True}})
+    assert [p.name for p in build_policies(cfg, Broken()) if p.name == "energy"] == []
+    assert "energy policy off: cannot read the GPU's locked_clocks range: NVML: GPU is lost" in caplog.text

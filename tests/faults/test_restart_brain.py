@@ -74,11 +74,22 @@ async def test_the_breaker_level_survives_a_restart(tmp_path: Path) -> None:
         await second.stop()
 
 
+def _with_gate(cfg: config.Config, *upstreams: str) -> config.Config:
+    data = cfg.model_dump()
+    data["gate"] = {
+        "enabled": True,
+        "listen_port": _free_port(),
+        "upstreams": {name: "http://127.0.0.1:9" for name in upstreams},
+    }
+    return config.build(data)
+
+
 async def test_a_forced_breaker_level_stays_forced_after_a_restart(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path)
+    cfg = _with_gate(_cfg(tmp_path), "primary", "fp8", "small")  # L3 routes to small: the gate has one
     first = Sidecar(cfg, collectors=[OneValue()])
     await first.start()
-    try:
+    try:  # as the admin API forces it (a tick while the gate drains on stop must not release it)
+        first.knobs.actuation.forced["breaker.level"] = 3
         first.loop.set_policy_state("breaker", Breaker().force(None, 3, time.time()))
     finally:
         await first.stop()
@@ -89,6 +100,15 @@ async def test_a_forced_breaker_level_stays_forced_after_a_restart(tmp_path: Pat
         assert (_breaker(second).level, _breaker(second).forced) == (3, 3)
     finally:
         await second.stop()
+    # restarted with a config whose gate lost its small upstream: L3 means nothing there, so it steps down
+    third = Sidecar(_with_gate(cfg, "primary"), collectors=[OneValue()])
+    await third.start()
+    try:
+        await third.loop.tick(time.time())
+        assert (_breaker(third).level, _breaker(third).forced) == (1, None)
+        assert "breaker.level" not in third.knobs.actuation.forced
+    finally:
+        await third.stop()
 
 
 def _loop() -> Loop:

@@ -395,11 +395,27 @@ class PolicyConfig(_Section):
         description="time of day: {timezone (required), windows: [{days, start, end, mode}], default}; "
         "in a window whose mode is peak the energy ladder stays at the top",
     )
+    sleep: bool = Field(
+        False,
+        description="put the engine to sleep when idle and the upper traffic forecast is low, wake it ahead "
+        "of the forecast rise; needs forecast.enabled and an engine control API that offers sleep",
+    )
+    sleep_below_rps: float = Field(
+        0.05, ge=0, le=1e6, description="sleep only while the upper forecast stays below this (requests/s)"
+    )
+    wake_above_rps: float = Field(
+        0.2, gt=0, le=1e6, description="wake when the upper forecast reaches this (requests/s)"
+    )
+    sleep_min_idle_s: float = Field(
+        600.0, ge=0, le=86400, description="continuous idleness (nothing in flight or queued) before sleep"
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> PolicyConfig:
         if not self.batch_min <= self.initial_batch <= self.batch_max:
             raise ValueError("initial_batch must lie in [batch_min, batch_max]")
+        if self.sleep_below_rps >= self.wake_above_rps:
+            raise ValueError("sleep_below_rps must be below wake_above_rps (the gap is the hysteresis)")
         return self
 
     @field_validator("energy_levels")
@@ -479,6 +495,20 @@ class Config(_Section):
     def _energy_wiring(self) -> Config:
         if self.policies.energy and self.actuators.gpu == "off":
             raise ValueError("policies.energy needs actuators.gpu (locked_clocks or power_limit) to drive")
+        return self
+
+    @model_validator(mode="after")
+    def _sleep_wiring(self) -> Config:
+        if not self.policies.sleep:
+            return self
+        if not self.forecast.enabled:
+            raise ValueError("policies.sleep needs forecast.enabled (it sleeps only on a low forecast)")
+        if not self.control.enabled:
+            raise ValueError(
+                "policies.sleep needs control.enabled (sleep and wake go through the engine's API)"
+            )
+        if self.policies.set == "none":
+            raise ValueError("policies.sleep needs a policy set (policies.set auto or seed)")
         return self
 
     @model_validator(mode="after")

@@ -133,6 +133,10 @@ class Knobs:
                 return (await self.control.read()).get(name)
 
             async def write(value: Any, name: str = name) -> Any:
+                if caps.knobs[name].type == "boolean" and isinstance(value, int | float):
+                    value = bool(
+                        value
+                    )  # policies speak numbers (sleep_wake proposes 1/0): the API wants a bool
                 result = await self.control.apply({name: value})
                 return result.read_back.get(name, value)
 

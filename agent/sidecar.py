@@ -281,6 +281,35 @@ class Sidecar:
             self.loop.policies.append(token_budget_policy(p.ttft_slo_s, p.itl_slo_s, float(current)))
             log.info("token budget controller on: the engine runs max_num_batched_tokens=%g", current)
 
+    def _add_sleep_wake(self) -> None:
+        """``policies.sleep``: the sleep/wake policy joins the set when the engine's control API offers
+        sleep (vLLM serves ``/sleep`` and ``/wake_up`` in dev mode). Known only after discovery."""
+        if not self.cfg.policies.sleep:
+            return
+        from policies.sleep import SLEEPING, SleepWake
+
+        if SLEEPING not in self.knobs.actuation.knobs:
+            log.warning(
+                "sleep/wake off: the engine's control API offers no sleep (%s is not bound)", SLEEPING
+            )
+            return
+        p, f = self.cfg.policies, self.cfg.forecast
+        # the horizon the forecaster selects its model at (30 min), when published: the wake-up then starts
+        # that long before the forecast rise, more than a reload takes; the top quantile is the upper bound
+        horizon = (
+            f.selection_horizon_min if f.selection_horizon_min in f.horizons_min else max(f.horizons_min)
+        )
+        signal = f"forecast.requests_per_second.h{horizon}m.q{max(f.quantiles):g}"
+        self.loop.policies.append(
+            SleepWake(p.sleep_below_rps, p.wake_above_rps, p.sleep_min_idle_s, forecast_signal=signal)
+        )
+        log.info(
+            "sleep/wake on: sleeps after %g s idle while %s < %g",
+            p.sleep_min_idle_s,
+            signal,
+            p.sleep_below_rps,
+        )
+
     async def _leak_evidence(self, findings: tuple[Finding, ...], snapshot: Snapshot) -> tuple[Finding, ...]:
         """When the leak detector fires, ask the probe (in the background) to record allocator history."""
         if self.evidence.wanted(findings, snapshot.now) and self._evidence_task is None:
@@ -340,6 +369,7 @@ class Sidecar:
                 self.knobs.actuation.forced["breaker.level"] = forced
         await self.knobs.start()
         await self._add_token_budget()
+        self._add_sleep_wake()
         from agent.admin import add_admin_routes
 
         agent_cfg = self.cfg.agent

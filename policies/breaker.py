@@ -286,7 +286,11 @@ class Breaker:
     def _proposals(self, snapshot: Snapshot, state: BreakerState) -> list[Proposal]:
         priority = PRIORITY["breaker"]
         why = f"{LEVELS[state.level]} (gen {state.generation}): {state.reason}"
-        out = [Proposal(self.name, knobs.UPSTREAM, UPSTREAM_BY_LEVEL[state.level], why, priority)]
+        # a deployment with nothing to route to (no fp8 or small upstream, or no gate at all) gets no route
+        # proposals: without a gate the knob is unbound, and each tick's proposal was audited as an error
+        out: list[Proposal] = []
+        if self.max_level >= 2:
+            out.append(Proposal(self.name, knobs.UPSTREAM, UPSTREAM_BY_LEVEL[state.level], why, priority))
         if state.level >= 1:
             cap = state.batch_cap or self.batch_floor
             out.append(Proposal(self.name, knobs.BATCH, round(cap), why, priority))

@@ -323,3 +323,25 @@ def test_an_unreadable_gpu_range_leaves_the_energy_policy_out(caplog: pytest.Log
     cfg = config.build({"actuators": {"gpu": "locked_clocks"}, "policies": {"energy": True}})
     assert [p.name for p in build_policies(cfg, Broken()) if p.name == "energy"] == []
     assert "energy policy off: cannot read the GPU's locked_clocks range: NVML: GPU is lost" in caplog.text
+
+
+async def test_without_a_gate_quiet_ticks_in_act_mode_audit_nothing(tmp_path: Path) -> None:
+    """The breaker at L0 used to propose route.upstream=primary every tick; with no gate the knob is unbound
+    and each tick wrote an error to the audit log (and servepilot_actions_total{result="error"})."""
+    cfg = config.build(
+        {
+            "agent": {"listen_port": _free_port(), "admin_listen_port": None},
+            "actuators": {"mode": "act"},
+            "audit": {"path": None},
+            "probe": {"enabled": False},
+            "forecast": {"enabled": False},
+        }
+    )
+    sidecar = Sidecar(cfg, collectors=[OneValue()])
+    await sidecar.knobs.start()
+    try:
+        for t in (1.0, 2.0, 3.0):
+            await sidecar.loop.tick(t)
+        assert sidecar.knobs.audit.recent(10) == []
+    finally:
+        await sidecar.stop()

@@ -127,6 +127,15 @@ def test_a_gate_without_some_upstreams_skips_their_levels(levels, path):
     assert [level for _, level in _run(_error_storm, 1200.0, 4000.0, breaker)] == path
 
 
+def test_a_breaker_with_nowhere_to_route_proposes_no_route():
+    """Levels 0-1 (no gate, or a gate with primary alone): L1 still caps the batch, but no route.upstream."""
+    breaker = Breaker(levels=(0, 1))
+    for state in (None, BreakerState(level=1, dwell_s=300.0, changed_at=0.0, batch_cap=32.0)):
+        _, proposals = breaker.decide(make_snapshot(0.0, **_healthy(0)), [], state, 0.0)
+        assert knobs.UPSTREAM not in {p.knob for p in proposals}
+    assert [p.knob for p in proposals] == [knobs.BATCH]
+
+
 def test_unusable_levels_are_refused_and_a_restored_one_steps_down():
     breaker = Breaker(levels=(0, 1, 3))
     with pytest.raises(ValueError, match="must be one of 0, 1, 3"):

@@ -3,7 +3,8 @@
 Built from the config; each part exists only when configured (the gate when ``gate.enabled``, engine
 control when ``control.enabled``, the GPU knob when ``actuators.gpu`` is not ``off``). Knob names:
 
-* ``batch.max_in_flight`` — the effective batch (the gate's in-flight limit);
+* ``batch.max_in_flight`` — the effective batch (the gate's in-flight limit; without a gate, the engine's
+  ``max_num_seqs`` where its control API sets it);
 * ``gate.max_queue_wait_s`` — the gate's queue deadline (503 after it);
 * ``route.upstream`` — route all traffic to one named upstream (breaker levels L2/L3);
 * ``route.fp8_share`` — the precision canary's share of traffic on ``canary.candidate`` (the rest goes to
@@ -134,13 +135,16 @@ class Knobs:
 
             async def write(value: Any, name: str = name) -> Any:
                 if caps.knobs[name].type == "boolean" and isinstance(value, int | float):
-                    value = bool(
-                        value
-                    )  # policies speak numbers (sleep_wake proposes 1/0): the API wants a bool
+                    value = bool(value)  # policies speak numbers (sleep_wake proposes 1/0)
                 result = await self.control.apply({name: value})
                 return result.read_back.get(name, value)
 
             self.actuation.bind(f"engine.{name}", read, write)
+        if self.gate is None and "max_num_seqs" in caps.knobs:
+            # no gate in front: the effective batch is the engine's own cap, where its control API sets it
+            # (the simulator's does; so does the replay), under the same lease as every engine setting
+            read_cap, write_cap = self.actuation.binding("engine.max_num_seqs")
+            self.actuation.bind(knobs.BATCH, read_cap, write_cap)
 
     # -- lifetime --------------------------------------------------------------------------------
     async def start(self) -> None:

@@ -59,10 +59,22 @@ class Actuation:
         self.pins: dict[str, Any] = {}
         self.forced: dict[str, Any] = {}
         self._knobs: dict[str, KnobBinding] = {}
+        #: Unbound knobs: a policy whose knob this deployment lacks proposes every tick. In act mode one
+        #: audited error says so; in advise mode a value is advised when it changes. One entry per tick
+        #: would flood the log and the error counter.
+        self._unbound_reported: set[str] = set()
+        self._unbound_advised: dict[str, Any] = {}
 
     def bind(self, name: str, read: Reader, write: Writer) -> None:
         self._knobs[name] = KnobBinding(name, read, write)
+        self._unbound_reported.discard(name)
+        self._unbound_advised.pop(name, None)
         self.audit.declare(name)
+
+    def binding(self, name: str) -> tuple[Reader, Writer]:
+        """How ``name`` is read and written (KeyError when it is not bound)."""
+        bound = self._knobs[name]
+        return bound.read, bound.write
 
     @property
     def knobs(self) -> list[str]:
@@ -86,10 +98,19 @@ class Actuation:
                 )
         if binding is not None and _same(current, target):
             return None  # level-based: already there
+        if binding is None and self.mode is Mode.ADVISE:
+            if knob in self._unbound_advised and _same(self._unbound_advised[knob], target):
+                return None
+            self._unbound_advised[knob] = target
+            return self._audit(knob, None, target, reason, proposal.policy, "advised")
+        if binding is None:
+            if knob in self._unbound_reported:
+                return None
+            self._unbound_reported.add(knob)
+            why = f"error: no actuator is bound to knob {knob!r} (reported once; later proposals are dropped)"
+            return self._audit(knob, None, target, reason, proposal.policy, why)
         if self.mode is Mode.ADVISE:
             result = "advised"
-        elif binding is None:
-            result = f"error: no actuator is bound to knob {knob!r}"
         elif self.paused:
             result = "paused"
         else:

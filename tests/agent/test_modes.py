@@ -86,3 +86,25 @@ async def test_a_failing_actuator_is_audited_as_an_error_not_raised() -> None:
 async def test_an_unbound_knob_is_an_audited_error() -> None:
     action = await _actuation("act", Knob()).execute(Proposal("p", "gpu_power_limit_w", 300, "r"))
     assert action is not None and action.result.startswith("error: no actuator")
+
+
+async def test_an_unbound_knob_is_reported_once_not_every_tick() -> None:
+    """A policy whose knob the deployment lacks proposes every tick: one audited error, then silence, until
+    the knob is bound (the next proposal is then carried out as usual)."""
+    act = _actuation("act", Knob())
+    proposal = Proposal("p", "gpu.power_limit_w", 300, "r")
+    first = await act.execute(proposal)
+    assert first is not None and "reported once" in first.result
+    assert [await act.execute(proposal) for _ in range(3)] == [None, None, None]
+    assert len(act.audit.recent()) == 1
+    knob = Knob(400)
+    act.bind("gpu.power_limit_w", knob.read, knob.write)
+    bound = await act.execute(proposal)
+    assert bound is not None and bound.result == "ok" and knob.value == 300
+
+
+async def test_advice_for_an_unbound_knob_is_recorded_when_it_changes() -> None:
+    """Advise mode still says what it would do without the actuator, once per new value."""
+    act = _actuation("advise", Knob())
+    results = [await act.execute(Proposal("p", "batch.max_in_flight", v, "r")) for v in (48, 48, 72, 72)]
+    assert [a.result if a else None for a in results] == ["advised", None, "advised", None]

@@ -345,3 +345,39 @@ async def test_without_a_gate_quiet_ticks_in_act_mode_audit_nothing(tmp_path: Pa
         assert sidecar.knobs.audit.recent(10) == []
     finally:
         await sidecar.stop()
+
+
+async def test_without_a_gate_the_batch_knob_is_the_engines_max_num_seqs(tmp_path: Path) -> None:
+    """The engine's own cap is the effective batch when nothing sits in front of it (as in the replay)."""
+    from aiohttp import web
+
+    from policies import knobs as policy_knobs
+    from policies.base import Proposal
+    from simulator.engine import make_core
+    from simulator.server import SimServer
+
+    server = SimServer(make_core("a100-80g", "llama-2-7b", "fp16", 256))
+    runner = web.AppRunner(server.app())
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    cfg = config.build(
+        {
+            "agent": {"listen_port": _free_port(), "admin_listen_port": None},
+            "control": {"enabled": True, "url": url},
+            "actuators": {"mode": "act"},
+            "audit": {"path": None},
+            "probe": {"enabled": False},
+            "forecast": {"enabled": False},
+        }
+    )
+    sidecar = Sidecar(cfg, collectors=[OneValue()])
+    await sidecar.knobs.start()
+    try:
+        assert policy_knobs.BATCH in sidecar.knobs.actuation.knobs
+        action = await sidecar.knobs.actuation.execute(Proposal("batch_auto", policy_knobs.BATCH, 48, "test"))
+        assert action is not None and action.result == "ok", action
+        assert server.core.settings.max_num_seqs == 48  # under the control lease, like any engine setting
+    finally:
+        await sidecar.stop()
+        await runner.cleanup()

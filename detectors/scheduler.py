@@ -27,7 +27,8 @@ diagnosis checks, in this order, and names the first that holds (all are kept as
    decode steps, so fewer tokens per batch is expected, not a fault;
 2. **fragmentation** — allocator (``probe.fragmentation_ratio`` or 1 - allocated/reserved) or KV-cache
    fragmentation above ``fragmentation_threshold`` (15%), or preemptions: memory is there but unusable;
-3. **batch timeout / queueing** — requests wait (``engine.requests_waiting`` > 0) while the KV cache has
+3. **batch timeout / queueing** — requests wait (``engine.requests_waiting`` plus, behind the admission
+   gate, ``gate.queue_depth``: there the engine's own queue stays near empty) while the KV cache has
    room (usage below 90%), or queue time p95 is over twice its baseline: the scheduler is not filling
    the batch it could run;
 4. otherwise **unexplained** — look at clocks and thermal throttling.
@@ -214,11 +215,17 @@ class SchedulerEfficiencyDetector:
         return (ratio is not None and ratio > self.fragmentation_threshold) or preempt > 0
 
     def _queueing(self, snapshot: Snapshot, evidence: dict[str, float | str]) -> bool:
-        waiting = snapshot.get("engine.requests_waiting")
+        engine_waiting, gate_queue = snapshot.get("engine.requests_waiting"), snapshot.get("gate.queue_depth")
+        waiting = (
+            None
+            if engine_waiting is None and gate_queue is None
+            else (engine_waiting or 0.0) + (gate_queue or 0.0)
+        )
         usage = snapshot.get("engine.kv_cache_usage_ratio")
         queue_p95, base = snapshot.get("engine.queue_seconds.p95"), self.queue_p95_.value
         for key, value in (
-            ("requests_waiting", waiting),
+            ("requests_waiting", engine_waiting),
+            ("gate_queue_depth", gate_queue),
             ("kv_cache_usage_ratio", usage),
             ("queue_seconds_p95", queue_p95),
             ("queue_seconds_p95_baseline", base),

@@ -65,6 +65,8 @@ def test_learns_the_throughput_batch_relation() -> None:
         ({"gate__prompt_tokens_mean": 3000.0, "probe__fragmentation_ratio": 0.3}, "request-length mix shift"),
         ({"probe__fragmentation_ratio": 0.3, "engine__requests_waiting": 50.0}, "fragmentation"),
         ({"engine__requests_waiting": 50.0}, "batch timeout / queueing"),
+        # behind the admission gate the queue is the gate's, the engine's own stays empty
+        ({"engine__requests_waiting": 0.0, "gate__queue_depth": 50.0}, "batch timeout / queueing"),
         ({}, "unexplained"),
     ],
 )

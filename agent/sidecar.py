@@ -281,6 +281,29 @@ class Sidecar:
             self.loop.policies.append(token_budget_policy(p.ttft_slo_s, p.itl_slo_s, float(current)))
             log.info("token budget controller on: the engine runs max_num_batched_tokens=%g", current)
 
+    async def _start_batch_at_the_engines_cap(self) -> None:
+        """Without a gate the batch knob is the engine's ``max_num_seqs`` (agent/knobs.py), and the auto
+        policy must start from the value the engine runs with (vLLM's default is 256), not from
+        ``policies.initial_batch``: its first step up from 64 would otherwise cut the engine to 96."""
+        from dataclasses import replace
+
+        from policies import knobs as policy_knobs
+        from policies.batch_auto import AutoBatch
+
+        if self.knobs.gate is not None or policy_knobs.BATCH not in self.knobs.actuation.knobs:
+            return
+        read, _ = self.knobs.actuation.binding(policy_knobs.BATCH)
+        try:
+            current = float(await read())
+        except Exception as error:  # observation goes on; auto keeps policies.initial_batch
+            log.warning("cannot read the engine's max_num_seqs: %s", error)
+            return
+        for i, policy in enumerate(self.loop.policies):
+            if isinstance(policy, AutoBatch):
+                start = min(policy.upper, max(policy.lower, current))
+                self.loop.policies[i] = replace(policy, initial=start)
+                log.info("auto batch starts at the engine's max_num_seqs=%g", current)
+
     def _add_sleep_wake(self) -> None:
         """``policies.sleep``: the sleep/wake policy joins the set when the engine's control API offers
         sleep (vLLM serves ``/sleep`` and ``/wake_up`` in dev mode). Known only after discovery."""
@@ -368,6 +391,7 @@ class Sidecar:
             if forced is not None:
                 self.knobs.actuation.forced["breaker.level"] = forced
         await self.knobs.start()
+        await self._start_batch_at_the_engines_cap()
         await self._add_token_budget()
         self._add_sleep_wake()
         from agent.admin import add_admin_routes

@@ -372,9 +372,12 @@ async def test_without_a_gate_the_batch_knob_is_the_engines_max_num_seqs(tmp_pat
         }
     )
     sidecar = Sidecar(cfg, collectors=[OneValue()])
-    await sidecar.knobs.start()
+    await sidecar.start()
     try:
         assert policy_knobs.BATCH in sidecar.knobs.actuation.knobs
+        # auto starts from what the engine runs with, not from policies.initial_batch (64)
+        [auto] = [p for p in sidecar.loop.policies if p.name == "batch_auto"]
+        assert auto.initial == 256
         action = await sidecar.knobs.actuation.execute(Proposal("batch_auto", policy_knobs.BATCH, 48, "test"))
         assert action is not None and action.result == "ok", action
         assert server.core.settings.max_num_seqs == 48  # under the control lease, like any engine setting

@@ -14,6 +14,7 @@ from agent import config
 from agent.engines.launcher import free_port
 from agent.sidecar import Sidecar
 from detectors.snapshot import Reading, SourceStatus
+from tests.agent.control.fake_vllm import vllm_control_app
 
 FORECAST = "forecast.requests_per_second.h30m.q0.9"  # the selection horizon, the top quantile
 
@@ -37,33 +38,9 @@ class Traffic:
 async def vllm() -> AsyncIterator[tuple[str, list[str]]]:
     """vLLM's dev-mode sleep endpoints and its OpenAPI document, recording each call."""
     calls: list[str] = []
-    state = {"sleeping": False}
-
-    async def openapi(_: web.Request) -> web.Response:
-        return web.json_response({"paths": {"/sleep": {}, "/wake_up": {}, "/is_sleeping": {}}})
-
-    async def sleep(_: web.Request) -> web.Response:
-        calls.append("sleep")
-        state["sleeping"] = True
-        return web.json_response({})
-
-    async def wake_up(_: web.Request) -> web.Response:
-        calls.append("wake_up")
-        state["sleeping"] = False
-        return web.json_response({})
-
-    async def is_sleeping(_: web.Request) -> web.Response:
-        return web.json_response({"is_sleeping": state["sleeping"]})
-
-    app = web.Application()
-    app.router.add_get("/openapi.json", openapi)
-    app.router.add_post("/sleep", sleep)
-    app.router.add_post("/wake_up", wake_up)
-    app.router.add_get("/is_sleeping", is_sleeping)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(vllm_control_app(["sleeping"], calls))
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
     yield f"http://127.0.0.1:{runner.addresses[0][1]}", calls
     await runner.cleanup()
 
@@ -148,17 +125,7 @@ async def test_advise_mode_records_the_decision_and_sends_nothing(
 async def test_without_sleep_endpoints_the_policy_stays_out(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async def openapi(_: web.Request) -> web.Response:
-        return web.json_response({"paths": {"/pause": {}, "/resume": {}, "/is_paused": {}}})
-
-    app = web.Application()
-    app.router.add_get("/openapi.json", openapi)
-
-    async def is_paused(_: web.Request) -> web.Response:
-        return web.json_response({"is_paused": False})
-
-    app.router.add_get("/is_paused", is_paused)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(vllm_control_app(["paused"], []))  # a vLLM that serves pause, not sleep
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     sidecar = Sidecar(_cfg(f"http://127.0.0.1:{runner.addresses[0][1]}", tmp_path), collectors=[Traffic()])

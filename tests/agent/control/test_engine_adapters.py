@@ -12,6 +12,7 @@ from aiohttp import web
 from agent.control.base import ControlError
 from agent.control.sglang import ALLOWED, SglangAdapter
 from agent.control.vllm import VllmAdapter, knobs_from_openapi
+from tests.agent.control.fake_vllm import vllm_control_app
 
 
 class FakeSglang:
@@ -107,26 +108,12 @@ async def test_vllm_without_runtime_endpoints_is_not_controllable(session: aioht
 
 
 async def test_vllm_pause_is_applied_and_read_back(session: aiohttp.ClientSession) -> None:
-    state = {"paused": False}
-
-    async def openapi(_: web.Request) -> web.Response:
-        return web.json_response({"paths": {"/pause": {}, "/resume": {}, "/is_paused": {}}})
-
-    async def pause(_: web.Request) -> web.Response:
-        state["paused"] = True
-        return web.json_response({})
-
-    async def is_paused(_: web.Request) -> web.Response:
-        return web.json_response({"is_paused": state["paused"]})
-
-    app = web.Application()
-    app.router.add_get("/openapi.json", openapi)
-    app.router.add_post("/pause", pause)
-    app.router.add_get("/is_paused", is_paused)
-    runner, url = await _serve(app)
+    calls: list[str] = []
+    runner, url = await _serve(vllm_control_app(["paused"], calls))
     try:
         adapter = VllmAdapter(session, url)
         await adapter.discover()
         assert await adapter.apply({"paused": True}, "k", 30) == {"paused": True}
+        assert calls == ["pause"]
     finally:
         await runner.cleanup()

@@ -62,7 +62,7 @@ class Knobs:
             from agent.actuators.gpu import GpuActuator, backend_for
 
             self.gpu = GpuActuator(cfg.actuators, backend_for(cfg.actuators), registry)
-            self.gpu_knob = knobs.POWER_LIMIT if cfg.actuators.gpu == "power_limit" else knobs.SM_CLOCK
+            self.gpu_knob = knobs.GPU_KNOB[cfg.actuators.gpu]
             self.actuation.bind(self.gpu_knob, self._gpu_value, self._set_gpu_value)
         self.token = self._admin_token()
         if cfg.control.enabled and cfg.control.token_file:

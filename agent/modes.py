@@ -59,16 +59,14 @@ class Actuation:
         self.pins: dict[str, Any] = {}
         self.forced: dict[str, Any] = {}
         self._knobs: dict[str, KnobBinding] = {}
-        #: Unbound knobs: a policy whose knob this deployment lacks proposes every tick. In act mode one
-        #: audited error says so; in advise mode a value is advised when it changes. One entry per tick
-        #: would flood the log and the error counter.
-        self._unbound_reported: set[str] = set()
-        self._unbound_advised: dict[str, Any] = {}
+        #: Unbound knobs seen, with the last value proposed: a policy whose knob this deployment lacks
+        #: proposes every tick. In act mode one audited error says so; in advise mode a value is advised
+        #: when it changes. One entry per tick would flood the log and the error counter.
+        self._unbound: dict[str, Any] = {}
 
     def bind(self, name: str, read: Reader, write: Writer) -> None:
         self._knobs[name] = KnobBinding(name, read, write)
-        self._unbound_reported.discard(name)
-        self._unbound_advised.pop(name, None)
+        self._unbound.pop(name, None)
         self.audit.declare(name)
 
     def binding(self, name: str) -> tuple[Reader, Writer]:
@@ -98,15 +96,13 @@ class Actuation:
                 )
         if binding is not None and _same(current, target):
             return None  # level-based: already there
-        if binding is None and self.mode is Mode.ADVISE:
-            if knob in self._unbound_advised and _same(self._unbound_advised[knob], target):
-                return None
-            self._unbound_advised[knob] = target
-            return self._audit(knob, None, target, reason, proposal.policy, "advised")
         if binding is None:
-            if knob in self._unbound_reported:
+            seen = knob in self._unbound
+            if seen and (self.mode is Mode.ACT or _same(self._unbound[knob], target)):
                 return None
-            self._unbound_reported.add(knob)
+            self._unbound[knob] = target
+            if self.mode is Mode.ADVISE:
+                return self._audit(knob, None, target, reason, proposal.policy, "advised")
             why = f"error: no actuator is bound to knob {knob!r} (reported once; later proposals are dropped)"
             return self._audit(knob, None, target, reason, proposal.policy, why)
         if self.mode is Mode.ADVISE:

@@ -87,7 +87,7 @@ def build_policies(cfg: Config, gpu: Any = None) -> list[Policy]:
         batch_bounds=(float(p.batch_min), float(p.batch_max)),
         initial_batch=float(p.initial_batch),
         clock_levels_mhz=levels,
-        energy_knob=policy_knobs.POWER_LIMIT if cfg.actuators.gpu == "power_limit" else policy_knobs.SM_CLOCK,
+        energy_knob=policy_knobs.GPU_KNOB.get(cfg.actuators.gpu, policy_knobs.SM_CLOCK),
         schedule=Schedule.from_data(p.schedule) if p.schedule else None,
         breaker_levels=breaker_levels(cfg),
         queue_deadline=cfg.gate.enabled,  # its knob is the gate's

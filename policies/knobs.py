@@ -14,6 +14,8 @@ from __future__ import annotations
 BATCH = "batch.max_in_flight"
 SM_CLOCK = "gpu.sm_clock_mhz"
 POWER_LIMIT = "gpu.power_limit_w"
+#: The GPU knob each ``actuators.gpu`` setting drives (the actuator binds it, the energy policy proposes it).
+GPU_KNOB = {"power_limit": POWER_LIMIT, "locked_clocks": SM_CLOCK}
 UPSTREAM = "route.upstream"
 FP8_SHARE = "route.fp8_share"
 TOKEN_BUDGET = "engine.max_num_batched_tokens"

@@ -265,6 +265,9 @@ class ControlConfig(_Section):
     url: str = Field("http://127.0.0.1:8000", description="engine base URL")
     adapter: Literal["auto", "generic", "sglang", "vllm"] = Field("auto", description="API flavour")
     lease_s: float = Field(30.0, ge=1, le=3600, description="the engine reverts to defaults after this")
+    release_on_stop: bool = Field(
+        True, description="a clean stop ends the lease at once (else the engine reverts when it lapses)"
+    )
     timeout_s: float = Field(2.0, gt=0, le=60, description="HTTP timeout of one control call")
     token_file: str | None = Field(None, description="bearer token for the engine's control API (file)")
 

@@ -9,6 +9,8 @@ status code. Semantics the generic adapter relies on:
   a different body it is a 409.
 * Every apply carries a lease (``lease_s``). ``renew`` extends it. When it lapses the engine returns to its
   safe defaults by itself, so an engine whose sidecar disappeared does not keep a risky setting.
+* ``release`` ends the lease now (a sidecar stopping cleanly): the safe defaults at once, not ``lease_s``
+  later. Idempotent: with no lease active it changes nothing and says so.
 """
 
 from __future__ import annotations
@@ -95,11 +97,25 @@ class ControlPlane:
         """Return to the safe defaults if the lease lapsed; True when that happened now."""
         if self.lease_expires_at is None or now < self.lease_expires_at:
             return False
+        self._revert(now)
+        return True
+
+    def release(self, body: Any, now: float) -> dict[str, Any]:
+        """End the active lease now and return to the safe defaults; ``released`` is false when no lease
+        was active (it had lapsed, or was never taken), so a second release is harmless."""
+        if body not in (None, {}):
+            raise ControlError(422, "release takes no body")
+        self.expire(now)
+        released = self.lease_expires_at is not None
+        if released:
+            self._revert(now)
+        return {"released": released, "settings": asdict(self.core.settings), "generation": self.generation}
+
+    def _revert(self, now: float) -> None:
         self.core.apply_settings(self.defaults, self.core.time)
         self.lease_expires_at = None
         self.last_revert_at = now
         self.generation += 1
-        return True
 
     def apply(self, body: Any, now: float) -> dict[str, Any]:
         """Validate and apply ``body`` (the parsed JSON); raises ControlError."""

@@ -133,6 +133,7 @@ class SimServer:
         app.router.add_get("/v1/control/state", self.control_state)
         app.router.add_post("/v1/control/apply", self.control_apply)
         app.router.add_post("/v1/control/lease", self.control_lease)
+        app.router.add_delete("/v1/control/lease", self.control_release)
         app.router.add_get("/sim/nvml", self.nvml_json)
         app.router.add_get("/sim/probe/metrics", self.probe_metrics)
         app.router.add_get("/sim/faults", self.faults_get)
@@ -336,6 +337,11 @@ class SimServer:
         if (denied := self._unauthorized(request)) is not None:
             return denied
         return await self._control(request, self.control.renew, allow_empty=True)
+
+    async def control_release(self, request: web.Request) -> web.Response:
+        if (denied := self._unauthorized(request)) is not None:
+            return denied
+        return await self._control(request, self.control.release, allow_empty=True)
 
     async def _control(
         self, request: web.Request, action: Callable[[Any, float], dict[str, Any]], allow_empty: bool = False

@@ -83,3 +83,8 @@ class ControlAdapter(Protocol):
     async def renew(self, lease_s: float) -> None:
         """Extend the lease; a no-op where the engine has no leases."""
         ...
+
+    async def release(self) -> bool:
+        """End the lease now, so the engine returns to its safe defaults at once; True when a lease was
+        ended. A no-op (False) where the engine has no leases."""
+        ...

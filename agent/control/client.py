@@ -7,7 +7,8 @@
   temporary failures with bounded, jittered backoff under the same key, so a retry never applies twice;
   then compares the read-back with what was asked.
 * While a lease is held, a task renews it every ``lease_s / 3``; if the agent dies or wedges, renewals
-  stop and the engine returns to its safe defaults by itself.
+  stop and the engine returns to its safe defaults by itself. A clean stop ends the lease at once
+  (``release_on_stop``), as the GPU actuator restores clocks on SIGTERM.
 """
 
 from __future__ import annotations
@@ -199,12 +200,33 @@ class ControlClient:
         with contextlib.suppress(ControlError):
             await self.adapter.apply(self.initial, uuid.uuid4().hex, self.cfg.lease_s)
 
+    async def release(self) -> bool:
+        """End this client's lease now, so the engine runs its safe defaults at once rather than up to
+        ``lease_s`` later; True when the engine confirmed. Only a lease this client took (it applied
+        something); a failure is logged, and the lease then lapses on its own."""
+        if self.adapter is None or self.capabilities is None or not self.capabilities.leases:
+            return False
+        if self._renew_task is None:  # never applied: no lease of ours to end
+            return False
+        try:
+            released = await self.adapter.release()
+        except ControlError as error:
+            log.warning("control lease release failed (%s); the engine reverts when the lease lapses", error)
+            return False
+        if released:
+            log.info("control lease released: the engine is back on its safe defaults")
+        return released
+
     async def close(self) -> None:
-        """Stop renewing (a leased engine reverts when the lease ends), restore others, release HTTP."""
+        """Stop renewing, then hand the engine back: a leased engine's lease is ended at once
+        (``control.release_on_stop``, else it reverts when the lease lapses); an engine without leases
+        gets the settings found at start back. Then release HTTP."""
         if self._renew_task is not None:
             self._renew_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renew_task
+        if self.cfg.release_on_stop:
+            await self.release()
         await self.restore()
         if self._own_session and self.session is not None:
             await self.session.close()

@@ -2,7 +2,8 @@
 
 ``GET /v1/control/state`` publishes ``settings``, ``safe_defaults``, ``capabilities`` (bounds per knob) and
 the ``lease``; ``POST /v1/control/apply`` takes ``{"settings": {...}, "idempotency_key": k, "lease_s": s}``
-with absolute values, all or nothing; ``POST /v1/control/lease`` with ``{"lease_s": s}`` renews.
+with absolute values, all or nothing; ``POST /v1/control/lease`` with ``{"lease_s": s}`` renews, and
+``DELETE /v1/control/lease`` ends the lease at once (the engine returns to its safe defaults).
 """
 
 from __future__ import annotations
@@ -61,3 +62,7 @@ class GenericAdapter:
 
     async def renew(self, lease_s: float) -> None:
         await call(self.session, "POST", self.url + "/v1/control/lease", {"lease_s": lease_s}, self.timeout_s)
+
+    async def release(self) -> bool:
+        answer = await call(self.session, "DELETE", self.url + "/v1/control/lease", timeout_s=self.timeout_s)
+        return isinstance(answer, dict) and answer.get("released") is True

@@ -76,3 +76,7 @@ class SglangAdapter:
 
     async def renew(self, lease_s: float) -> None:
         """SGLang has no leases."""
+
+    async def release(self) -> bool:
+        """SGLang has no leases: the client puts the start values back instead (``restore``)."""
+        return False

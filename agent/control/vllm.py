@@ -65,3 +65,7 @@ class VllmAdapter:
 
     async def renew(self, lease_s: float) -> None:
         """vLLM has no leases."""
+
+    async def release(self) -> bool:
+        """vLLM has no leases: the client puts the start values back instead (``restore``)."""
+        return False

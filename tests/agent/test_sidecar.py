@@ -381,6 +381,9 @@ async def test_without_a_gate_the_batch_knob_is_the_engines_max_num_seqs(tmp_pat
         action = await sidecar.knobs.actuation.execute(Proposal("batch_auto", policy_knobs.BATCH, 48, "test"))
         assert action is not None and action.result == "ok", action
         assert server.core.settings.max_num_seqs == 48  # under the control lease, like any engine setting
+        await sidecar.stop()
+        # a clean stop hands the engine back at once (control.release_on_stop), not lease_s later
+        assert server.core.settings.max_num_seqs == 256 and server.control.lease_expires_at is None
     finally:
         await sidecar.stop()
         await runner.cleanup()

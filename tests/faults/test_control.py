@@ -58,7 +58,10 @@ async def _apply_through(front: Front, value: int, timeout_s: float = 2.0) -> tu
     app.router.add_route("*", "/{tail:.*}", front.handle)
     async with serve(app) as url:
         client = ControlClient(
-            ControlConfig(enabled=True, url=url, adapter="generic", timeout_s=timeout_s),
+            # the tests read the engine after the client closed: keep the lease rather than end it
+            ControlConfig(
+                enabled=True, url=url, adapter="generic", timeout_s=timeout_s, release_on_stop=False
+            ),
             sleep=lambda _s: asyncio.sleep(0),  # backoff without waiting
         )
         try:

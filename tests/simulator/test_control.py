@@ -74,6 +74,32 @@ def test_renew_extends_the_lease() -> None:
     assert plane.expire(55.0)
 
 
+def test_release_returns_to_safe_defaults_at_once_and_ends_the_lease() -> None:
+    plane = _plane()
+    plane.apply(_body(max_num_seqs=8), now=0.0)
+    answer = plane.release(None, now=5.0)
+    assert answer["released"] and answer["settings"]["max_num_seqs"] == 64
+    state = plane.state(5.0)
+    assert state["settings"] == state["safe_defaults"] and state["last_revert_at"] == 5.0
+    assert not state["lease"]["active"] and answer["generation"] == state["generation"] == 2
+
+
+def test_release_without_a_lease_changes_nothing() -> None:
+    plane = _plane()
+    plane.apply(_body(max_num_seqs=8), now=0.0)
+    assert not plane.release(None, now=31.0)["released"]  # lapsed at 30: reverted then, not now
+    assert plane.state(31.0)["last_revert_at"] == 31.0 and plane.generation == 2
+    assert not plane.release({}, now=32.0)["released"] and plane.generation == 2
+
+
+def test_release_with_a_body_is_a_422() -> None:
+    plane = _plane()
+    plane.apply(_body(max_num_seqs=8), now=0.0)
+    with pytest.raises(ControlError) as error:
+        plane.release({"lease_s": 1}, now=1.0)
+    assert error.value.status == 422 and plane.state(1.0)["settings"]["max_num_seqs"] == 8
+
+
 def test_renew_without_a_lease_is_a_conflict() -> None:
     with pytest.raises(ControlError) as error:
         _plane().renew({}, now=0.0)

@@ -67,6 +67,7 @@ async def test_control_answers_match_their_schemas(sim: Any) -> None:
     check(apply, "ApplyRequest")
     check(await (await sim.post("/v1/control/apply", json=apply)).json(), "ApplyResult")
     check(await (await sim.post("/v1/control/lease", json={"lease_s": 10})).json(), "LeaseResult")
+    check(await (await sim.delete("/v1/control/lease")).json(), "ReleaseResult")
     check(await (await sim.post("/v1/control/apply", json={"settings": {}})).json(), "Error")
 
 

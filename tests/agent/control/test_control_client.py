@@ -65,6 +65,54 @@ async def test_apply_sets_an_absolute_value_and_reads_it_back(sim: tuple[SimServ
         await client.close()
 
 
+async def test_a_clean_stop_ends_the_lease_and_the_engine_is_on_its_defaults_at_once(
+    sim: tuple[SimServer, str],
+) -> None:
+    server, url = sim
+    client = await _client(url)
+    await client.apply({"max_num_seqs": 8, "precision": "fp8"})
+    await client.close()
+    state = server.control.state(server.clock())
+    assert state["settings"] == state["safe_defaults"] and not state["lease"]["active"]
+    assert state["settings"]["max_num_seqs"] == 256 and state["last_revert_at"] is not None
+
+
+async def test_without_release_on_stop_the_setting_holds_until_the_lease_lapses(
+    sim: tuple[SimServer, str],
+) -> None:
+    server, url = sim
+    client = await _client(url, release_on_stop=False)
+    await client.apply({"max_num_seqs": 8})
+    await client.close()
+    state = server.control.state(server.clock())
+    assert state["settings"]["max_num_seqs"] == 8 and state["lease"]["active"]
+    assert server.control.expire(server.clock() + 30.0)  # and reverts when the lease lapses
+
+
+async def test_a_client_that_never_applied_leaves_the_engine_alone_on_stop(
+    sim: tuple[SimServer, str],
+) -> None:
+    server, url = sim
+    other = await _client(url)
+    await other.apply({"max_num_seqs": 8})  # e.g. set by hand, or by an earlier sidecar's lease
+    observer = await _client(url)
+    await observer.close()
+    assert server.core.settings.max_num_seqs == 8 and server.control.lease_expires_at is not None
+    await other.close()
+
+
+async def test_a_failed_release_is_logged_and_the_stop_goes_on(
+    sim: tuple[SimServer, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    server, url = sim
+    client = await _client(url)
+    await client.apply({"max_num_seqs": 8})
+    server.control_token = "now-the-engine-wants-a-token"  # the DELETE is refused (401)
+    await client.close()
+    assert "control lease release failed" in caplog.text and "HTTP 401" in caplog.text
+    assert server.core.settings.max_num_seqs == 8  # reverts when the lease lapses, as after a kill -9
+
+
 async def test_value_outside_the_published_bounds_never_leaves_the_agent(sim: tuple[SimServer, str]) -> None:
     server, url = sim
     client = await _client(url)
@@ -206,7 +254,7 @@ async def test_a_token_protected_control_api_refuses_without_the_token_and_accep
     runner, url = await _serve(server.app())
     try:
         async with aiohttp.ClientSession() as http:
-            for method, path in (("GET", "state"), ("POST", "apply"), ("POST", "lease")):
+            for method, path in (("GET", "state"), ("POST", "apply"), ("POST", "lease"), ("DELETE", "lease")):
                 async with http.request(method, f"{url}/v1/control/{path}", json={}) as response:
                     assert response.status == 401, path
                     assert response.headers["WWW-Authenticate"] == "Bearer"

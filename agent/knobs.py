@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -28,10 +29,24 @@ from prometheus_client import CollectorRegistry
 from agent.audit import AuditLog
 from agent.collectors.base import Collector
 from agent.config import Config, ConfigError
+from agent.control.base import KnobSpec
 from agent.modes import Actuation
 from policies import knobs
 
 log = logging.getLogger(__name__)
+
+
+def as_knob_type(spec: KnobSpec, value: Any) -> Any:
+    """A policy's number in the knob's own type. Policies speak continuous numbers: sleep_wake proposes
+    1/0 for a boolean, and a step of 50% or a halving gives 13.5 or 4096.0 for an integer knob, which an
+    engine's control API refuses (JSON ``4096.0`` is not an integer). Integers are rounded to the nearest."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return value
+    if spec.type == "boolean":
+        return bool(value)
+    if spec.type == "integer" and math.isfinite(value):
+        return round(value)
+    return value
 
 
 class Knobs:
@@ -134,9 +149,7 @@ class Knobs:
                 return (await self.control.read()).get(name)
 
             async def write(value: Any, name: str = name) -> Any:
-                if caps.knobs[name].type == "boolean" and isinstance(value, int | float):
-                    value = bool(value)  # policies speak numbers (sleep_wake proposes 1/0)
-                result = await self.control.apply({name: value})
+                result = await self.control.apply({name: as_knob_type(caps.knobs[name], value)})
                 return result.read_back.get(name, value)
 
             self.actuation.bind(f"engine.{name}", read, write)

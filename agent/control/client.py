@@ -131,6 +131,11 @@ class ControlClient:
             problem = spec.check(value)
             if problem:
                 raise ControlError(problem, temporary=False)
+        # 4096.0 passes the check, but JSON 4096.0 is no integer to an engine (the generic API refuses it)
+        values = {
+            k: int(v) if caps.knobs[k].type == "integer" and isinstance(v, float) else v
+            for k, v in values.items()
+        }
         current = await self._with_retries(adapter.read)
         sent = {k: v for k, v in values.items() if not _same(current.get(k), v)}
         key = key or uuid.uuid4().hex

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -347,12 +348,11 @@ async def test_without_a_gate_quiet_ticks_in_act_mode_audit_nothing(tmp_path: Pa
         await sidecar.stop()
 
 
-async def test_without_a_gate_the_batch_knob_is_the_engines_max_num_seqs(tmp_path: Path) -> None:
-    """The engine's own cap is the effective batch when nothing sits in front of it (as in the replay)."""
+@pytest.fixture
+async def sim_engine() -> AsyncIterator[tuple[Any, str]]:
+    """The simulator's engine with its generic control API, on loopback: (server, url)."""
     from aiohttp import web
 
-    from policies import knobs as policy_knobs
-    from policies.base import Proposal
     from simulator.engine import make_core
     from simulator.server import SimServer
 
@@ -360,8 +360,12 @@ async def test_without_a_gate_the_batch_knob_is_the_engines_max_num_seqs(tmp_pat
     runner = web.AppRunner(server.app())
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    cfg = config.build(
+    yield server, f"http://127.0.0.1:{runner.addresses[0][1]}"
+    await runner.cleanup()
+
+
+def _controlled(url: str) -> config.Config:
+    return config.build(
         {
             "agent": {"listen_port": _free_port(), "admin_listen_port": None},
             "control": {"enabled": True, "url": url},
@@ -371,7 +375,15 @@ async def test_without_a_gate_the_batch_knob_is_the_engines_max_num_seqs(tmp_pat
             "forecast": {"enabled": False},
         }
     )
-    sidecar = Sidecar(cfg, collectors=[OneValue()])
+
+
+async def test_without_a_gate_the_batch_knob_is_the_engines_max_num_seqs(sim_engine: tuple[Any, str]) -> None:
+    """The engine's own cap is the effective batch when nothing sits in front of it (as in the replay)."""
+    from policies import knobs as policy_knobs
+    from policies.base import Proposal
+
+    server, url = sim_engine
+    sidecar = Sidecar(_controlled(url), collectors=[OneValue()])
     await sidecar.start()
     try:
         assert policy_knobs.BATCH in sidecar.knobs.actuation.knobs
@@ -386,4 +398,26 @@ async def test_without_a_gate_the_batch_knob_is_the_engines_max_num_seqs(tmp_pat
         assert server.core.settings.max_num_seqs == 256 and server.control.lease_expires_at is None
     finally:
         await sidecar.stop()
-        await runner.cleanup()
+
+
+async def test_a_policys_number_reaches_an_integer_engine_knob_as_an_integer(
+    sim_engine: tuple[Any, str],
+) -> None:
+    """Policies speak floats: the token budget halves 8192 to 4096.0, a 50% step of 9 gives 13.5. The
+    engine's control API refuses JSON 4096.0 for an integer knob (422); the binding sends 4096 and 14."""
+    from policies import knobs as policy_knobs
+    from policies.base import Proposal
+
+    server, url = sim_engine
+    sidecar = Sidecar(_controlled(url), collectors=[OneValue()])
+    await sidecar.start()
+    try:
+        execute = sidecar.knobs.actuation.execute
+        action = await execute(Proposal("token_budget", "engine.max_num_batched_tokens", 4096.0, "test"))
+        assert action is not None and action.result == "ok", action
+        assert server.core.settings.max_num_batched_tokens == 4096
+        action = await execute(Proposal("batch_auto", policy_knobs.BATCH, 13.5, "test"))
+        assert action is not None and action.result == "ok", action
+        assert server.core.settings.max_num_seqs == 14
+    finally:
+        await sidecar.stop()

@@ -113,6 +113,16 @@ async def test_a_failed_release_is_logged_and_the_stop_goes_on(
     assert server.core.settings.max_num_seqs == 8  # reverts when the lease lapses, as after a kill -9
 
 
+async def test_an_integral_float_goes_to_an_integer_knob_as_an_integer(sim: tuple[SimServer, str]) -> None:
+    server, url = sim
+    client = await _client(url)
+    try:
+        result = await client.apply({"max_num_seqs": 48.0})  # the engine refuses JSON 48.0 (422)
+        assert result.ok and result.sent == {"max_num_seqs": 48} and server.core.settings.max_num_seqs == 48
+    finally:
+        await client.close()
+
+
 async def test_value_outside_the_published_bounds_never_leaves_the_agent(sim: tuple[SimServer, str]) -> None:
     server, url = sim
     client = await _client(url)

@@ -185,6 +185,10 @@ class GateConfig(_Section):
     split: dict[str, float] = Field(
         default_factory=lambda: {"primary": 1.0}, description="initial traffic share per upstream"
     )
+    upstream_models: dict[str, str] = Field(
+        default_factory=dict,
+        description="upstream name -> model name sent to it, for one serving another model (e.g. small)",
+    )
     max_in_flight: int = Field(
         64, ge=1, le=65536, description="effective batch: requests sent upstream at once"
     )
@@ -240,6 +244,16 @@ class GateConfig(_Section):
         if not value:
             raise ValueError("must name at least one upstream")
         return {name: _check_http_url(url) for name, url in value.items()}
+
+    @model_validator(mode="after")
+    def _upstream_models_known(self) -> GateConfig:
+        for name, model in self.upstream_models.items():
+            if name not in self.upstreams:
+                known = ", ".join(self.upstreams)
+                raise ValueError(f"upstream_models names {name!r}, not one of the upstreams ({known})")
+            if not model.strip():
+                raise ValueError(f"upstream_models.{name} must be a model name, got {model!r}")
+        return self
 
     @model_validator(mode="after")
     def _isolation_upstream_known(self) -> GateConfig:

@@ -138,17 +138,57 @@ def check_gpu_actuator(cfg: Config) -> CheckResult:
     return CheckResult(name, "ok", detail, time.perf_counter() - started, knob)
 
 
+async def _served_models(session: aiohttp.ClientSession, base: str) -> list[str] | None:
+    """The model ids ``base`` lists at ``/v1/models`` (OpenAI's shape), or None when it lists none."""
+    try:
+        async with session.get(base + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as response:
+            doc = await response.json(content_type=None) if response.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+        return None
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        return None
+    return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
+
+
+def _model_problem(cfg: Config, name: str, served: list[str], reference: list[str]) -> str | None:
+    """Why requests routed to upstream ``name`` would get 404 for their model, or None. Clients name the
+    first upstream's model (the primary's); an upstream serving another model needs
+    ``gate.upstream_models``, and the name given there must be one it serves."""
+    mapped = cfg.gate.upstream_models.get(name)
+    if mapped is not None:
+        if mapped in served:
+            return None
+        return f"gate.upstream_models.{name} is {mapped!r}, but it serves {', '.join(served) or 'no model'}"
+    if not reference or set(reference) & set(served):
+        return None
+    return (
+        f"serves {', '.join(served)}, not {reference[0]} that clients name: requests routed here get 404;"
+        f" set gate.upstream_models.{name}: {served[0]}"
+    )
+
+
 async def check_upstreams(cfg: Config) -> list[CheckResult]:
-    """Each gate upstream's health path, judged as the gate's own health checks judge it (2xx)."""
+    """Each gate upstream's health path, judged as the gate's own health checks judge it (2xx); then the
+    models it serves, against what clients ask for (the first upstream's) and ``gate.upstream_models``."""
     from agent.gate.upstreams import probe_health
 
     results = []
+    reference: list[str] = []
     async with aiohttp.ClientSession() as session:
-        for name, base in cfg.gate.upstreams.items():
+        for i, (name, base) in enumerate(cfg.gate.upstreams.items()):
             url = base + cfg.gate.health_path
             started = time.perf_counter()
             ok, problem = await probe_health(session, url)
             status, detail = ("ok", "healthy") if ok else ("error", problem)
+            served = await _served_models(session, base) if ok else None
+            if served is not None:
+                if i == 0:
+                    reference = served
+                mismatch = _model_problem(cfg, name, served, reference)
+                status, detail = (
+                    ("error", mismatch) if mismatch else (status, f"healthy, serves {', '.join(served)}")
+                )
             elapsed = time.perf_counter() - started
             results.append(CheckResult(f"upstream {name}", status, detail, elapsed, url))
     return results

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import math
 import random
@@ -437,7 +438,7 @@ class Gate:
         for upstream in candidates:
             url = upstream.url + request.rel_url.path_qs
             try:
-                up = await self._send(request.method, url, body, headers)
+                up = await self._send(request.method, url, self._body_for(upstream.name, body, info), headers)
             except (aiohttp.ClientConnectionError, TimeoutError, OSError) as error:
                 self.pool.mark(upstream.name, False, self.clock(), f"{type(error).__name__}: {error}")
                 errors.append(f"{upstream.name}: {type(error).__name__}")
@@ -453,6 +454,18 @@ class Gate:
             record.outcome, record.status, record.e2e_s = "upstream_error", 502, self.clock() - record.arrived
             self.stats.record(record, self.clock())
         return _json_error(502, message, "upstream_error", "bad_gateway")
+
+    def _body_for(self, upstream: str, body: bytes, info: RequestInfo) -> bytes:
+        """The body as ``upstream`` should get it: with its own model name (``gate.upstream_models``) in
+        place of the one the client named. An upstream serving a smaller model (the breaker's L3) answers
+        404 to the primary's model name; the rewrite keeps a degraded level serving. The answer keeps the
+        model that really answered. Only bodies the gate parsed (``info.model`` set) are rewritten."""
+        model = self.cfg.upstream_models.get(upstream)
+        if model is None or not info.model or info.model == model:
+            return body
+        doc = json.loads(body)  # parsed once already by parse_request: a JSON object
+        doc["model"] = model
+        return json.dumps(doc).encode()
 
     async def _send(
         self, method: str, url: str, body: bytes, headers: Mapping[str, str]

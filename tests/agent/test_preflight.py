@@ -71,10 +71,46 @@ async def test_every_enabled_part_is_checked_once_and_a_dead_upstream_fails(sim_
     assert "torch_version" in results["probe"].detail
     assert results["control"].detail.startswith("generic API, knobs max_num_seqs=256")
     assert results["gpu_actuator"].detail == "power_limit on GPUs 0: power limit 100-400 W (simulated)"
-    assert results["upstream primary"].detail == "healthy"
+    assert results["upstream primary"].detail == "healthy, serves meta-llama/Llama-2-7b-hf"
     assert results["upstream fp8"].target == f"{dead}/health"
     table = render(list(results.values())).splitlines()
     assert len(table) == 8 and table[-1] == "7 checks, 1 failed"
+
+
+async def test_an_upstream_serving_another_model_fails_until_upstream_models_names_it(sim_url: str) -> None:
+    """Clients name the primary's model; routed to an upstream serving another one, they would get 404."""
+    small = SimServer(make_core("a100-80g", "llama-3-8b", "fp16", 256), speed=10.0)  # another model
+    runner = web.AppRunner(small.app())
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    small_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    served = small.core.model.served_name
+
+    async def small_check(**gate: object) -> CheckResult:
+        cfg = config.build(
+            {
+                "engine": {"url": sim_url},
+                "nvml": {"backend": "off"},
+                "probe": {"enabled": False},
+                "gate": {"enabled": True, "upstreams": {"primary": sim_url, "small": small_url}, **gate},
+            }
+        )
+        results = {r.name: r for r in await run_checks(cfg)}
+        assert not results["upstream primary"].failed
+        return results["upstream small"]
+
+    try:
+        unmapped = await small_check()
+        assert unmapped.failed and "requests routed here get 404" in unmapped.detail
+        assert f"set gate.upstream_models.small: {served}" in unmapped.detail
+        wrong = await small_check(upstream_models={"small": "meta-llama/Llama-2-7b-hf"})
+        assert wrong.failed and wrong.detail.startswith(
+            "gate.upstream_models.small is 'meta-llama/Llama-2-7b-hf'"
+        )
+        mapped = await small_check(upstream_models={"small": served})
+        assert not mapped.failed and mapped.detail == f"healthy, serves {served}"
+    finally:
+        await runner.cleanup()
 
 
 async def test_the_check_changes_nothing_on_the_engine(sim_url: str) -> None:

@@ -437,3 +437,41 @@ async def test_a_refused_connection_is_not_retried_on_the_same_upstream(
         assert gate.snapshot_values()["gate.upstreams_healthy"] == 0
     finally:
         await gate.stop()
+
+
+async def test_an_upstream_serving_another_model_gets_its_own_model_name(
+    client: aiohttp.ClientSession,
+) -> None:
+    """The breaker's L3 sends traffic to a smaller model. Clients keep naming the primary's model, which
+    the small engine does not serve (404); ``gate.upstream_models`` names what to send it instead."""
+    from simulator.engine import make_core
+    from simulator.server import SimServer
+
+    primary = SimServer(make_core("h100-sxm", "llama-3-8b", "fp16", 64), speed=10.0)
+    small = SimServer(make_core("h100-sxm", "llama-2-7b", "fp16", 64), speed=10.0)
+    runners = []
+    urls = {}
+    for name, server in (("primary", primary), ("small", small)):
+        runner = web.AppRunner(server.app())
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+        urls[name] = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    asked, small_model = primary.core.model.served_name, small.core.model.served_name
+    assert asked != small_model
+    body = {"model": asked, "prompt": "hello", "max_tokens": 2}
+    plain = await _gate(urls, split={"small": 1.0})
+    mapped = await _gate(urls, split={"small": 1.0}, upstream_models={"small": small_model})
+    try:
+        resp = await _post(client, plain, body)
+        assert resp.status == 404  # what L3 answered before the mapping
+        resp = await _post(client, mapped, body)
+        assert resp.status == 200 and (await resp.json())["model"] == small_model  # says who answered
+        mapped.set_split({"primary": 1.0})  # the breaker back at L0: the primary gets the name as sent
+        resp = await _post(client, mapped, {**body, "stream": True})
+        assert resp.status == 200 and f'"model":"{asked}"' in await resp.text()
+    finally:
+        await plain.stop()
+        await mapped.stop()
+        for runner in runners:
+            await runner.cleanup()

@@ -114,14 +114,28 @@ class Knobs:
         self.gate.set_max_queue_wait(float(value))
         return self.gate.max_queue_wait_s
 
+    def _route_now(self) -> str | None:
+        """``route.upstream`` as it stands: the upstream that takes all traffic; ``default`` while the gate
+        runs its configured split over several; None while a canary or an operator splits it otherwise."""
+        weights = self.gate.pool.weights
+        carrying = [name for name, weight in weights.items() if weight > 0]
+        if len(carrying) == 1:
+            return str(carrying[0])
+        total = sum(self.cfg.gate.split.values())
+        configured = {name: self.cfg.gate.split.get(name, 0.0) / total for name in weights}
+        if all(abs(weights[name] - configured[name]) < 1e-9 for name in weights):
+            return knobs.DEFAULT_ROUTE
+        return None
+
     async def _gate_upstream(self) -> Any:
-        """The upstream that takes all traffic, or None while traffic is split."""
-        carrying = [name for name, weight in self.gate.pool.weights.items() if weight > 0]
-        return carrying[0] if len(carrying) == 1 else None
+        return self._route_now()
 
     async def _set_gate_upstream(self, value: Any) -> Any:
-        self.gate.set_split({str(value): 1.0})
-        return str(value)
+        if value == knobs.DEFAULT_ROUTE:
+            self.gate.set_split(self.cfg.gate.split)
+        else:
+            self.gate.set_split({str(value): 1.0})
+        return self._route_now()
 
     def _fp8_share_now(self) -> float:
         return round(float(self.gate.pool.weights.get(self.cfg.canary.candidate, 0.0)), 6)
@@ -188,6 +202,9 @@ class Knobs:
         if self.gate is not None:
             out[knobs.BATCH] = float(self.gate.limit)
             out[knobs.QUEUE_WAIT] = float(self.gate.max_queue_wait_s)
+            route = self._route_now()
+            if route is not None:
+                out[knobs.UPSTREAM] = route
             if self.cfg.canary.enabled:
                 out[knobs.FP8_SHARE] = self._fp8_share_now()
         if self.gpu is not None:

@@ -90,6 +90,7 @@ def build_policies(cfg: Config, gpu: Any = None) -> list[Policy]:
         energy_knob=policy_knobs.GPU_KNOB.get(cfg.actuators.gpu, policy_knobs.SM_CLOCK),
         schedule=Schedule.from_data(p.schedule) if p.schedule else None,
         breaker_levels=breaker_levels(cfg),
+        breaker_route=normal_route(cfg),
         queue_deadline=cfg.gate.enabled,  # its knob is the gate's
     )
 
@@ -123,6 +124,15 @@ def breaker_levels(cfg: Config) -> tuple[int, ...]:
 
     upstreams = cfg.gate.upstreams if cfg.gate.enabled else {}
     return tuple(level for level, name in enumerate(UPSTREAM_BY_LEVEL) if level <= 1 or name in upstreams)
+
+
+def normal_route(cfg: Config) -> str:
+    """Where the breaker routes at L0 and L1: the one upstream the configured split sends everything to,
+    or ``default`` (the configured split itself) when it spreads traffic over several."""
+    from policies.knobs import DEFAULT_ROUTE
+
+    carrying = [name for name, weight in cfg.gate.split.items() if weight > 0]
+    return carrying[0] if len(carrying) == 1 else DEFAULT_ROUTE
 
 
 def build_detectors(executor: Executor | None = None) -> list[Detector]:

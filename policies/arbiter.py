@@ -13,6 +13,11 @@ wins and lower ones are recorded as overruled. The winner then passes, in order:
 
 Categorical knobs (``route.upstream``) skip 2-3. Every decision carries the reason chain, so an operator
 can read why a value was chosen or refused. Pure: ``decide(proposals, actual, state, now)``.
+
+**Linked knobs** (:data:`~policies.knobs.LINKED`) are two names for one piece of state: ``route.upstream``
+and ``route.fp8_share`` both set the gate's traffic split. Merged per name, a breaker proposing
+``route.upstream`` and a canary proposing ``route.fp8_share`` were both applied every tick, each undoing the
+other. Across a linked group only the highest class's proposals stand; the rest are overruled.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from policies.base import Proposal
-from policies.knobs import clamp
+from policies.knobs import LINKED, clamp
 
 #: Priority classes of proposals; higher wins.
 PRIORITY: Mapping[str, int] = MappingProxyType(
@@ -85,6 +90,7 @@ class Arbiter:
 
     rules: Mapping[str, KnobRule]
     breaker_priority: int = PRIORITY["breaker"]
+    linked: tuple[frozenset[str], ...] = LINKED
 
     def decide(
         self,
@@ -98,12 +104,14 @@ class Arbiter:
         by_knob: dict[str, list[Proposal]] = {}
         for proposal in proposals:
             by_knob.setdefault(proposal.knob, []).append(proposal)
+        across = self._resolve_linked(by_knob)
         decisions: list[Decision] = []
         changed = dict(state.changed_at)
         for knob, group in sorted(by_knob.items()):
             group.sort(key=lambda p: -p.priority)
             winner = group[0]
             overruled = tuple(f"{p.policy}={p.value}" for p in group[1:] if p.value != winner.value)
+            overruled += across.get(knob, ())
             current = actual.get(knob)
             decision = self._one(knob, winner, current, changed.get(knob), now)
             if decision is None:
@@ -111,6 +119,25 @@ class Arbiter:
             changed[knob] = now
             decisions.append(replace(decision, overruled=overruled))
         return ArbiterState(MappingProxyType(changed)), decisions
+
+    def _resolve_linked(self, by_knob: dict[str, list[Proposal]]) -> dict[str, tuple[str, ...]]:
+        """Keep, in each linked group, only the knobs proposed at the group's highest class (ties: the
+        knob first by name); drop the others from ``by_knob``. Returns, per kept knob, what it overruled."""
+        across: dict[str, tuple[str, ...]] = {}
+        for group in self.linked:
+            present = sorted(knob for knob in group if knob in by_knob)
+            if len(present) < 2:
+                continue
+            top = max(p.priority for knob in present for p in by_knob[knob])
+            keep = next(knob for knob in present if any(p.priority == top for p in by_knob[knob]))
+            dropped = tuple(
+                f"{p.policy}:{knob}={p.value}" for knob in present if knob != keep for p in by_knob[knob]
+            )
+            for knob in present:
+                if knob != keep:
+                    del by_knob[knob]
+            across[keep] = dropped
+        return across
 
     def _one(
         self, knob: str, winner: Proposal, current: float | str | None, last: float | None, now: float

@@ -50,6 +50,8 @@ from policies.base import Proposal
 from policies.windows import Buckets, rolling_sum, smoothed
 
 LEVELS = ("L0 normal", "L1 smaller batch", "L2 fp8 upstream", "L3 small model")
+#: The upstream each level routes to. At L0 and L1 that is the breaker's ``normal_route``: ``primary``, or
+#: ``default`` (the configured split) where the gate splits traffic across replicas.
 UPSTREAM_BY_LEVEL = ("primary", "primary", "fp8", "small")
 BUCKET_S = 60.0
 
@@ -100,6 +102,9 @@ class Breaker:
     levels: tuple[int, ...] = (0, 1, 2, 3)
     #: The inter-token SLO: with it, a burn while queueing at full capacity does not trip (see above).
     itl_slo_s: float | None = None
+    #: Where L0 and L1 route: ``primary``, or ``default`` (``knobs.DEFAULT_ROUTE``: the gate's configured
+    #: split) when the gate spreads traffic over several replicas, which forcing ``primary`` would undo.
+    normal_route: str = "primary"
     name: str = "breaker"
 
     def __post_init__(self) -> None:
@@ -290,7 +295,14 @@ class Breaker:
         # proposals: without a gate the knob is unbound, and each tick's proposal was audited as an error
         out: list[Proposal] = []
         if self.max_level >= 2:
-            out.append(Proposal(self.name, knobs.UPSTREAM, UPSTREAM_BY_LEVEL[state.level], why, priority))
+            # L2/L3 route with the breaker's authority. L0/L1 only give routing back, at the lowest class:
+            # a precision canary's fp8 share (route.fp8_share, the same split) wins over it (arbiter LINKED)
+            if state.level >= 2:
+                out.append(Proposal(self.name, knobs.UPSTREAM, UPSTREAM_BY_LEVEL[state.level], why, priority))
+            else:
+                out.append(
+                    Proposal(self.name, knobs.UPSTREAM, self.normal_route, why, PRIORITY["throughput"])
+                )
         if state.level >= 1:
             cap = state.batch_cap or self.batch_floor
             out.append(Proposal(self.name, knobs.BATCH, round(cap), why, priority))

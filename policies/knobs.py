@@ -23,6 +23,13 @@ TOKEN_BUDGET = "engine.max_num_batched_tokens"
 QUEUE_WAIT = "gate.max_queue_wait_s"
 
 UPSTREAMS: tuple[str, ...] = ("primary", "fp8", "small")
+#: ``route.upstream``'s value for "the configured split" (``gate.split``): the breaker's L0 and L1 give
+#: routing back to it rather than to ``primary``, so an operator's own split survives a calm breaker.
+DEFAULT_ROUTE = "default"
+
+#: Knobs that are two names for one piece of state: both routing knobs set the gate's traffic split. The
+#: arbiter lets only the highest class's proposal in each group stand (see policies/arbiter.py).
+LINKED: tuple[frozenset[str], ...] = (frozenset({UPSTREAM, FP8_SHARE}),)
 
 #: Signals the policies read (published by the collectors, the gate and the replay alike).
 RUNNING = "engine.requests_running"

@@ -74,6 +74,7 @@ def build_set(
     schedule: Schedule | None = None,
     breaker: bool = True,
     breaker_levels: tuple[int, ...] = (0, 1, 2, 3),
+    breaker_route: str = "primary",
     initial_token_budget: float | None = None,
     queue_deadline: bool = False,
 ) -> list[Policy]:
@@ -98,7 +99,7 @@ def build_set(
     if clock_levels_mhz:
         policies.append(Energy(ttft_slo_s, itl_slo_s, clock_levels_mhz, schedule=schedule, knob=energy_knob))
     if breaker:
-        policies.append(Breaker(levels=breaker_levels, itl_slo_s=itl_slo_s))
+        policies.append(Breaker(levels=breaker_levels, itl_slo_s=itl_slo_s, normal_route=breaker_route))
     return policies
 
 

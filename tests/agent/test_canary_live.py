@@ -40,7 +40,7 @@ async def _simulator(precision: str, fp8_ppl_delta: float) -> TestServer:
     return server
 
 
-def _cfg(tmp_path: Path, urls: dict[str, str], **canary: Any) -> config.Config:
+def _cfg(tmp_path: Path, urls: dict[str, str], policy_set: str = "none", **canary: Any) -> config.Config:
     validation = tmp_path / "validation.jsonl"
     validation.write_text(
         '{"text": "The quick brown fox jumps over the lazy dog."}\n\n'
@@ -63,7 +63,7 @@ def _cfg(tmp_path: Path, urls: dict[str, str], **canary: Any) -> config.Config:
             "probe": {"enabled": False},
             "nvml": {"backend": "off"},
             "forecast": {"enabled": False},
-            "policies": {"set": "none"},
+            "policies": {"set": policy_set},
             "canary": {
                 "enabled": True,
                 "validation_file": str(validation),
@@ -98,12 +98,12 @@ class Rig:
 async def rig_factory(tmp_path: Path, aiohttp_client: Any) -> AsyncIterator[Any]:
     opened: list[Any] = []
 
-    async def build(fp8_ppl_delta: float, **canary: Any) -> Rig:
+    async def build(fp8_ppl_delta: float, policy_set: str = "none", **canary: Any) -> Rig:
         primary = await _simulator("fp16", fp8_ppl_delta)
         fp8 = await _simulator("fp8", fp8_ppl_delta)
         opened.extend([primary, fp8])
         urls = {name: str(s.make_url("")).rstrip("/") for name, s in (("primary", primary), ("fp8", fp8))}
-        sidecar = Sidecar(_cfg(tmp_path, urls, **canary), collectors=[])
+        sidecar = Sidecar(_cfg(tmp_path, urls, policy_set, **canary), collectors=[])
         opened.append(sidecar)
         await sidecar.knobs.start()
         rig = Rig(sidecar, None)  # type: ignore[arg-type]
@@ -143,6 +143,25 @@ async def test_a_rollout_started_by_the_admin_route_passes_the_gate_and_steps_fp
     status = await (await rig.admin.get("/api/admin/canary", headers=AUTH)).json()
     assert (status["phase"], status["fp8_share"]) == ("promoted", 1.0)
     assert rig.sidecar.knobs.gate.pool.weights["primary"] == 0.0
+
+
+async def test_the_rollout_holds_its_shares_beside_the_breaker(rig_factory: Any) -> None:
+    """With the auto set the breaker runs too. It gives routing back at L0 (route.upstream = primary) and
+    the canary sets route.fp8_share: both knobs set the gate's one split. Before the arbiter linked them,
+    each tick wrote both, each undoing the other, and both were audited every tick."""
+    rig = await rig_factory(0.003, policy_set="auto")
+    await rig.admin.post("/api/admin/canary", headers=AUTH)
+    shares = []
+    for seconds in (1.0, 1.0, 5.0, 5.0, 10.0, 10.0, 10.0):
+        await rig.tick(seconds)
+        shares.append(rig.fp8_weight())
+    assert shares == pytest.approx([0.0, 0.05, 0.05, 0.25, 1.0, 1.0, 1.0])
+    routing = [a for a in reversed(rig.sidecar.knobs.audit.recent(100)) if a["knob"].startswith("route.")]
+    assert [(a["knob"], a["to"]) for a in routing] == [
+        ("route.fp8_share", 0.05),
+        ("route.fp8_share", 0.25),
+        ("route.fp8_share", 1.0),
+    ]
 
 
 async def test_an_fp8_perplexity_one_percent_higher_is_refused(rig_factory: Any) -> None:

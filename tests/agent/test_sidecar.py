@@ -13,7 +13,7 @@ import trustme
 
 from agent import config
 from agent.engines.launcher import free_port as _free_port
-from agent.sidecar import Sidecar, breaker_levels, build_policies
+from agent.sidecar import Sidecar, breaker_levels, build_policies, normal_route
 from detectors.snapshot import Reading, SourceStatus
 
 
@@ -193,6 +193,40 @@ async def test_a_breaker_level_forced_through_the_admin_api_reaches_the_breaker_
         del sidecar.knobs.actuation.forced["breaker.level"]
         await sidecar.loop.tick(3.0)
         assert sidecar.loop.policy_state("breaker").forced is None
+    finally:
+        await sidecar.stop()
+
+
+async def test_a_split_over_replicas_survives_a_calm_breaker_and_comes_back_after_l2(tmp_path: Path) -> None:
+    """The breaker's L0 used to route everything to ``primary``, undoing a configured split over replicas
+    at the first tick; it now gives routing back to the configured split (``default``)."""
+    cfg = _act_cfg(tmp_path)
+    upstreams = {
+        "primary": "http://127.0.0.1:9",
+        "replica": "http://127.0.0.1:9",
+        "fp8": "http://127.0.0.1:9",
+    }
+    split = {"primary": 1.0, "replica": 1.0}
+    cfg = cfg.model_copy(
+        update={"gate": cfg.gate.model_copy(update={"upstreams": upstreams, "split": split})}
+    )
+    assert normal_route(cfg) == "default"
+    sidecar = Sidecar(cfg, collectors=[OneValue()])
+    await sidecar.knobs.start()
+    pool = sidecar.knobs.gate.pool
+    try:
+        for now in (1.0, 2.0):
+            await sidecar.loop.tick(now)
+            assert pool.weights == {"primary": 0.5, "replica": 0.5, "fp8": 0.0}
+        assert not [a for a in sidecar.knobs.audit.recent(10) if a["knob"] == "route.upstream"]
+        sidecar.knobs.actuation.forced["breaker.level"] = 2
+        await sidecar.loop.tick(3.0)  # the force reaches the breaker's state
+        await sidecar.loop.tick(4.0)  # and the breaker routes
+        assert pool.weights == {"primary": 0.0, "replica": 0.0, "fp8": 1.0}
+        del sidecar.knobs.actuation.forced["breaker.level"]
+        sidecar.loop.set_policy_state("breaker", None)  # as after a recovery: back at L0
+        await sidecar.loop.tick(5.0)
+        assert pool.weights == {"primary": 0.5, "replica": 0.5, "fp8": 0.0}
     finally:
         await sidecar.stop()
 

@@ -63,3 +63,24 @@ def test_categorical_knob_changes_with_reason():
 def test_decision_records_when_the_knob_changed():
     state, _ = ARBITER.decide([_p("auto", 32, "throughput")], {knobs.BATCH: 64}, None, 7.0)
     assert state.changed_at[knobs.BATCH] == 7.0
+
+
+def test_linked_routing_knobs_let_only_the_higher_class_stand():
+    """route.upstream and route.fp8_share both set the gate's split: a calm breaker giving routing back
+    (throughput class) yields to a canary's share (SLO guard); a tripped breaker (breaker class) wins."""
+    canary = _p("canary", 0.25, "slo_guard", knobs.FP8_SHARE)
+    actual = {knobs.FP8_SHARE: 0.05}
+    _, decisions = ARBITER.decide(
+        [_p("breaker", "primary", "throughput", knobs.UPSTREAM), canary], actual, None, 0
+    )
+    assert [(d.knob, d.value) for d in decisions] == [(knobs.FP8_SHARE, 0.25)]
+    assert decisions[0].overruled == ("breaker:route.upstream=primary",)
+    _, decisions = ARBITER.decide([_p("breaker", "fp8", "breaker", knobs.UPSTREAM), canary], actual, None, 0)
+    assert [(d.knob, d.value) for d in decisions] == [(knobs.UPSTREAM, "fp8")]
+    assert decisions[0].overruled == ("canary:route.fp8_share=0.25",)
+
+
+def test_unlinked_knobs_are_decided_each_on_its_own():
+    proposals = [_p("breaker", 32, "breaker"), _p("canary", 0.25, "slo_guard", knobs.FP8_SHARE)]
+    _, decisions = ARBITER.decide(proposals, {knobs.BATCH: 64, knobs.FP8_SHARE: 0.0}, None, 0)
+    assert sorted(d.knob for d in decisions) == [knobs.BATCH, knobs.FP8_SHARE]

@@ -6,6 +6,7 @@ from collections.abc import Callable
 import pytest
 
 from policies import knobs
+from policies.arbiter import PRIORITY
 from policies.breaker import TRANSITIONS, Breaker, BreakerState
 from tests.policies.conftest import make_snapshot
 
@@ -149,6 +150,25 @@ def test_unusable_levels_are_refused_and_a_restored_one_steps_down():
     for bad in [(), (1, 2), (0, 2, 1), (0, 4)]:
         with pytest.raises(ValueError, match="levels"):
             Breaker(levels=bad)
+
+
+def test_only_levels_two_and_three_route_with_the_breakers_authority():
+    """L0/L1 give routing back at the lowest class (a canary's fp8 share outranks it); L2/L3 take it."""
+    for level, route, klass in (
+        (0, "primary", "throughput"),
+        (1, "primary", "throughput"),
+        (2, "fp8", "breaker"),
+    ):
+        state = BreakerState(level=level, changed_at=0.0, dwell_s=300.0, batch_cap=64.0)
+        _, proposals = BREAKER.decide(make_snapshot(0.0, **_healthy(0)), [], state, 0.0)
+        [proposal] = [p for p in proposals if p.knob == knobs.UPSTREAM]
+        assert (proposal.value, proposal.priority) == (route, PRIORITY[klass])
+
+
+def test_a_gate_splitting_over_replicas_gets_its_configured_split_back_not_primary():
+    breaker = Breaker(normal_route=knobs.DEFAULT_ROUTE)
+    _, proposals = breaker.decide(make_snapshot(0.0, **_healthy(0)), [], None, 0.0)
+    assert [p.value for p in proposals if p.knob == knobs.UPSTREAM] == [knobs.DEFAULT_ROUTE]
 
 
 def test_level_two_routes_to_fp8_with_a_smaller_batch():

@@ -126,6 +126,15 @@ def breaker_levels(cfg: Config) -> tuple[int, ...]:
     return tuple(level for level, name in enumerate(UPSTREAM_BY_LEVEL) if level <= 1 or name in upstreams)
 
 
+def _without_pinned_partners(proposals: Sequence[Proposal], pins: Mapping[str, Any]) -> list[Proposal]:
+    """``proposals`` less those for a knob linked to a pinned one (``policies.knobs.LINKED``): a pin on
+    ``route.upstream`` must hold against a canary's ``route.fp8_share``, which sets the same split."""
+    from policies.knobs import LINKED
+
+    held = {knob for group in LINKED if group & set(pins) for knob in group} - set(pins)
+    return [p for p in proposals if p.knob not in held]
+
+
 def normal_route(cfg: Config) -> str:
     """Where the breaker routes at L0 and L1: the one upstream the configured split sends everything to,
     or ``default`` (the configured split itself) when it spreads traffic over several."""
@@ -368,6 +377,7 @@ class Sidecar:
         pins and audit are the Actuation's); then renew the leases that keep settings alive."""
         actuation = self.knobs.actuation
         self._apply_forced_breaker(snapshot.now)
+        proposals = _without_pinned_partners(proposals, actuation.pins)
         actual = self.knobs.values()
         self._arbiter_state, decisions = self.arbiter.decide(
             proposals, actual, self._arbiter_state, snapshot.now

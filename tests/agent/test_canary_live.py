@@ -164,6 +164,22 @@ async def test_the_rollout_holds_its_shares_beside_the_breaker(rig_factory: Any)
     ]
 
 
+async def test_an_operator_pin_on_the_route_holds_against_the_canarys_share(rig_factory: Any) -> None:
+    rig = await rig_factory(0.003)
+    await rig.admin.post("/api/admin/canary", headers=AUTH)
+    await rig.tick()
+    await rig.tick()
+    assert rig.fp8_weight() == pytest.approx(0.05)
+    rig.sidecar.knobs.actuation.pins["route.upstream"] = "primary"
+    for _ in range(3):
+        await rig.tick()
+        assert rig.fp8_weight() == 0.0
+    routing = [
+        a["knob"] for a in reversed(rig.sidecar.knobs.audit.recent(100)) if a["knob"].startswith("route.")
+    ]
+    assert routing == ["route.fp8_share", "route.upstream"]  # the pin applied once, not fought every tick
+
+
 async def test_an_fp8_perplexity_one_percent_higher_is_refused(rig_factory: Any) -> None:
     rig = await rig_factory(0.01)
     await rig.admin.post("/api/admin/canary", headers=AUTH)

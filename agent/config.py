@@ -400,7 +400,7 @@ class PolicyConfig(_Section):
     energy: bool = Field(
         False,
         description="SLO-gated energy saving: step the GPU knob (actuators.gpu) down while latency has room, "
-        "back up at once when it is at risk; needs actuators.gpu",
+        "back up at once when it is at risk; needs actuators.gpu, or an engine control API with sm_clock_mhz",
     )
     energy_levels: tuple[float, ...] = Field(
         (),
@@ -510,8 +510,11 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _energy_wiring(self) -> Config:
-        if self.policies.energy and self.actuators.gpu == "off":
-            raise ValueError("policies.energy needs actuators.gpu (locked_clocks or power_limit) to drive")
+        if self.policies.energy and self.actuators.gpu == "off" and not self.control.enabled:
+            raise ValueError(
+                "policies.energy needs actuators.gpu (locked_clocks or power_limit) to drive, or"
+                " control.enabled with an engine control API that offers sm_clock_mhz"
+            )
         return self
 
     @model_validator(mode="after")

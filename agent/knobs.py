@@ -36,6 +36,10 @@ from policies import knobs
 log = logging.getLogger(__name__)
 
 
+#: The generic control API's SM clock knob (published by the simulator; DESIGN.md section 4).
+ENGINE_CLOCK = "sm_clock_mhz"
+
+
 def as_knob_type(spec: KnobSpec, value: Any) -> Any:
     """A policy's number in the knob's own type. Policies speak continuous numbers: sleep_wake proposes
     1/0 for a boolean, and a step of 50% or a halving gives 13.5 or 4096.0 for an integer knob, which an
@@ -167,6 +171,10 @@ class Knobs:
                 return result.read_back.get(name, value)
 
             self.actuation.bind(f"engine.{name}", read, write)
+        if self.gpu is None and ENGINE_CLOCK in caps.knobs:
+            # no GPU actuator of the agent's own (actuators.gpu: off): an engine whose control API manages
+            # its GPU's clock (the simulator's does) carries the energy ladder's knob, under its lease
+            self.actuation.bind(knobs.SM_CLOCK, *self.actuation.binding(f"engine.{ENGINE_CLOCK}"))
         if self.gate is None and "max_num_seqs" in caps.knobs:
             # no gate in front: the effective batch is the engine's own cap, where its control API sets it
             # (the simulator's does; so does the replay), under the same lease as every engine setting

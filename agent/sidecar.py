@@ -79,7 +79,8 @@ def build_policies(cfg: Config, gpu: Any = None) -> list[Policy]:
     from policies.schedule import Schedule
 
     p = cfg.policies
-    levels = energy_ladder(cfg, gpu) if p.energy else ()
+    # without a GPU actuator the ladder may drive the engine's clock instead, known after discovery
+    levels = energy_ladder(cfg, gpu) if p.energy and cfg.actuators.gpu != "off" else ()
     return build_set(
         p.set,
         ttft_slo_s=p.ttft_slo_s,
@@ -279,6 +280,37 @@ class Sidecar:
         elif wanted is None and current is not None:
             self.loop.set_policy_state("breaker", breaker.release(state, now))
 
+    def _add_engine_energy(self) -> None:
+        """``policies.energy`` without a GPU actuator (``actuators.gpu: off``): the ladder drives the engine's
+        ``sm_clock_mhz`` where its control API offers it (the simulator's does; agent/knobs.py binds it),
+        over the range it publishes. Known only after discovery, hence here and not in __init__."""
+        if not self.cfg.policies.energy or self.knobs.gpu is not None or self.cfg.policies.set != "auto":
+            return
+        from agent.knobs import ENGINE_CLOCK
+
+        caps = self.knobs.control.capabilities if self.knobs.control is not None else None
+        spec = caps.knobs.get(ENGINE_CLOCK) if caps is not None else None
+        if spec is None or spec.maximum is None:
+            log.warning(
+                "energy policy off: actuators.gpu is off and the engine's control API offers no %s",
+                ENGINE_CLOCK,
+            )
+            return
+        from policies.energy import Energy
+        from policies.registry import clock_levels
+        from policies.schedule import Schedule
+
+        p = self.cfg.policies
+        top = float(spec.maximum)
+        levels = p.energy_levels or clock_levels(
+            top, max(float(spec.minimum or 0.0), ENERGY_FLOOR_SHARE * top)
+        )
+        schedule = Schedule.from_data(p.schedule) if p.schedule else None
+        self.loop.policies.append(Energy(p.ttft_slo_s, p.itl_slo_s, levels, schedule=schedule))
+        log.info(
+            "energy policy on the engine's %s: %s MHz", ENGINE_CLOCK, ", ".join(f"{v:g}" for v in levels)
+        )
+
     async def _add_token_budget(self) -> None:
         """When the engine's control API offers the chunked-prefill budget (the simulator does; vLLM and
         SGLang fix ``max_num_batched_tokens`` at start-up), the ``auto`` set gains its controller, around
@@ -294,10 +326,16 @@ class Sidecar:
             log.warning("token budget controller not started: cannot read the engine's budget: %s", error)
             return
         if isinstance(current, int | float) and not isinstance(current, bool) and current > 0:
+            from dataclasses import replace
+
+            from policies.energy import Energy
             from policies.registry import token_budget_policy
 
             p = self.cfg.policies
-            self.loop.policies.append(token_budget_policy(p.ttft_slo_s, p.itl_slo_s, float(current)))
+            budget = token_budget_policy(p.ttft_slo_s, p.itl_slo_s, float(current))
+            if any(isinstance(policy, Energy) for policy in self.loop.policies):  # as build_set does
+                budget = replace(budget, itl_floor=budget.lower)
+            self.loop.policies.append(budget)
             log.info("token budget controller on: the engine runs max_num_batched_tokens=%g", current)
 
     async def _start_batch_at_the_engines_cap(self) -> None:
@@ -412,6 +450,7 @@ class Sidecar:
                 self.knobs.actuation.forced["breaker.level"] = forced
         await self.knobs.start()
         await self._start_batch_at_the_engines_cap()
+        self._add_engine_energy()
         await self._add_token_budget()
         self._add_sleep_wake()
         from agent.admin import add_admin_routes

@@ -50,14 +50,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="simulator fault switch to set at start, e.g. memory_leak_bytes_per_hour=2e9 (repeatable)",
+        help="simulator fault switch to set at start, e.g. leak_bytes_per_hour=2e9 (repeatable)",
     )
     parser.add_argument(
         "--mode",
         choices=["observe", "advise", "act"],
         default="observe",
         help="observe (default): watch only; advise or act: the admission gate goes in front of the "
-        "engine (on --gate-port, where the load is sent) and the auto policy sets its effective batch: "
+        "engine (on --gate-port, where the load is sent) and the auto policy sets its effective batch "
+        "(on the simulator also its token budget and, SLO-gated, its GPU clock, through its control API): "
         "act applies each decision, advise only records it (both listed at /api/actions)",
     )
     parser.add_argument(
@@ -96,13 +97,17 @@ def demo_config(port: int, engine_port: int) -> dict[str, Any]:
     }
 
 
-def with_gate(cfg: dict[str, Any], mode: str, gate_port: int, initial_batch: int | None) -> dict[str, Any]:
+def with_gate(
+    cfg: dict[str, Any], mode: str, gate_port: int, initial_batch: int | None, engine_control: bool = False
+) -> dict[str, Any]:
     """``cfg`` with the admission gate in front of the engine and the auto policy in ``mode``.
 
     Every setting is the sidecar's own default except: the gate's one upstream is the demo's engine, the
     business-line rate is raised so that the trace's bursts (the demo runs it at 3x) are not refused by
     the default 1000 requests/min, and the audit stays in memory (``/api/actions``), not in a file in
-    the working directory.
+    the working directory. With ``engine_control`` (the simulator) the engine's control API is used too:
+    the token budget controller joins, and the energy policy drives the simulated GPU's clock through it
+    (``sm_clock_mhz``), so the demo shows the clock stepping down while latency has room.
     """
     engine = cfg["engine"]["url"]
     gate: dict[str, Any] = {
@@ -117,13 +122,17 @@ def with_gate(cfg: dict[str, Any], mode: str, gate_port: int, initial_batch: int
     if initial_batch is not None:  # the gate starts there and the policy knows it
         gate["max_in_flight"] = initial_batch
         policies.update(initial_batch=initial_batch, batch_min=min(initial_batch, 8))
-    return {
+    out = {
         **cfg,
         "gate": gate,
         "policies": policies,
         "actuators": {"mode": mode},
         "audit": {"path": None},
     }
+    if engine_control:
+        out["control"] = {"enabled": True, "url": engine}
+        policies["energy"] = True
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -158,7 +167,9 @@ def run(args: argparse.Namespace) -> int:
 
         cfg = real_engine_config(args.engine, args.port, args.engine_port)
     if args.mode != "observe":
-        cfg = with_gate(cfg, args.mode, args.gate_port, args.initial_batch)
+        cfg = with_gate(
+            cfg, args.mode, args.gate_port, args.initial_batch, engine_control=args.engine == "sim"
+        )
     elif args.initial_batch is not None:
         raise UsageError("--initial-batch sets the gate's batch: it needs --mode advise or act")
     return run_demo(args, faults, cfg)

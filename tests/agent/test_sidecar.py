@@ -434,6 +434,38 @@ async def test_without_a_gate_the_batch_knob_is_the_engines_max_num_seqs(sim_eng
         await sidecar.stop()
 
 
+async def test_without_a_gpu_actuator_the_energy_ladder_drives_the_engines_clock(
+    sim_engine: tuple[Any, str],
+) -> None:
+    """actuators.gpu off, the engine's control API offers sm_clock_mhz (the simulator's does): the energy
+    policy joins after discovery, over the published range, and its proposals set the engine's clock."""
+    from policies import knobs as policy_knobs
+    from policies.base import Proposal
+    from policies.energy import Energy
+
+    server, url = sim_engine
+    data = _controlled(url).model_dump()
+    data["policies"]["energy"] = True
+    sidecar = Sidecar(config.build(data), collectors=[OneValue()])
+    await sidecar.start()
+    try:
+        [energy] = [p for p in sidecar.loop.policies if isinstance(p, Energy)]
+        top = server.core.gpu.clock_max_mhz
+        assert energy.levels_mhz[0] == top and energy.levels_mhz[-1] == pytest.approx(0.45 * top, abs=1)
+        [budget] = [p for p in sidecar.loop.policies if p.name == "token_budget"]
+        assert budget.itl_floor == budget.lower  # as build_set sets it beside the energy policy
+        level = energy.levels_mhz[3]
+        action = await sidecar.knobs.actuation.execute(
+            Proposal("energy", policy_knobs.SM_CLOCK, level, "test")
+        )
+        assert action is not None and action.result == "ok", action
+        assert server.core.settings.sm_clock_mhz == level
+        await sidecar.stop()
+        assert server.core.settings.sm_clock_mhz == top  # the lease ended with the sidecar
+    finally:
+        await sidecar.stop()
+
+
 async def test_a_policys_number_reaches_an_integer_engine_knob_as_an_integer(
     sim_engine: tuple[Any, str],
 ) -> None:

@@ -36,3 +36,22 @@ def test_advise_and_act_put_the_gate_in_front_of_the_engine_and_start_it_where_a
     # without a start of its own the gate and the policy keep their shared default
     plain = config.build(with_gate(demo_config(9400, 8000), "advise", 8080, None))
     assert plain.gate.max_in_flight == plain.policies.initial_batch and plain.actuators.mode == "advise"
+
+
+def test_on_the_simulator_the_engines_control_api_and_the_energy_policy_join() -> None:
+    cfg = config.build(with_gate(demo_config(9400, 8000), "act", 8080, None, engine_control=True))
+    assert cfg.control.enabled and cfg.control.url == "http://127.0.0.1:8000" and cfg.policies.energy
+    real = config.build(with_gate(demo_config(9400, 8000), "act", 8080, None))  # a real CPU engine
+    assert not real.control.enabled and not real.policies.energy
+
+
+def test_the_fault_example_in_the_help_is_a_real_fault_switch() -> None:
+    import re
+
+    from agent.cli import build_parser
+    from simulator.faults import FaultSwitches
+
+    demo = build_parser()._subparsers._group_actions[0].choices["demo"]  # type: ignore[union-attr]
+    [fault] = [action for action in demo._actions if "--fault" in action.option_strings]
+    [example] = re.findall(r"e\.g\. (\w+)=", fault.help)
+    assert example in FaultSwitches().to_json()

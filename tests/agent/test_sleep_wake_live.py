@@ -83,7 +83,13 @@ async def test_sleeps_when_idle_and_the_forecast_is_low_then_wakes_ahead_of_the_
         assert calls == ["sleep"]
         traffic.values[FORECAST] = 0.5  # the forecast rises past wake_above_rps (0.2)
         await _until(calls, ["sleep", "wake_up"])
-        reasons = [a["reason"] for a in sidecar.knobs.audit.recent(50) if a["knob"] == "engine.sleeping"]
+        # the engine has the call; the action is audited once its read-back returns, a moment later
+        deadline = asyncio.get_running_loop().time() + 10.0
+        while asyncio.get_running_loop().time() < deadline:
+            reasons = [a["reason"] for a in sidecar.knobs.audit.recent(50) if a["knob"] == "engine.sleeping"]
+            if any("wake: forecast 0.5 req/s" in r for r in reasons):
+                break
+            await asyncio.sleep(0.02)
         assert any("wake: forecast 0.5 req/s" in r for r in reasons), reasons
         assert all(a["result"] == "ok" for a in sidecar.knobs.audit.recent(50)), sidecar.knobs.audit.recent(
             50

@@ -88,15 +88,21 @@ def _status_line(sidecar: Sidecar, gen: LoadGenerator, elapsed: float) -> str:
         value = get(name)
         return "-" if value is None else f"{value * scale:.{digits}f}"
 
-    return (
+    line = (
         f"[{elapsed:5.0f} s] sent {gen.stats.sent} ok {gen.stats.ok} failed {gen.stats.failed} | "
         f"running {fmt('engine.requests_running')} waiting {fmt('engine.requests_waiting')} "
         f"kv {fmt('engine.kv_cache_usage_ratio', 100)}% "
         f"gen {fmt('engine.generation_tokens_per_second')} tok/s "
         f"ttft p99 {fmt('engine.ttft_seconds.p99', 1000)} ms | "
         f"gpu0 util {fmt('nvml.gpu0.utilization_ratio.mean', 100)}% "
-        f"{fmt('nvml.gpu0.power_watts.mean')} W | findings {len(sidecar.loop.state.findings)}"
+        f"{fmt('nvml.gpu0.power_watts.mean')} W {fmt('nvml.gpu0.sm_clock_hz.mean', 1e-6)} MHz | "
+        f"findings {len(sidecar.loop.state.findings)}"
     )
+    if sidecar.knobs.gate is not None:  # --mode advise|act: what servepilot decided, newest last
+        actions = sidecar.knobs.audit.recent(1)
+        last = f"{actions[0]['knob']} {actions[0]['from']} -> {actions[0]['to']}" if actions else "none yet"
+        line += f" | gate limit {fmt('gate.limit')}, last action: {last}"
+    return line
 
 
 async def _main(args: argparse.Namespace, faults: dict[str, float], cfg_data: dict[str, Any]) -> int:

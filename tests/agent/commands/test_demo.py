@@ -55,3 +55,27 @@ def test_the_fault_example_in_the_help_is_a_real_fault_switch() -> None:
     [fault] = [action for action in demo._actions if "--fault" in action.option_strings]
     [example] = re.findall(r"e\.g\. (\w+)=", fault.help)
     assert example in FaultSwitches().to_json()
+
+
+def test_the_status_line_shows_the_clock_and_in_act_mode_the_newest_action() -> None:
+    """``--no-view`` prints one line every 5 s: with the gate it names the limit and the newest action."""
+    from types import SimpleNamespace
+
+    from agent.demo_runner import _status_line
+    from agent.loadgen import LoadStats
+
+    values = {"nvml.gpu0.sm_clock_hz.mean": 1.513e9, "gate.limit": 216.0}
+    state = SimpleNamespace(snapshot=SimpleNamespace(get=values.get), findings=())
+    action = {"knob": "gpu.sm_clock_mhz", "from": 1669.0, "to": 1513.0}
+    audit = SimpleNamespace(recent=lambda n: [action][:n])
+    gen = SimpleNamespace(stats=LoadStats())
+    observing = SimpleNamespace(
+        loop=SimpleNamespace(state=state), knobs=SimpleNamespace(gate=None, audit=audit)
+    )
+    line = _status_line(observing, gen, 5.0)  # type: ignore[arg-type]
+    assert "1513 MHz" in line and "last action" not in line
+    acting = SimpleNamespace(
+        loop=SimpleNamespace(state=state), knobs=SimpleNamespace(gate=object(), audit=audit)
+    )
+    line = _status_line(acting, gen, 5.0)  # type: ignore[arg-type]
+    assert line.endswith("| gate limit 216, last action: gpu.sm_clock_mhz 1669.0 -> 1513.0")

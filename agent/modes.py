@@ -63,6 +63,10 @@ class Actuation:
         #: proposes every tick. In act mode one audited error says so; in advise mode a value is advised
         #: when it changes. One entry per tick would flood the log and the error counter.
         self._unbound: dict[str, Any] = {}
+        #: The decision last recorded per knob while nothing is applied (advise mode, or act mode paused),
+        #: as (from, to). Policies propose every tick and the value never moves, so the same advice came
+        #: once a tick: 26 identical "1980 -> 1824" entries a minute from the energy policy alone.
+        self._held: dict[str, tuple[Any, Any]] = {}
 
     def bind(self, name: str, read: Reader, write: Writer) -> None:
         self._knobs[name] = KnobBinding(name, read, write)
@@ -105,11 +109,14 @@ class Actuation:
                 return self._audit(knob, None, target, reason, proposal.policy, "advised")
             why = f"error: no actuator is bound to knob {knob!r} (reported once; later proposals are dropped)"
             return self._audit(knob, None, target, reason, proposal.policy, why)
-        if self.mode is Mode.ADVISE:
-            result = "advised"
-        elif self.paused:
-            result = "paused"
+        if self.mode is Mode.ADVISE or self.paused:
+            held = self._held.get(knob)
+            if held is not None and _same(held[0], current) and _same(held[1], target):
+                return None  # recorded already: the same advice again is not news
+            self._held[knob] = (current, target)
+            result = "advised" if self.mode is Mode.ADVISE else "paused"
         else:
+            self._held.pop(knob, None)
             try:
                 target = await binding.write(target)
                 result = "ok"

@@ -70,6 +70,31 @@ async def test_paused_actuation_audits_but_does_not_write() -> None:
     assert action is not None and action.result == "paused" and knob.value == 64
 
 
+async def test_the_same_advice_is_recorded_once_not_every_tick() -> None:
+    """Nothing is applied in advise mode (or while paused), so a policy proposes the same move each tick;
+    it is news once, and again when either end of it changes."""
+    for mode, paused, result in (("advise", False, "advised"), ("act", True, "paused")):
+        knob = Knob()
+        act = _actuation(mode, knob)
+        act.paused = paused
+        outcomes = [await act.execute(PROPOSAL) for _ in range(5)]
+        assert [a.result for a in outcomes if a is not None] == [result], mode
+        assert await act.execute(Proposal("batch", "gate.limit", 32, "lower still")) is not None
+        knob.value = 80  # someone else moved it: the same target from another value is news again
+        assert await act.execute(Proposal("batch", "gate.limit", 32, "lower still")) is not None
+        assert len(act.audit.recent()) == 3 and knob.writes == 0
+
+
+async def test_after_a_pause_the_decision_is_applied_and_recorded() -> None:
+    knob = Knob()
+    act = _actuation("act", knob)
+    act.paused = True
+    await act.execute(PROPOSAL)
+    act.paused = False
+    action = await act.execute(PROPOSAL)
+    assert action is not None and action.result == "ok" and knob.value == 48
+
+
 async def test_a_pinned_knob_gets_the_pinned_value() -> None:
     knob = Knob()
     act = _actuation("act", knob)

@@ -141,6 +141,7 @@ class Breaker:
             forced=level,
             generation=state.generation + 1,
             changed_at=now,
+            batch_cap=None if level == 0 else state.batch_cap,  # set on the next decide from the limit
             reason=f"forced to {LEVELS[level]} by the operator",
         )
 
@@ -239,7 +240,15 @@ class Breaker:
         )
         if state.forced is None:
             state = self._step(snapshot, state, now)
+        elif state.level >= 1 and state.batch_cap is None:
+            # forced up from L0: the batch is cut as a trip cuts it (half the limit), not to the floor
+            state = replace(state, batch_cap=self._first_cap(snapshot))
         return state, self._proposals(snapshot, state)
+
+    def _first_cap(self, snapshot: Snapshot) -> float:
+        """The batch cap on leaving L0: ``batch_factor`` of the limit in force, at least the floor."""
+        limit = snapshot.get(knobs.GATE_LIMIT)
+        return max(self.batch_floor, (limit or self.batch_floor * 4) * self.batch_factor)
 
     def _step(self, snapshot: Snapshot, state: BreakerState, now: float) -> BreakerState:
         burns = self._burns(state, now)
@@ -271,8 +280,7 @@ class Breaker:
             return state
         cap = state.batch_cap
         if level >= 1 and state.level == 0:
-            limit = snapshot.get(knobs.GATE_LIMIT)
-            cap = max(self.batch_floor, (limit or self.batch_floor * 4) * self.batch_factor)
+            cap = self._first_cap(snapshot)
         if level == 0:
             cap = None
         reason = f"{action}: {why}" if why else f"{action}: within the error budget"

@@ -171,6 +171,17 @@ def test_a_gate_splitting_over_replicas_gets_its_configured_split_back_not_prima
     assert [p.value for p in proposals if p.knob == knobs.UPSTREAM] == [knobs.DEFAULT_ROUTE]
 
 
+def test_a_level_forced_up_from_l0_halves_the_batch_like_a_trip_not_to_the_floor():
+    """Forcing L3 from L0 cut the gate's 64 to the floor (8) in a live run: 57% of requests got 503."""
+    snapshot = make_snapshot(0.0, **_healthy(0), **{knobs.GATE_LIMIT: 64.0})
+    for level in (1, 3):
+        state = BREAKER.force(None, level, now=0.0)
+        state, proposals = BREAKER.decide(snapshot, [], state, 0.0)
+        assert {p.knob: p.value for p in proposals}[knobs.BATCH] == 32, level
+        back = BREAKER.force(state, 0, now=1.0)  # forced back down: no cap left to reuse later
+        assert back.batch_cap is None
+
+
 def test_level_two_routes_to_fp8_with_a_smaller_batch():
     state = BreakerState(level=2, changed_at=0.0, dwell_s=300.0, batch_cap=64.0)
     _, proposals = BREAKER.decide(make_snapshot(0.0, **_healthy(0)), [], state, 0.0)

@@ -62,6 +62,10 @@ class Knobs:
         self.actuation = Actuation(cfg.actuators.mode, self.audit)
         self.gate: Any = None
         self.control: Any = None
+        self._engine_values: dict[str, Any] = {}
+        #: engine knobs that also carry a policy knob's name (no gate: batch = max_num_seqs; no GPU
+        #: actuator: the energy clock = sm_clock_mhz)
+        self._engine_aliases: dict[str, str] = {}
         self.gpu: Any = None
         self.gpu_knob = ""
         self.collectors: list[Collector] = []
@@ -161,13 +165,19 @@ class Knobs:
 
     def _bind_engine_knobs(self) -> None:
         caps = self.control.capabilities
+        # what the engine runs with, as last read or written: the arbiter needs the value in force to bound
+        # each step and keep cooldowns (without it, every engine knob moved unbounded and unhurried)
+        self._engine_values = dict(self.control.initial)
         for name in caps.knobs:
 
             async def read(name: str = name) -> Any:
-                return (await self.control.read()).get(name)
+                value = (await self.control.read()).get(name)
+                self._engine_values[name] = value
+                return value
 
             async def write(value: Any, name: str = name) -> Any:
                 result = await self.control.apply({name: as_knob_type(caps.knobs[name], value)})
+                self._engine_values.update(result.read_back)
                 return result.read_back.get(name, value)
 
             self.actuation.bind(f"engine.{name}", read, write)
@@ -175,11 +185,13 @@ class Knobs:
             # no GPU actuator of the agent's own (actuators.gpu: off): an engine whose control API manages
             # its GPU's clock (the simulator's does) carries the energy ladder's knob, under its lease
             self.actuation.bind(knobs.SM_CLOCK, *self.actuation.binding(f"engine.{ENGINE_CLOCK}"))
+            self._engine_aliases[ENGINE_CLOCK] = knobs.SM_CLOCK
         if self.gate is None and "max_num_seqs" in caps.knobs:
             # no gate in front: the effective batch is the engine's own cap, where its control API sets it
             # (the simulator's does; so does the replay), under the same lease as every engine setting
             read_cap, write_cap = self.actuation.binding("engine.max_num_seqs")
             self.actuation.bind(knobs.BATCH, read_cap, write_cap)
+            self._engine_aliases["max_num_seqs"] = knobs.BATCH
 
     # -- lifetime --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -201,9 +213,14 @@ class Knobs:
                 self._bind_engine_knobs()
 
     def renew(self) -> None:
-        """Called every tick: keeps the GPU setting's lease alive while the agent is healthy."""
+        """Called every tick: keeps the GPU setting's lease alive while the agent is healthy. A control
+        lease that lapsed put the engine back on defaults the agent has not read: its values are dropped
+        until the next read or write."""
         if self.gpu is not None:
             self.gpu.renew()
+        if self.control is not None and self.control.lapsed:
+            self.control.lapsed = False
+            self._engine_values.clear()
 
     def values(self) -> dict[str, float | str]:
         out: dict[str, float | str] = {}
@@ -219,6 +236,13 @@ class Knobs:
             current = self.gpu.current()
             if current is not None:
                 out[self.gpu_knob] = float(current)
+        for name, value in self._engine_values.items():
+            if isinstance(value, bool) or not isinstance(value, int | float | str):
+                continue  # booleans (sleeping, paused) are level knobs: compared on read, not stepped
+            out[f"engine.{name}"] = float(value) if isinstance(value, int | float) else value
+            alias = self._engine_aliases.get(name)
+            if alias is not None:
+                out[alias] = out[f"engine.{name}"]
         return out
 
     async def stop(self) -> None:

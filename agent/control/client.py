@@ -83,6 +83,8 @@ class ControlClient:
         self.initial: dict[str, Value] = {}
         self._renew_task: asyncio.Task[None] | None = None
         self.renew_failures = 0
+        #: set when a renewal found the lease lapsed (the engine is on its safe defaults); the owner clears it
+        self.lapsed = False
 
     async def start(self) -> Capabilities:
         """Discover the engine's control API; ControlError when none is served."""
@@ -195,6 +197,7 @@ class ControlClient:
                 self.renew_failures += 1
                 if error.status == 409:  # the lease lapsed: the engine is on its defaults, nothing to hold
                     log.warning("control lease lapsed; the engine returned to its safe defaults")
+                    self.lapsed = True
                     return
                 log.warning("control lease renewal failed (%d in a row): %s", self.renew_failures, error)
 

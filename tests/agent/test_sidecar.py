@@ -14,7 +14,8 @@ import trustme
 from agent import config
 from agent.engines.launcher import free_port as _free_port
 from agent.sidecar import Sidecar, breaker_levels, build_policies, normal_route
-from detectors.snapshot import Reading, SourceStatus
+from detectors.snapshot import Reading, Snapshot, SourceStatus
+from policies.base import Proposal
 
 
 class OneValue:
@@ -462,6 +463,41 @@ async def test_without_a_gpu_actuator_the_energy_ladder_drives_the_engines_clock
         assert server.core.settings.sm_clock_mhz == level
         await sidecar.stop()
         assert server.core.settings.sm_clock_mhz == top  # the lease ended with the sidecar
+    finally:
+        await sidecar.stop()
+
+
+async def test_engine_knobs_move_under_the_arbiters_step_limit_and_cooldown(
+    sim_engine: tuple[Any, str],
+) -> None:
+    """The arbiter bounds a move by the value in force. For engine knobs it had none (the knob values
+    listed only the gate's and the GPU's), so a cut of the engine's max_num_seqs from 256 to 16 went
+    through in one tick, past the 50% step limit, and the token budget's 5 s cooldown never applied."""
+    from policies import knobs as policy_knobs
+    from policies.arbiter import PRIORITY
+
+    def at(now: float) -> Snapshot:
+        return Snapshot.from_readings(now, {})
+
+    server, url = sim_engine
+    sidecar = Sidecar(_controlled(url), collectors=[OneValue()])
+    await sidecar.start()
+    try:
+        cut = Proposal("batch_auto", policy_knobs.BATCH, 16, "test", PRIORITY["throughput"])
+        await sidecar._act([cut], at(1000.0))
+        assert server.core.settings.max_num_seqs == 128  # half a step, not 16
+        values = sidecar.knobs.values()  # what the arbiter and /api/state see
+        assert values["engine.max_num_seqs"] == values[policy_knobs.BATCH] == 128
+        budget = policy_knobs.TOKEN_BUDGET
+        await sidecar._act(
+            [Proposal("token_budget", budget, 4096, "test", PRIORITY["throughput"])], at(1001.0)
+        )
+        assert server.core.settings.max_num_batched_tokens == 4096
+        again = Proposal("token_budget", budget, 2048, "test", PRIORITY["throughput"])
+        await sidecar._act([again], at(1002.0))
+        assert server.core.settings.max_num_batched_tokens == 4096  # not again within the 5 s cooldown
+        await sidecar._act([again], at(1007.0))
+        assert server.core.settings.max_num_batched_tokens == 2048
     finally:
         await sidecar.stop()
 

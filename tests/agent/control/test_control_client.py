@@ -195,6 +195,20 @@ async def _flaky_client(failures: int) -> tuple[ControlClient, FlakyAdapter, lis
     return client, adapter, waits
 
 
+async def test_a_lapsed_lease_is_flagged_for_the_owner() -> None:
+    """A renewal answered 409 means the engine went back to its defaults: the knob values the agent holds
+    for it are stale (agent/knobs.py drops them on the flag)."""
+    client, adapter, _ = await _flaky_client(failures=0)
+
+    async def lapsed(lease_s: float) -> None:
+        raise ControlError("no active lease to renew", temporary=False, status=409)
+
+    adapter.renew = lapsed  # type: ignore[method-assign]
+    assert not client.lapsed
+    await client._renew_loop(adapter)  # returns at the 409
+    assert client.lapsed
+
+
 async def test_temporary_failures_are_retried_under_the_same_idempotency_key() -> None:
     client, adapter, waits = await _flaky_client(failures=2)
     result = await client.apply({"n": 5})

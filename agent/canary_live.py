@@ -53,9 +53,13 @@ class PerplexityMeter:
         texts: tuple[str, ...],
         phase: Callable[[], CanaryState | None],
         clock: Callable[[], float] = time.monotonic,
+        models: dict[str, str] | None = None,
     ) -> None:
         self.cfg = cfg
         self.urls = {cfg.primary: upstreams[cfg.primary], cfg.candidate: upstreams[cfg.candidate]}
+        #: the model name each upstream is asked for: ``gate.upstream_models``, else ``canary.model`` (else
+        #: the first it lists), as the gate sends it that upstream's traffic
+        self.models = {name: (models or {}).get(name, cfg.model) for name in self.urls}
         self.texts = texts
         self.phase = phase
         self.clock = clock
@@ -98,7 +102,7 @@ class PerplexityMeter:
                         upstream,
                         self.urls[upstream],
                         self.texts,
-                        model=self.cfg.model,
+                        model=self.models[upstream],
                         timeout_s=self.cfg.timeout_s,
                         concurrency=self.cfg.concurrency,
                     )
@@ -168,7 +172,9 @@ class LiveCanary:
             failure_limit=c.failure_limit,
             name=NAME,
         )
-        self.meter = PerplexityMeter(c, dict(cfg.gate.upstreams), texts, self.state)
+        self.meter = PerplexityMeter(
+            c, dict(cfg.gate.upstreams), texts, self.state, models=dict(cfg.gate.upstream_models)
+        )
         self.loop: Loop | None = None
 
     def collectors(self) -> list[Any]:

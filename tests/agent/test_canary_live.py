@@ -298,3 +298,12 @@ async def test_without_the_canary_its_route_is_a_404(aiohttp_client: Any, tmp_pa
     response = await client.post("/api/admin/canary", headers=AUTH)
     assert response.status == 404
     assert "canary.enabled" in (await response.json())["error"]
+
+
+def test_each_upstream_is_asked_for_the_model_the_gate_sends_it(tmp_path: Path) -> None:
+    """An upstream serving another name (``gate.upstream_models``) answers 404 to ``canary.model``."""
+    urls = {"primary": "http://127.0.0.1:9", "fp8": "http://127.0.0.1:9"}
+    data = _cfg(tmp_path, urls, model="llama-3-8b").model_dump()
+    data["gate"]["upstream_models"] = {"fp8": "llama-3-8b-fp8"}
+    canary = LiveCanary(config.build(data))
+    assert canary.meter.models == {"primary": "llama-3-8b", "fp8": "llama-3-8b-fp8"}

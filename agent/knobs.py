@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -244,6 +245,16 @@ class Knobs:
             if alias is not None:
                 out[alias] = out[f"engine.{name}"]
         return out
+
+    def derived(self, values: Mapping[str, float], now: float) -> dict[str, float]:
+        """Signals the tick gets from the knobs (a loop deriver): without a gate, the effective batch in
+        force, the engine's ``max_num_seqs``, as ``gate.limit``, as ``servepilot replay`` publishes it.
+        The policies size their moves from it: without it the breaker's first cut assumed a limit of 32
+        and took a 256-sequence engine to 16."""
+        if self.gate is not None:
+            return {}  # the gate's collector publishes its own limit
+        batch = self.values().get(knobs.BATCH)
+        return {} if batch is None else {knobs.GATE_LIMIT: float(batch)}
 
     async def stop(self) -> None:
         """Restore safe defaults: GPU settings back, engine lease released, gate drained."""

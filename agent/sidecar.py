@@ -213,7 +213,7 @@ class Sidecar:
             policies=build_policies(cfg, self.knobs.gpu)
             + ([self.canary.policy] if self.canary is not None else []),
             act=self._act,
-            derive=[self.cost.update],
+            derive=[self.cost.update, self.knobs.derived],
             enrich=self._leak_evidence if cfg.probe.enabled else None,
         )
         if self.canary is not None:

@@ -502,6 +502,24 @@ async def test_engine_knobs_move_under_the_arbiters_step_limit_and_cooldown(
         await sidecar.stop()
 
 
+async def test_without_a_gate_the_breakers_first_cut_halves_the_engines_cap(
+    sim_engine: tuple[Any, str],
+) -> None:
+    """Without a gate the batch is the engine's max_num_seqs; the tick publishes it as gate.limit (as the
+    replay does), so L1 halves 256 to 128. Without the signal the breaker assumed 32 and cut to 16."""
+    server, url = sim_engine
+    sidecar = Sidecar(_controlled(url), collectors=[OneValue()])
+    await sidecar.start()
+    try:
+        sidecar.knobs.actuation.forced["breaker.level"] = 1
+        for now in (1000.0, 1001.0, 1002.0):
+            await sidecar.loop.tick(now)
+        assert server.core.settings.max_num_seqs == 128
+        assert sidecar.loop.state.snapshot.get("gate.limit") == 128.0
+    finally:
+        await sidecar.stop()
+
+
 async def test_a_policys_number_reaches_an_integer_engine_knob_as_an_integer(
     sim_engine: tuple[Any, str],
 ) -> None:

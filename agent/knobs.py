@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,7 +29,6 @@ from prometheus_client import CollectorRegistry
 from agent.audit import AuditLog
 from agent.collectors.base import Collector
 from agent.config import Config, ConfigError
-from agent.control.base import KnobSpec
 from agent.modes import Actuation
 from policies import knobs
 
@@ -39,19 +37,6 @@ log = logging.getLogger(__name__)
 
 #: The generic control API's SM clock knob (published by the simulator; DESIGN.md section 4).
 ENGINE_CLOCK = "sm_clock_mhz"
-
-
-def as_knob_type(spec: KnobSpec, value: Any) -> Any:
-    """A policy's number in the knob's own type. Policies speak continuous numbers: sleep_wake proposes
-    1/0 for a boolean, and a step of 50% or a halving gives 13.5 or 4096.0 for an integer knob, which an
-    engine's control API refuses (JSON ``4096.0`` is not an integer). Integers are rounded to the nearest."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return value
-    if spec.type == "boolean":
-        return bool(value)
-    if spec.type == "integer" and math.isfinite(value):
-        return round(value)
-    return value
 
 
 class Knobs:
@@ -177,7 +162,7 @@ class Knobs:
                 return value
 
             async def write(value: Any, name: str = name) -> Any:
-                result = await self.control.apply({name: as_knob_type(caps.knobs[name], value)})
+                result = await self.control.apply({name: value})  # the client puts it in the knob's type
                 self._engine_values.update(result.read_back)
                 return result.read_back.get(name, value)
 

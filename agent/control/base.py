@@ -8,6 +8,7 @@ an unknown knob) is reported and not retried.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -33,6 +34,19 @@ class KnobSpec:
     minimum: float | None = None
     maximum: float | None = None
     enum: tuple[Value, ...] = ()
+
+    def coerce(self, value: Value) -> Value:
+        """``value`` in this knob's JSON type. Policies speak continuous numbers: sleep_wake proposes 1/0
+        for a boolean, and a 50% step or a halving gives 13.5 or 4096.0 for an integer knob, which an
+        engine refuses (JSON ``4096.0`` is no integer: the generic API answers 422). Integers round to the
+        nearest; anything else is left for :meth:`check` to judge."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return value
+        if self.type == "boolean":
+            return bool(value)
+        if self.type == "integer" and math.isfinite(value):
+            return round(value)
+        return value
 
     def check(self, value: Value) -> str | None:
         """Why ``value`` is not acceptable, or None when it is."""

@@ -124,20 +124,16 @@ class ControlClient:
     async def apply(self, values: Mapping[str, Value], *, key: str | None = None) -> ApplyResult:
         """Set ``values`` (absolute). Raises ControlError (permanent, or temporary after the retries)."""
         adapter, caps = self._require()
+        unknown = [name for name in values if name not in caps.knobs]
+        if unknown:
+            raise ControlError(
+                f"{unknown[0]} is not a knob of this engine ({', '.join(caps.knobs)})", temporary=False
+            )
+        values = {name: caps.knobs[name].coerce(value) for name, value in values.items()}  # the knob's type
         for name, value in values.items():
-            spec = caps.knobs.get(name)
-            if spec is None:
-                raise ControlError(
-                    f"{name} is not a knob of this engine ({', '.join(caps.knobs)})", temporary=False
-                )
-            problem = spec.check(value)
+            problem = caps.knobs[name].check(value)
             if problem:
                 raise ControlError(problem, temporary=False)
-        # 4096.0 passes the check, but JSON 4096.0 is no integer to an engine (the generic API refuses it)
-        values = {
-            k: int(v) if caps.knobs[k].type == "integer" and isinstance(v, float) else v
-            for k, v in values.items()
-        }
         current = await self._with_retries(adapter.read)
         sent = {k: v for k, v in values.items() if not _same(current.get(k), v)}
         key = key or uuid.uuid4().hex

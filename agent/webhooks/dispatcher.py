@@ -3,8 +3,10 @@
 ``observe(state)`` is a loop listener (synchronous, cheap): it asks :class:`AlertTracker` what changed,
 renders one message per sink (per group for the generic sink) and writes them to the :class:`Outbox`
 before returning — from then on the message survives restarts. ``run(stop)`` is the delivery task: it
-sends what is due, oldest first, and reschedules failures with backoff (:mod:`.retry`). A receiver that
-is down for 15 minutes only delays messages; when it answers again the queue drains in order.
+sends what is due, oldest first, and reschedules failures with backoff (:mod:`.retry`). Each sink's queue
+is first in, first out: a message waits behind an older one that is backing off, so a resolution never
+reaches a receiver before its firing message. A receiver that is down for 15 minutes only delays
+messages; when it answers again the queue drains in order.
 ``deliver_due(now)`` is one pass of that task, which is what tests drive (no sleeping).
 
 Metrics live in the registry passed in (the agent's own, never the global one)::

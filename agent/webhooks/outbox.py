@@ -92,22 +92,38 @@ class Outbox:
             if excess > 0:
                 evicted = self._db.execute(
                     "DELETE FROM outbox WHERE id IN "
-                    "(SELECT id FROM outbox WHERE sink = ? ORDER BY created_at, id LIMIT ?)",
+                    "(SELECT id FROM outbox WHERE sink = ? ORDER BY rowid LIMIT ?)",
                     (message.sink, excess),
                 ).rowcount
         return stored, evicted
 
     def due(self, now: float, limit: int = 100) -> list[Message]:
-        """Messages whose next attempt is due, oldest first (per sink order is creation order)."""
-        rows = self._db.execute(
-            "SELECT id, sink, created_at, next_at, attempts, body, last_error FROM outbox "
-            "WHERE next_at <= ? ORDER BY created_at, id LIMIT ?",
-            (now, limit),
-        ).fetchall()
-        return [Message(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), r[6]) for r in rows]
+        """What to attempt now: per sink, the front of its queue up to the first message still waiting for
+        its retry, in the order they were stored (sqlite's ``rowid``).
+
+        A message never overtakes an older one of its sink. Seen live: a receiver came back while the
+        firing message waited out its backoff, and the resolution, queued later but due at once, reached
+        it first; a receiver that keeps each alert's last status then showed the alert firing for good.
+        """
+        due: list[tuple[int, Message]] = []
+        for (sink,) in self._db.execute("SELECT DISTINCT sink FROM outbox").fetchall():
+            rows = self._db.execute(
+                "SELECT rowid, id, sink, created_at, next_at, attempts, body, last_error FROM outbox "
+                "WHERE sink = ? ORDER BY rowid LIMIT ?",
+                (sink, limit),
+            ).fetchall()
+            for r in rows:
+                if r[4] > now:
+                    break
+                due.append((r[0], Message(r[1], r[2], r[3], r[4], r[5], bytes(r[6]), r[7])))
+        return [msg for _, msg in sorted(due, key=lambda pair: pair[0])]
 
     def next_due_at(self) -> float | None:
-        row = self._db.execute("SELECT MIN(next_at) FROM outbox").fetchone()
+        """When the earliest queue front is due: a message behind its sink's front waits for it."""
+        row = self._db.execute(
+            "SELECT MIN(o.next_at) FROM outbox AS o "
+            "WHERE o.rowid = (SELECT MIN(rowid) FROM outbox WHERE sink = o.sink)"
+        ).fetchone()
         return None if row is None or row[0] is None else float(row[0])
 
     def remove(self, msg_id: str) -> None:

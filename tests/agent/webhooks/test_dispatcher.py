@@ -117,6 +117,35 @@ async def test_nothing_is_lost_across_a_15_minute_outage_and_a_restart(tmp_path:
     assert registry.get_sample_value("servepilot_webhook_queue_depth", {"sink": "generic"}) == 0.0
 
 
+async def test_a_resolution_never_overtakes_the_firing_message_still_backing_off(tmp_path: Path) -> None:
+    """Seen live: the receiver came back while the firing message waited out its backoff, and the
+    resolution, queued later but due at once, reached it first; a receiver that keeps the last status
+    per alert then showed it firing for good."""
+    clock = Clock()
+    port = _free_port()  # the receiver is down when the alert fires
+    url = f"http://127.0.0.1:{port}/hook"
+    disp = _dispatcher(tmp_path, url, clock, backoff_base_s=30.0, backoff_max_s=60.0)
+    disp.observe(_state(clock.now, LEAK))
+    assert await disp.deliver_due() == 0  # refused: the firing message retries in ~30 s
+    retry_at = disp.outbox.next_due_at()
+    assert retry_at is not None and retry_at > clock.now + 10
+
+    app, log = build_receiver_app(SECRET, clock=clock)
+    server = await _serve(app, port)  # the receiver is back
+    try:
+        clock.now += 5
+        disp.observe(_state(clock.now))  # resolved while the firing message still waits
+        assert disp.outbox.next_due_at() == retry_at  # the queue's head sets the next attempt
+        assert await disp.deliver_due() == 0  # the resolution waits behind it
+        assert log.messages == []
+        clock.now = retry_at
+        assert await disp.deliver_due() == 2
+    finally:
+        await disp.stop()
+        await server.close()
+    assert [m["status"] for m in log.messages] == ["firing", "resolved"]
+
+
 async def test_5xx_is_retried_with_backoff_until_it_succeeds(tmp_path: Path) -> None:
     clock = Clock()
     answers = [503, 502, 200]

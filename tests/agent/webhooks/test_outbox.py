@@ -37,6 +37,19 @@ def test_due_respects_next_attempt_time(tmp_path: Path) -> None:
     assert msg.attempts == 1 and msg.last_error == "HTTP 503"
 
 
+def test_a_message_waits_behind_the_older_one_of_its_sink(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "q.sqlite")
+    box.put(_msg(1))
+    box.put(_msg(2))
+    box.put(_msg(3, "alertmanager"))
+    box.retry_at("msg_1", 100.0, "connection refused")
+    # msg_2 is due but msg_1, stored before it, is not: only the other sink's queue moves
+    assert [m.id for m in box.due(now=50.0)] == ["msg_3"]
+    box.remove("msg_3")
+    assert box.next_due_at() == 100.0  # not msg_2's time: a wake-up then would find nothing to send
+    assert [m.id for m in box.due(now=100.0)] == ["msg_1", "msg_2"]
+
+
 def test_full_queue_evicts_the_oldest_of_that_sink(tmp_path: Path) -> None:
     box = Outbox(tmp_path / "q.sqlite", max_pending=3)
     box.put(_msg(0, "alertmanager"))

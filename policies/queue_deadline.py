@@ -65,11 +65,15 @@ class QueueDeadline:
         if ttft is None:
             return current, []  # no first token in the window: nothing to steer by
         target = self.target_share * slo
-        wanted = current + self.gain * (target - ttft)
-        wanted = min(slo, max(self.floor_share * slo, wanted))
+        steered = current + self.gain * (target - ttft)
+        wanted = min(slo, max(self.floor_share * slo, steered))
         if abs(wanted - current) < self.min_change_s:
             return current, []
-        if wanted < current:
+        if wanted < current <= steered:  # the bounds moved it, not the TTFT: say so
+            why = f"a {current:g}s queue wait is past the TTFT SLO {slo:g}s: a request that waited it is late"
+        elif steered <= current < wanted:
+            why = f"a {current:g}s queue wait is under the floor {self.floor_share:.0%} of the TTFT SLO"
+        elif wanted < current:
             why = f"admitted requests' TTFT p99 {ttft:.2f}s over {target:.2f}s: shed earlier"
         else:
             why = f"TTFT p99 {ttft:.2f}s under {target:.2f}s: wait longer before shedding"

@@ -31,6 +31,21 @@ def test_never_below_the_floor_of_80_percent_of_the_slo():
     assert _decide(**{"gate__max_queue_wait_s": 8.0, "engine__ttft_seconds__p99": 60.0})[1] == []
 
 
+def test_the_reason_names_the_bound_when_the_bound_made_the_move():
+    """Seen live: a configured 5 s wait under a 2 s SLO was cut with "TTFT p99 0.01s over 1.90s"."""
+
+    def reason(wait: float, ttft: float) -> tuple[float, str]:
+        snapshot = make_snapshot(gate__max_queue_wait_s=wait, engine__ttft_seconds__p99=ttft)
+        [proposal] = POLICY.decide(snapshot, [], None, 1.0)[1]
+        return float(proposal.value), proposal.reason
+
+    cut, why = reason(30.0, 0.01)
+    assert cut == 10.0 and "past the TTFT SLO 10s" in why and "over" not in why
+    raised, why = reason(2.0, 60.0)
+    assert raised == 8.0 and "under the floor 80% of the TTFT SLO" in why
+    assert "TTFT p99 12.00s over 9.50s" in reason(10.0, 12.0)[1]
+
+
 def test_small_moves_are_not_proposed():
     state, proposals = _decide(**{"gate__max_queue_wait_s": 9.0, "engine__ttft_seconds__p99": 9.2})
     assert proposals == [] and state == 9.0

@@ -174,7 +174,11 @@ def _restore_overrides(saved: Mapping[str, Any], actuation: Any) -> list[str]:
             actuation.pins[knob] = value
             restored.append(f"pin {knob}={value!r}")
         else:
-            log.warning("saved pin on %s dropped: this configuration does not bind that knob", knob)
+            log.warning(
+                "saved pin on %s dropped: no such knob is bound (not in this configuration, or the engine's "
+                "control API did not offer it at start)",
+                knob,
+            )
     return restored
 
 

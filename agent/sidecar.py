@@ -438,9 +438,12 @@ class Sidecar:
         await asyncio.get_running_loop().run_in_executor(None, warm_imports)
         if self.forecaster is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.forecaster.restore)
+        await self.knobs.start()
         if self.cfg.agent.state_path is not None:
             from agent import persist
 
+            # after knobs.start(): engine knobs are bound once discovery has run, and a saved pin is kept
+            # only for a bound knob (before, every pin on an engine knob was dropped at each restart)
             await asyncio.get_running_loop().run_in_executor(
                 None, persist.load_into, self.cfg.agent.state_path, self.loop, self.knobs.actuation
             )
@@ -448,7 +451,6 @@ class Sidecar:
             forced = getattr(self.loop.policy_state("breaker"), "forced", None)
             if forced is not None:
                 self.knobs.actuation.forced["breaker.level"] = forced
-        await self.knobs.start()
         await self._start_batch_at_the_engines_cap()
         self._add_engine_energy()
         await self._add_token_budget()

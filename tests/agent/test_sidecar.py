@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -381,22 +380,6 @@ async def test_without_a_gate_quiet_ticks_in_act_mode_audit_nothing(tmp_path: Pa
         assert sidecar.knobs.audit.recent(10) == []
     finally:
         await sidecar.stop()
-
-
-@pytest.fixture
-async def sim_engine() -> AsyncIterator[tuple[Any, str]]:
-    """The simulator's engine with its generic control API, on loopback: (server, url)."""
-    from aiohttp import web
-
-    from simulator.engine import make_core
-    from simulator.server import SimServer
-
-    server = SimServer(make_core("a100-80g", "llama-2-7b", "fp16", 256))
-    runner = web.AppRunner(server.app())
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    yield server, f"http://127.0.0.1:{runner.addresses[0][1]}"
-    await runner.cleanup()
 
 
 def _controlled(url: str) -> config.Config:

@@ -11,6 +11,7 @@ import os
 import pickle
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -245,5 +246,29 @@ async def test_an_operators_pause_and_pins_survive_a_restart(tmp_path: Path) -> 
         assert actuation.paused is True
         assert actuation.pins == {"batch.max_in_flight": 24}
         assert actuation.state()["paused"] is True
+    finally:
+        await second.stop()
+
+
+async def test_a_pin_on_an_engine_knob_survives_a_restart(
+    tmp_path: Path, sim_engine: tuple[Any, str]
+) -> None:
+    """Engine knobs are bound once discovery has run; the state used to be restored before that, so a pin
+    on one was dropped as "not bound by this configuration" at every restart."""
+    _, url = sim_engine
+    data = _cfg(tmp_path).model_dump()
+    data.update(control={"enabled": True, "url": url}, actuators={"mode": "act"}, probe={"enabled": False})
+    cfg = config.build(data)
+    first = Sidecar(cfg, collectors=[OneValue()])
+    await first.start()
+    try:
+        assert "engine.max_num_batched_tokens" in first.knobs.actuation.knobs
+        first.knobs.actuation.pins["engine.max_num_batched_tokens"] = 2048
+    finally:
+        await first.stop()
+    second = Sidecar(cfg, collectors=[OneValue()])
+    await second.start()
+    try:
+        assert second.knobs.actuation.pins == {"engine.max_num_batched_tokens": 2048}
     finally:
         await second.stop()

@@ -13,7 +13,9 @@ Routes::
     GET  /api/admin/state              mode, paused, pins, forced values, bound knobs
     POST /api/admin/pause              stop writing knobs (decisions are still audited as "paused")
     POST /api/admin/resume
-    POST /api/admin/pin                {"knob": "gate.limit", "value": 32}
+    POST /api/admin/pin                {"knob": "batch.max_in_flight", "value": 32}; 400 with the reason when
+                                       the knob is not bound here, the value is outside the bounds the
+                                       policies are held to, or its actuator would not take it
     DELETE /api/admin/pin/{knob}
     POST /api/admin/breaker            {"level": 2}   or {"level": null} to release
     GET  /api/admin/canary             precision canary: phase, step, fp8 share, reason, perplexities
@@ -125,6 +127,8 @@ def add_admin_routes(
             return _error(400, "knob must be a non-empty string")
         if value is None or isinstance(value, dict | list):
             return _error(400, "value must be a number, string or boolean")
+        if (why := actuation.check(knob, value)) is not None:
+            return _error(400, why)
         actuation.pins[knob] = value
         return web.json_response(actuation.state())
 

@@ -63,16 +63,18 @@ class Knobs:
             self.gate.stats.slo = (cfg.policies.ttft_slo_s, cfg.policies.itl_slo_s)
             self.collectors.append(GateCollector(self.gate))
             self.actuation.bind(knobs.BATCH, self._gate_limit, self._set_gate_limit)
-            self.actuation.bind(knobs.UPSTREAM, self._gate_upstream, self._set_gate_upstream)
+            self.actuation.bind(
+                knobs.UPSTREAM, self._gate_upstream, self._set_gate_upstream, self._check_upstream
+            )
             self.actuation.bind(knobs.QUEUE_WAIT, self._gate_queue_wait, self._set_gate_queue_wait)
             if cfg.canary.enabled:
-                self.actuation.bind(knobs.FP8_SHARE, self._fp8_share, self._set_fp8_share)
+                self.actuation.bind(knobs.FP8_SHARE, self._fp8_share, self._set_fp8_share, _share_check)
         if cfg.actuators.gpu != "off":
             from agent.actuators.gpu import GpuActuator, backend_for
 
             self.gpu = GpuActuator(cfg.actuators, backend_for(cfg.actuators), registry)
             self.gpu_knob = knobs.GPU_KNOB[cfg.actuators.gpu]
-            self.actuation.bind(self.gpu_knob, self._gpu_value, self._set_gpu_value)
+            self.actuation.bind(self.gpu_knob, self._gpu_value, self._set_gpu_value, self._check_gpu_value)
         self.token = self._admin_token()
         if cfg.control.enabled and cfg.control.token_file:
             from agent.admin import load_token
@@ -124,6 +126,12 @@ class Knobs:
     async def _gate_upstream(self) -> Any:
         return self._route_now()
 
+    def _check_upstream(self, value: Any) -> str | None:
+        names = [*self.cfg.gate.upstreams, knobs.DEFAULT_ROUTE]
+        if value in names:
+            return None
+        return f"{knobs.UPSTREAM} must be one of {names}, got {value!r}"
+
     async def _set_gate_upstream(self, value: Any) -> Any:
         if value == knobs.DEFAULT_ROUTE:
             self.gate.set_split(self.cfg.gate.split)
@@ -149,6 +157,11 @@ class Knobs:
     async def _set_gpu_value(self, value: Any) -> Any:
         return self.gpu.set(float(value))
 
+    def _check_gpu_value(self, value: Any) -> str | None:
+        if self.gpu.problem:
+            return f"{self.gpu_knob}: {self.gpu.problem}"
+        return _range_check(self.gpu_knob, value, *self.gpu.bounds())
+
     def _bind_engine_knobs(self) -> None:
         caps = self.control.capabilities
         # what the engine runs with, as last read or written: the arbiter needs the value in force to bound
@@ -166,17 +179,19 @@ class Knobs:
                 self._engine_values.update(result.read_back)
                 return result.read_back.get(name, value)
 
-            self.actuation.bind(f"engine.{name}", read, write)
+            spec = caps.knobs[name]
+            self.actuation.bind(
+                f"engine.{name}", read, write, lambda value, spec=spec: spec.check(spec.coerce(value))
+            )
         if self.gpu is None and ENGINE_CLOCK in caps.knobs:
             # no GPU actuator of the agent's own (actuators.gpu: off): an engine whose control API manages
             # its GPU's clock (the simulator's does) carries the energy ladder's knob, under its lease
-            self.actuation.bind(knobs.SM_CLOCK, *self.actuation.binding(f"engine.{ENGINE_CLOCK}"))
+            self.actuation.alias(knobs.SM_CLOCK, f"engine.{ENGINE_CLOCK}")
             self._engine_aliases[ENGINE_CLOCK] = knobs.SM_CLOCK
         if self.gate is None and "max_num_seqs" in caps.knobs:
             # no gate in front: the effective batch is the engine's own cap, where its control API sets it
             # (the simulator's does; so does the replay), under the same lease as every engine setting
-            read_cap, write_cap = self.actuation.binding("engine.max_num_seqs")
-            self.actuation.bind(knobs.BATCH, read_cap, write_cap)
+            self.actuation.alias(knobs.BATCH, "engine.max_num_seqs")
             self._engine_aliases["max_num_seqs"] = knobs.BATCH
 
     # -- lifetime --------------------------------------------------------------------------------
@@ -254,3 +269,13 @@ class Knobs:
                 await self.gate.stop()
         with contextlib.suppress(Exception):
             self.audit.close()
+
+
+def _range_check(knob: str, value: Any, lower: float, upper: float) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lower <= value <= upper:
+        return f"{knob} must be a number in [{lower:g}, {upper:g}], got {value!r}"
+    return None
+
+
+def _share_check(value: Any) -> str | None:
+    return _range_check(knobs.FP8_SHARE, value, 0.0, 1.0)

@@ -20,6 +20,8 @@ from policies.base import Proposal
 
 Reader = Callable[[], Awaitable[Any]]
 Writer = Callable[[Any], Awaitable[Any]]
+Check = Callable[[Any], str | None]
+"""Why a value cannot be set on a knob (None when it can): what the knob's own actuator accepts."""
 
 
 class Mode(StrEnum):
@@ -36,6 +38,7 @@ class KnobBinding:
     name: str
     read: Reader
     write: Writer
+    check: Check | None = None
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -67,11 +70,35 @@ class Actuation:
         #: as (from, to). Policies propose every tick and the value never moves, so the same advice came
         #: once a tick: 26 identical "1980 -> 1824" entries a minute from the energy policy alone.
         self._held: dict[str, tuple[Any, Any]] = {}
+        #: The bounds every policy's value is held to (the arbiter's), for :meth:`check`.
+        self.bounds: Callable[[str, Any], str | None] | None = None
 
-    def bind(self, name: str, read: Reader, write: Writer) -> None:
-        self._knobs[name] = KnobBinding(name, read, write)
+    def bind(self, name: str, read: Reader, write: Writer, check: Check | None = None) -> None:
+        self._knobs[name] = KnobBinding(name, read, write, check)
         self._unbound.pop(name, None)
         self.audit.declare(name)
+
+    def alias(self, name: str, of: str) -> None:
+        """Bind ``name`` to the same actuator as the bound knob ``of`` (KeyError when it is not bound)."""
+        bound = self._knobs[of]
+        self.bind(name, bound.read, bound.write, bound.check)
+
+    def check(self, knob: str, value: Any) -> str | None:
+        """Why an operator may not pin ``knob`` to ``value``, in one line (None when it may).
+
+        A pin bypasses the policies, not the limits: the knob must be bound here, the value must lie
+        inside the bounds every policy is held to, and it must be one the knob's actuator takes.
+        Accepted without these, a typo pinned nothing with a 200, ``batch.max_in_flight: 100000`` opened
+        the gate past ``policies.batch_max``, and a string on an integer engine knob failed, audited,
+        every tick.
+        """
+        binding = self._knobs.get(knob)
+        if binding is None:
+            return f"no knob {knob!r} is bound here; bound knobs: {', '.join(self.knobs) or 'none'}"
+        why = self.bounds(knob, value) if self.bounds is not None else None
+        if why is None and binding.check is not None:
+            why = binding.check(value)
+        return why
 
     def binding(self, name: str) -> tuple[Reader, Writer]:
         """How ``name`` is read and written (KeyError when it is not bound)."""

@@ -222,6 +222,7 @@ class Sidecar:
         from policies.registry import default_arbiter
 
         self.arbiter = default_arbiter((float(cfg.policies.batch_min), float(cfg.policies.batch_max)))
+        self.knobs.actuation.bounds = self.arbiter.check  # an operator's pin is held to the same bounds
         self._arbiter_state: Any = None
 
         self.evidence = LeakEvidence()

@@ -22,6 +22,7 @@ other. Across a linked group only the highest class's proposals stand; the rest 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -51,6 +52,14 @@ class KnobRule:
             raise ValueError(f"knob bounds must satisfy lower <= upper, got [{self.lower}, {self.upper}]")
         if self.max_step <= 0 or self.hysteresis < 0 or self.cooldown_s < 0:
             raise ValueError("max_step must be > 0; hysteresis and cooldown_s >= 0")
+
+    def check(self, knob: str, value: object) -> str | None:
+        """Why ``value`` lies outside this rule (None when inside): what an operator's pin is held to."""
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            return f"{knob} takes a number, got {value!r}"
+        if not self.lower <= value <= self.upper:
+            return f"{knob} must be in [{self.lower:g}, {self.upper:g}], got {value:g}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,11 @@ class Arbiter:
     rules: Mapping[str, KnobRule]
     breaker_priority: int = PRIORITY["breaker"]
     linked: tuple[frozenset[str], ...] = LINKED
+
+    def check(self, knob: str, value: object) -> str | None:
+        """Why ``value`` is outside ``knob``'s bounds (None when inside, or when no rule bounds the knob)."""
+        rule = self.rules.get(knob)
+        return None if rule is None else rule.check(knob, value)
 
     def decide(
         self,

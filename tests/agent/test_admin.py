@@ -14,6 +14,7 @@ from agent.admin import add_admin_routes, load_token
 from agent.audit import Action, AuditLog
 from agent.config import AuditConfig
 from agent.modes import Actuation
+from policies.registry import default_arbiter
 
 TOKEN = "s3cret-token-0123456789"
 
@@ -22,6 +23,25 @@ TOKEN = "s3cret-token-0123456789"
 async def admin() -> AsyncIterator[tuple[str, Actuation, AuditLog]]:
     audit = AuditLog(AuditConfig(path=None), CollectorRegistry())
     actuation = Actuation("act", audit)
+    limit = {"value": 64}
+
+    async def read() -> int:
+        return limit["value"]
+
+    async def write(value: int) -> int:
+        limit["value"] = value
+        return value
+
+    def upstream(value: object) -> str | None:
+        return (
+            None
+            if value in ("primary", "fp8")
+            else f"route.upstream must be one of primary, fp8, got {value!r}"
+        )
+
+    actuation.bind("batch.max_in_flight", read, write)
+    actuation.bind("route.upstream", read, write, upstream)
+    actuation.bounds = default_arbiter((8.0, 512.0)).check
     app = web.Application()
     add_admin_routes(app, actuation, audit, TOKEN)
     runner = web.AppRunner(app)
@@ -55,10 +75,36 @@ async def test_pause_and_resume(admin: tuple[str, Actuation, AuditLog]) -> None:
 async def test_pin_and_unpin_a_knob(admin: tuple[str, Actuation, AuditLog]) -> None:
     url, actuation, _ = admin
     async with aiohttp.ClientSession() as s:
-        await s.post(url + "/api/admin/pin", headers=AUTH, json={"knob": "gate.limit", "value": 32})
-        assert actuation.pins == {"gate.limit": 32}
-        assert (await s.delete(url + "/api/admin/pin/gate.limit", headers=AUTH)).status == 200
-        assert (await s.delete(url + "/api/admin/pin/gate.limit", headers=AUTH)).status == 404
+        await s.post(url + "/api/admin/pin", headers=AUTH, json={"knob": "batch.max_in_flight", "value": 32})
+        assert actuation.pins == {"batch.max_in_flight": 32}
+        assert (await s.delete(url + "/api/admin/pin/batch.max_in_flight", headers=AUTH)).status == 200
+        assert (await s.delete(url + "/api/admin/pin/batch.max_in_flight", headers=AUTH)).status == 404
+    assert actuation.pins == {}
+
+
+@pytest.mark.parametrize(
+    ("knob", "value", "error"),
+    [
+        (
+            "batch.max_inflight",
+            16,
+            "no knob 'batch.max_inflight' is bound here; bound knobs: batch.max_in_flight",
+        ),
+        ("batch.max_in_flight", 100000, "batch.max_in_flight must be in [8, 512], got 100000"),
+        ("batch.max_in_flight", "abc", "batch.max_in_flight takes a number, got 'abc'"),
+        ("route.upstream", "fp16", "route.upstream must be one of primary, fp8, got 'fp16'"),
+    ],
+)
+async def test_a_pin_the_knob_cannot_take_is_refused_with_the_reason(
+    admin: tuple[str, Actuation, AuditLog], knob: str, value: object, error: str
+) -> None:
+    """Seen live: each of these was answered 200 and pinned; the typo pinned nothing, 100000 opened the
+    gate past policies.batch_max, and a string on an integer engine knob failed, audited, every tick."""
+    url, actuation, _ = admin
+    async with aiohttp.ClientSession() as s:
+        resp = await s.post(url + "/api/admin/pin", headers=AUTH, json={"knob": knob, "value": value})
+        assert resp.status == 400
+        assert error in (await resp.json())["error"]
     assert actuation.pins == {}
 
 

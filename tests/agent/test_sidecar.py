@@ -418,6 +418,26 @@ async def test_without_a_gate_the_batch_knob_is_the_engines_max_num_seqs(sim_eng
         await sidecar.stop()
 
 
+async def test_a_pin_is_held_to_what_the_engine_takes_and_the_policies_bounds(
+    sim_engine: tuple[Any, str],
+) -> None:
+    """The checks behind POST /api/admin/pin, as the sidecar wires them: the engine's published knob types
+    and ranges, the arbiter's bounds (policies.batch_min/max on the effective batch), and aliases too."""
+    _, url = sim_engine
+    sidecar = Sidecar(_controlled(url), collectors=[OneValue()])
+    await sidecar.start()
+    try:
+        check = sidecar.knobs.actuation.check
+        assert check("engine.max_num_batched_tokens", 2048) is None
+        assert "max_num_seqs must be a number" in str(check("engine.max_num_seqs", "abc"))
+        assert check("batch.max_in_flight", 48) is None  # the engine's max_num_seqs, no gate in front
+        assert check("batch.max_in_flight", 100000) == "batch.max_in_flight must be in [8, 512], got 100000"
+        assert "must be one of" in str(check("engine.precision", "int3"))
+        assert str(check("gate.limit", 32)).startswith("no knob 'gate.limit' is bound here; bound knobs: ")
+    finally:
+        await sidecar.stop()
+
+
 async def test_without_a_gpu_actuator_the_energy_ladder_drives_the_engines_clock(
     sim_engine: tuple[Any, str],
 ) -> None:

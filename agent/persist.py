@@ -170,15 +170,19 @@ def _restore_overrides(saved: Mapping[str, Any], actuation: Any) -> list[str]:
         actuation.paused = True
         restored.append("actuation paused by the operator")
     for knob, value in dict(saved.get("pins", {})).items():
-        if knob in actuation.knobs:
+        # the checks an operator's new pin passes (agent/modes.py): bounds may have changed since the save
+        why = actuation.check(knob, value)
+        if why is None:
             actuation.pins[knob] = value
             restored.append(f"pin {knob}={value!r}")
-        else:
+        elif knob not in actuation.knobs:
             log.warning(
                 "saved pin on %s dropped: no such knob is bound (not in this configuration, or the engine's "
                 "control API did not offer it at start)",
                 knob,
             )
+        else:
+            log.warning("saved pin on %s dropped: %s", knob, why)
     return restored
 
 

@@ -272,3 +272,32 @@ async def test_a_pin_on_an_engine_knob_survives_a_restart(
         assert second.knobs.actuation.pins == {"engine.max_num_batched_tokens": 2048}
     finally:
         await second.stop()
+
+
+async def test_a_saved_pin_outside_the_new_bounds_is_dropped_with_the_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A restored pin passes the checks a new one does: the configuration may have moved the bounds."""
+    data = _cfg(tmp_path).model_dump()
+    data["gate"] = {
+        "enabled": True,
+        "listen_port": _free_port(),
+        "upstreams": {"primary": "http://127.0.0.1:9"},
+    }
+    first = Sidecar(config.build(data), collectors=[OneValue()])
+    await first.start()
+    try:
+        first.knobs.actuation.pins["batch.max_in_flight"] = 24
+    finally:
+        await first.stop()
+    data["policies"]["batch_min"] = 32
+    second = Sidecar(config.build(data), collectors=[OneValue()])
+    await second.start()
+    try:
+        assert second.knobs.actuation.pins == {}
+    finally:
+        await second.stop()
+    assert (
+        "saved pin on batch.max_in_flight dropped: batch.max_in_flight must be in [32, 512], got 24"
+        in caplog.text
+    )

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 from agent.audit import AuditLog
 from agent.collectors.base import Collector
 from agent.config import Config, ConfigError
+from agent.control.base import ControlError
 from agent.modes import Actuation
 from policies import knobs
 
@@ -48,6 +49,8 @@ class Knobs:
         self.actuation = Actuation(cfg.actuators.mode, self.audit)
         self.gate: Any = None
         self.control: Any = None
+        #: Why :meth:`start` found no engine control API (None: found, or ``control.enabled`` is off).
+        self.control_error: ControlError | None = None
         self._engine_values: dict[str, Any] = {}
         #: engine knobs that also carry a policy knob's name (no gate: batch = max_num_seqs; no GPU
         #: actuator: the energy clock = sm_clock_mhz)
@@ -200,18 +203,25 @@ class Knobs:
             port = await self.gate.start()
             log.info("admission gate on %s:%d", self.cfg.gate.listen_host, port)
         if self.cfg.control.enabled:
-            from agent.control.base import ControlError
-            from agent.control.client import ControlClient
+            self.control_error = await self.discover_control()
 
-            client = ControlClient(self.cfg.control)
-            try:
-                await client.start()
-            except ControlError as error:  # the engine may come up later; observation goes on
-                log.error("engine control unavailable: %s", error)
-                await client.close()
-            else:
-                self.control = client
-                self._bind_engine_knobs()
+    async def discover_control(self) -> ControlError | None:
+        """One attempt to find the engine's control API and bind its knobs; the error when none was found
+        (``temporary``: the engine could not be asked, e.g. still loading its weights; try again later)."""
+        from agent.control.client import ControlClient
+
+        client = ControlClient(self.cfg.control)
+        try:
+            await client.start()
+        except ControlError as error:  # observation goes on; the sidecar tries again while it is temporary
+            await client.close()
+            return error
+        except BaseException:  # cancelled at stop while asking
+            await client.close()
+            raise
+        self.control = client
+        self._bind_engine_knobs()
+        return None
 
     def renew(self) -> None:
         """Called every tick: keeps the GPU setting's lease alive while the agent is healthy. A control

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -99,6 +100,8 @@ def build_policies(cfg: Config, gpu: Any = None) -> list[Policy]:
 #: Where the derived energy ladder ends, as a share of the GPU's top clock or power limit: the replay's
 #: floor (``agent/replay/runner.py``), below which the U-shaped energy per token rises again.
 ENERGY_FLOOR_SHARE = 0.45
+#: Longest wait between two attempts to find an engine's control API that did not answer yet.
+CONTROL_RETRY_MAX_S = 30.0
 
 
 def energy_ladder(cfg: Config, gpu: Any) -> tuple[float, ...]:
@@ -241,6 +244,7 @@ class Sidecar:
         self._admin_runner: web.AppRunner | None = None
         self._task: asyncio.Task[None] | None = None
         self._save_task: asyncio.Task[None] | None = None
+        self._control_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
 
     async def save_state(self) -> None:
@@ -311,6 +315,36 @@ class Sidecar:
         log.info(
             "energy policy on the engine's %s: %s MHz", ENGINE_CLOCK, ", ".join(f"{v:g}" for v in levels)
         )
+
+    async def _after_control_discovery(self) -> None:
+        """The levers that depend on what the engine's control API offers (each one logs why it stays out)."""
+        await self._start_batch_at_the_engines_cap()
+        self._add_engine_energy()
+        await self._add_token_budget()
+        self._add_sleep_wake()
+
+    async def _discover_control_later(self) -> None:
+        """Ask for the engine's control API again, backing off from 1 s to 30 s, until it answers, says for
+        good that it serves none, or the sidecar stops. Before this, an engine that was not up when the
+        sidecar started (the usual order in a pod) was never controlled: act mode had no engine knob for
+        the life of the process."""
+        started, delay = time.monotonic(), 1.0
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=delay)
+            if self._stop.is_set():
+                return
+            error = await self.knobs.discover_control()
+            if error is None:
+                log.info("engine control found %.0f s after start", time.monotonic() - started)
+            elif error.temporary:
+                log.debug("engine control still unavailable: %s", error)
+                delay = min(CONTROL_RETRY_MAX_S, delay * 2)
+                continue
+            else:
+                log.error("engine control unavailable: %s", error)
+            await self._after_control_discovery()
+            return
 
     async def _add_token_budget(self) -> None:
         """When the engine's control API offers the chunked-prefill budget (the simulator does; vLLM and
@@ -452,10 +486,18 @@ class Sidecar:
             forced = getattr(self.loop.policy_state("breaker"), "forced", None)
             if forced is not None:
                 self.knobs.actuation.forced["breaker.level"] = forced
-        await self._start_batch_at_the_engines_cap()
-        self._add_engine_energy()
-        await self._add_token_budget()
-        self._add_sleep_wake()
+        error = self.knobs.control_error
+        if error is not None and error.temporary:
+            # the engine is not answering yet (in a pod the sidecar is up in seconds, the engine loads its
+            # weights for minutes): ask again in the background; the levers that need it join then
+            log.error("engine control unavailable: %s; asking again in the background", error)
+            self._control_task = asyncio.create_task(
+                self._discover_control_later(), name="servepilot-control-discovery"
+            )
+        else:
+            if error is not None:
+                log.error("engine control unavailable: %s", error)
+            await self._after_control_discovery()
         from agent.admin import add_admin_routes
 
         agent_cfg = self.cfg.agent
@@ -497,6 +539,10 @@ class Sidecar:
                 await asyncio.wait_for(self._task, timeout=2.0)
         if self._save_task is not None:
             await self._save_task
+        if self._control_task is not None:  # may be waiting on an engine that never answered
+            self._control_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._control_task
         if self._task is not None:  # only a started agent has state worth keeping
             await self.save_state()
         if self.webhooks is not None:

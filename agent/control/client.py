@@ -97,6 +97,7 @@ class ControlClient:
             self.session = aiohttp.ClientSession(headers=headers)
         names = list(ADAPTERS) if self.cfg.adapter == "auto" else [self.cfg.adapter]
         reasons = []
+        unreachable = False
         for name in names:
             adapter = ADAPTERS[name](self.session, self.cfg.url, self.cfg.timeout_s)
             try:
@@ -105,12 +106,15 @@ class ControlClient:
                 reasons.append(f"{name}: {error}")
                 if error.temporary and self.cfg.adapter != "auto":
                     raise
+                unreachable = unreachable or error.temporary
                 continue
             self.adapter = adapter
             self.initial = await adapter.read()
             log.info("engine control via %s: knobs %s", name, ", ".join(self.capabilities.knobs))
             return self.capabilities
-        raise ControlError("no engine control API found (" + "; ".join(reasons) + ")", temporary=False)
+        # temporary when some flavour could not be asked (refused, timed out, 5xx: an engine still loading),
+        # so the caller tries again later; permanent when every flavour answered that it is not served
+        raise ControlError("no engine control API found (" + "; ".join(reasons) + ")", temporary=unreachable)
 
     def _require(self) -> tuple[ControlAdapter, Capabilities]:
         if self.adapter is None or self.capabilities is None:

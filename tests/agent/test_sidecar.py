@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from pathlib import Path
 from typing import Any
@@ -416,6 +417,66 @@ async def test_without_a_gate_the_batch_knob_is_the_engines_max_num_seqs(sim_eng
         assert server.core.settings.max_num_seqs == 256 and server.control.lease_expires_at is None
     finally:
         await sidecar.stop()
+
+
+async def test_an_engine_that_comes_up_after_the_sidecar_is_controlled_once_it_answers() -> None:
+    """Seen live: the engine started 8 s after the sidecar (in a pod the engine loads its weights for
+    minutes) and the sidecar never asked again: no engine knob, no token budget, for the life of the
+    process. Now it asks again in the background and the levers join when the engine answers."""
+    from aiohttp import web
+
+    from simulator.engine import make_core
+    from simulator.server import SimServer
+
+    port = _free_port()
+    sidecar = Sidecar(_controlled(f"http://127.0.0.1:{port}"), collectors=[OneValue()])
+    await sidecar.start()
+    runner = None
+    try:
+        assert sidecar.knobs.actuation.knobs == [] and sidecar._control_task is not None
+        server = SimServer(make_core("a100-80g", "llama-2-7b", "fp16", 256))
+        runner = web.AppRunner(server.app())
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        for _ in range(100):  # the first retry is 1 s after start
+            if sidecar._control_task.done():
+                break
+            await asyncio.sleep(0.05)
+        assert sidecar._control_task.done()
+        assert "engine.max_num_batched_tokens" in sidecar.knobs.actuation.knobs
+        assert any(p.name == "token_budget" for p in sidecar.loop.policies)
+    finally:
+        await sidecar.stop()
+        if runner is not None:
+            await runner.cleanup()
+
+
+async def test_an_engine_that_serves_no_control_api_is_not_asked_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from aiohttp import web
+
+    runner = web.AppRunner(web.Application())  # answers 404 to every path: no control API, for good
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    sidecar = Sidecar(_controlled(f"http://127.0.0.1:{runner.addresses[0][1]}"), collectors=[OneValue()])
+    try:
+        await sidecar.start()
+        assert sidecar._control_task is None and sidecar.knobs.control is None
+        assert "engine control unavailable: no engine control API found" in caplog.text
+        assert "asking again" not in caplog.text
+    finally:
+        await sidecar.stop()
+        await runner.cleanup()
+
+
+async def test_stopping_while_the_engine_never_answered_ends_the_retries() -> None:
+    sidecar = Sidecar(_controlled(f"http://127.0.0.1:{_free_port()}"), collectors=[OneValue()])
+    await sidecar.start()
+    task = sidecar._control_task
+    assert task is not None and not task.done()
+    await sidecar.stop()
+    assert task.done()
 
 
 async def test_a_pin_is_held_to_what_the_engine_takes_and_the_policies_bounds(

@@ -24,7 +24,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from agent.audit import AuditLog
 from agent.collectors.base import Collector
@@ -51,6 +51,15 @@ class Knobs:
         self.control: Any = None
         #: Why :meth:`start` found no engine control API (None: found, or ``control.enabled`` is off).
         self.control_error: ControlError | None = None
+        #: 1 once the engine's control API is found and its knobs are bound; 0 while it is not (absent when
+        #: ``control.enabled`` is off). The ServepilotEngineControlUnavailable alert watches it.
+        self._control_up: Gauge | None = None
+        if cfg.control.enabled:
+            self._control_up = Gauge(
+                "servepilot_engine_control_up",
+                "1 when the engine's control API was found and its knobs are bound (control.enabled).",
+                registry=registry,
+            )
         self._engine_values: dict[str, Any] = {}
         #: engine knobs that also carry a policy knob's name (no gate: batch = max_num_seqs; no GPU
         #: actuator: the energy clock = sm_clock_mhz)
@@ -221,6 +230,8 @@ class Knobs:
             raise
         self.control = client
         self._bind_engine_knobs()
+        if self._control_up is not None:
+            self._control_up.set(1.0)
         return None
 
     def renew(self) -> None:

@@ -214,6 +214,15 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
             "value and servepilot cannot react.",
         ),
         _alert(
+            "ServepilotEngineControlUnavailable",
+            f"max by ({BY}) (servepilot_engine_control_up) == 0",
+            p.for_(900),
+            "warning",
+            "servepilot has no control of the engine in {{ $labels.pod }}",
+            "control.enabled is set but the engine's control API has not been found for 15 minutes; the "
+            "engine's own knobs (token budget, batch cap, clock) are not being tuned.",
+        ),
+        _alert(
             "ServepilotWebhookDeliveryFailing",
             f"max by ({BY}, sink) (servepilot_webhook_oldest_pending_age_seconds) > 300\n"
             f"or sum by ({BY}, sink) (increase(servepilot_webhook_deliveries_total"

@@ -66,6 +66,7 @@ AGENT: list[Series] = _agent(
     # decisions: breaker policy state, audited actions, the configured SLO targets
     "servepilot_breaker_level",
     "servepilot_actions_total",
+    "servepilot_engine_control_up",
     "servepilot_slo_ttft_seconds",
     # the admission gate's own series (gate.enabled)
     "servepilot_gate_ttft_seconds_bucket",

@@ -434,6 +434,8 @@ async def test_an_engine_that_comes_up_after_the_sidecar_is_controlled_once_it_a
     runner = None
     try:
         assert sidecar.knobs.actuation.knobs == [] and sidecar._control_task is not None
+        up = sidecar.exporter.registry.get_sample_value
+        assert up("servepilot_engine_control_up") == 0.0
         server = SimServer(make_core("a100-80g", "llama-2-7b", "fp16", 256))
         runner = web.AppRunner(server.app())
         await runner.setup()
@@ -445,6 +447,7 @@ async def test_an_engine_that_comes_up_after_the_sidecar_is_controlled_once_it_a
         assert sidecar._control_task.done()
         assert "engine.max_num_batched_tokens" in sidecar.knobs.actuation.knobs
         assert any(p.name == "token_budget" for p in sidecar.loop.policies)
+        assert up("servepilot_engine_control_up") == 1.0
     finally:
         await sidecar.stop()
         if runner is not None:

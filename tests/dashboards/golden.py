@@ -2,9 +2,9 @@
 
 Produced by running the real control loop, collectors and exporter against loopback servers that
 replay real captures (vLLM 0.32 CPU scrapes, an allocator-probe scrape) and the in-process fake NVML
-backend, with the webhook dispatcher, the admission gate and the audit log attached to the agent's
-registry, the breaker policy in the loop, the configured SLO targets and a live forecaster restored from
-a seeded state (see :mod:`tests.dashboards.forecast_seed`), as the sidecar wires them. The
+backend, with the webhook dispatcher, the admission gate, engine control and the audit log attached to
+the agent's registry, the breaker policy in the loop, the configured SLO targets and a live forecaster
+restored from a seeded state (see :mod:`tests.dashboards.forecast_seed`), as the sidecar wires them. The
 result is a sorted list of ``sample_name{label,...}`` lines, independent of values, so it only changes
 when the agent's exported surface changes. Regenerate with::
 
@@ -20,23 +20,21 @@ from aiohttp.test_utils import TestServer
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.audit import AuditLog
+from agent import config
 from agent.collectors.engine_metrics import EngineMetricsCollector
 from agent.collectors.nvml import NvmlCollector
 from agent.collectors.nvml_fake import FakeNvmlBackend
 from agent.collectors.probe import ProbeCollector
 from agent.config import (
-    AuditConfig,
     EngineConfig,
     ForecastConfig,
-    GateConfig,
     NvmlConfig,
     ProbeConfig,
     WebhookConfig,
 )
 from agent.exporter import Exporter
 from agent.forecasting import LiveForecaster
-from agent.gate.proxy import Gate
+from agent.knobs import Knobs
 from agent.loop import Loop
 from agent.store import Store
 from agent.webhooks.dispatcher import WebhookDispatcher
@@ -104,8 +102,13 @@ async def agent_exposition(tmp_path: Path) -> str:
         forecaster,
     ]
     exporter = Exporter(slo={"ttft": 2.0, "itl": 0.1})
-    Gate(GateConfig(enabled=True), exporter.registry)  # registers servepilot_gate_* (not started)
-    audit = AuditLog(AuditConfig(path=None), exporter.registry)
+    # the sidecar's actuators, not started: registers servepilot_gate_*, the audit log's series and
+    # servepilot_engine_control_up (control.enabled)
+    knobs = Knobs(
+        config.build({"gate": {"enabled": True}, "control": {"enabled": True}, "audit": {"path": None}}),
+        exporter.registry,
+    )
+    audit = knobs.audit
     loop = Loop(collectors, Store(100, 4096), interval_s=1.0, source_timeout_s=1.0, policies=[Breaker()])
     loop.subscribe(exporter.publish)
     hooks = WebhookDispatcher(

@@ -170,6 +170,7 @@ class LiveCanary:
             step_s=c.step_s,
             gate_timeout_s=c.gate_timeout_s,
             failure_limit=c.failure_limit,
+            candidate=c.candidate,
             name=NAME,
         )
         self.meter = PerplexityMeter(

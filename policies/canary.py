@@ -11,10 +11,17 @@ validation set through both upstreams' completions API (prompt logprobs) and fee
     step k    healthy for step_s    -> step k+1 ... -> promoted (100 %)
               a failed check        -> failures + 1; > failure_limit -> rolled_back (0 %)
               missing metrics       -> counts as a failed check
+              candidate down        -> counts as a failed check
+              a step with no answer from the candidate where min_expected were due -> a failed check
     promoted / rolled_back: terminal (start again to retry)
 
 A check is healthy when the SLO-bad share and the 5xx share of the tick's answers stay under their
-limits. The policy proposes ``route.fp8_share`` at every tick, so a rollback is level-based too.
+limits. The candidate's health check failing (``gate.upstream.<candidate>.up``) is a failed check, and so
+is a step in which the candidate answered nothing (``gate.upstream.<candidate>.requests``) although its
+share of the step's answers came to ``min_expected`` or more:
+seen live, a killed fp8 upstream rolled on to 100 % with every check "healthy", because the gate failed
+its requests over to the primary and the checks read only the gate's totals. The policy proposes
+``route.fp8_share`` at every tick, so a rollback is level-based too.
 """
 
 from __future__ import annotations
@@ -39,6 +46,9 @@ class CanaryState:
     entered_at: float = 0.0
     failures: int = 0
     reason: str = "not started"
+    #: answers in this step: all of the gate's, and the candidate's own (the missing-data check)
+    answered: float = 0.0
+    served: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,8 @@ class Canary:
     failure_limit: int = 2
     max_bad_ratio: float = 0.05
     max_error_ratio: float = 0.01
+    candidate: str = "fp8"
+    min_expected: float = 10.0
     name: str = "canary"
 
     def __post_init__(self) -> None:
@@ -103,13 +115,33 @@ class Canary:
         requests = snapshot.get(knobs.GATE_REQUESTS)
         bad = snapshot.get(knobs.GATE_SLO_BAD)
         errors = snapshot.get(knobs.GATE_ERRORS)
+        up = snapshot.get(knobs.upstream_signal(self.candidate, "up"))
+        served = snapshot.get(knobs.upstream_signal(self.candidate, "requests"))
         if requests is None or bad is None or errors is None:
             healthy, why = False, "metrics missing"
+        elif up is not None and up <= 0:
+            healthy, why = False, f"upstream {self.candidate} is down"
         elif requests == 0:
             healthy, why = True, ""
         else:
             healthy = bad / requests <= self.max_bad_ratio and errors / requests <= self.max_error_ratio
             why = f"SLO-bad {bad / requests:.0%}, 5xx {errors / requests:.0%}"
+        share = self.steps[state.step]
+        state = replace(
+            state, answered=state.answered + (requests or 0.0), served=state.served + (served or 0.0)
+        )
+        done = now - state.entered_at >= self.step_s
+        if (
+            healthy
+            and done
+            and served is not None
+            and state.served == 0
+            and state.answered * share >= self.min_expected
+        ):
+            # a step with no answer from the candidate proves nothing: its weight did not reach the gate, or
+            # the gate failed its requests over to the primary; a rollout must not promote on no data
+            healthy = False
+            why = f"missing data: {self.candidate} answered none of {state.answered:.0f} at {share:.0%}"
         if not healthy:
             failures = state.failures + 1
             if failures > self.failure_limit:
@@ -117,12 +149,12 @@ class Canary:
                     state,
                     phase="rolled_back",
                     failures=failures,
-                    reason=f"rolled back at {self.steps[state.step]:.0%}: {why}",
+                    reason=f"rolled back at {share:.0%}: {why}",
                 )
             return replace(
                 state, failures=failures, reason=f"check failed ({failures}/{self.failure_limit}): {why}"
             )
-        if now - state.entered_at < self.step_s:
+        if not done:
             return state
         if state.step + 1 >= len(self.steps):
             return replace(state, phase="promoted", reason="fp8 promoted to 100%")

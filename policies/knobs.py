@@ -59,6 +59,12 @@ GATE_SLO_BAD = "gate.slo_bad"
 GATE_ERRORS = "gate.errors"
 
 
+def upstream_signal(upstream: str, what: str) -> str:
+    """``gate.upstream.<name>.<what>``: per upstream, this tick's ``requests``, ``errors`` and ``slo_bad``
+    (the answers it gave, after failover), and ``up`` (1 while its health check passes)."""
+    return f"gate.upstream.{upstream}.{what}"
+
+
 def clamp(value: float, lower: float, upper: float) -> float:
     """``min(upper, max(lower, value))``: every policy ends with it."""
     return min(upper, max(lower, value))

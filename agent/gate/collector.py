@@ -21,6 +21,7 @@ class GateCollector:
     def __init__(self, gate: Gate) -> None:
         self.gate = gate
         self._totals = self._read_totals()
+        self._by_upstream = dict(gate.stats.by_upstream)
 
     def _read_totals(self) -> tuple[int, int, int]:
         stats = self.gate.stats
@@ -36,11 +37,24 @@ class GateCollector:
             values[knobs.GATE_REQUESTS], values[knobs.GATE_ERRORS], values[knobs.GATE_SLO_BAD] = (
                 float(a - b) for a, b in zip(totals, last, strict=True)
             )
+            values.update(self._per_upstream())
         except Exception as error:  # a bug here must not fail the tick
             return Reading.failed(
                 self.name, now, f"{type(error).__name__}: {error}", time.perf_counter() - started
             )
         return Reading(self.name, now, SourceStatus.OK, values, duration_s=time.perf_counter() - started)
+
+    def _per_upstream(self) -> dict[str, float]:
+        """This tick's answers, 5xx and SLO misses per upstream that answered, and each one's health."""
+        values: dict[str, float] = {}
+        by_upstream, last = dict(self.gate.stats.by_upstream), self._by_upstream
+        self._by_upstream = by_upstream
+        for name, upstream in self.gate.pool.upstreams.items():
+            values[knobs.upstream_signal(name, "up")] = 1.0 if upstream.healthy else 0.0
+            now, before = by_upstream.get(name, (0, 0, 0)), last.get(name, (0, 0, 0))
+            for what, a, b in zip(("requests", "errors", "slo_bad"), now, before, strict=True):
+                values[knobs.upstream_signal(name, what)] = float(a - b)
+        return values
 
     async def close(self) -> None:
         """Nothing to release: the gate's lifecycle belongs to whoever started it."""

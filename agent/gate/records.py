@@ -125,6 +125,9 @@ class GateStats:
         self.answered = 0
         self.errors = 0
         self.slo_bad = 0
+        #: the same three totals per upstream that gave the answer (after failover), for the canary's
+        #: checks on its candidate
+        self.by_upstream: dict[str, tuple[int, int, int]] = {}
 
     def missed_slo(self, rec: RequestRecord) -> bool:
         """A failed answer, or a successful one whose TTFT or mean inter-token time (TPOT: the time after
@@ -145,9 +148,13 @@ class GateStats:
             self._rejected.add(now, 1.0)
             return
         if rec.outcome != "disconnected":
+            error, missed = rec.outcome == "upstream_error", self.missed_slo(rec)
             self.answered += 1
-            self.errors += rec.outcome == "upstream_error"
-            self.slo_bad += self.missed_slo(rec)
+            self.errors += error
+            self.slo_bad += missed
+            if rec.upstream:
+                answered, errors, slo_bad = self.by_upstream.get(rec.upstream, (0, 0, 0))
+                self.by_upstream[rec.upstream] = (answered + 1, errors + error, slo_bad + missed)
         bucket = self.buckets.name(rec.prompt_tokens)
         self.queue_wait.labels(rec.priority).observe(rec.queue_wait_s)
         self.tokens.labels(rec.line, "prompt").inc(rec.prompt_tokens)

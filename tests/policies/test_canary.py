@@ -68,3 +68,47 @@ def test_idle_canary_proposes_nothing():
 def test_proposes_the_fp8_share_knob():
     _, proposals = CANARY.decide(make_snapshot(1.0, **HEALTHY), [], _rolling(0), 1.0)
     assert proposals[0].knob == knobs.FP8_SHARE
+
+
+def _fp8(up: float, requests: float) -> dict[str, float]:
+    return {"gate__upstream__fp8__up": up, "gate__upstream__fp8__requests": requests}
+
+
+def test_a_candidate_that_is_down_fails_the_checks_and_rolls_back():
+    """Seen live: fp8 was killed at 25% and the rollout went on to 100%, every check healthy, while the
+    gate failed fp8's requests over to the primary."""
+    state = _rolling(1)
+    for t in (1.0, 2.0):
+        state, proposals = CANARY.decide(make_snapshot(t, **HEALTHY, **_fp8(0.0, 0.0)), [], state, t)
+    assert state.phase == "rolled_back" and proposals[0].value == 0.0
+    assert state.reason == "rolled back at 25%: upstream fp8 is down"
+
+
+def test_a_step_the_candidate_answered_none_of_is_missing_data_not_health():
+    # 20 answers a tick for the 60 s step at 25%: 300 were due from fp8, it gave none
+    state = _rolling(1)
+    for t in range(1, 61):
+        state, _ = CANARY.decide(make_snapshot(float(t), **HEALTHY, **_fp8(1.0, 0.0)), [], state, float(t))
+    assert state.phase == "rolling" and state.step == 1 and state.failures == 1
+    assert state.reason == "check failed (1/1): missing data: fp8 answered none of 1200 at 25%"
+    state, _ = CANARY.decide(make_snapshot(61.0, **HEALTHY, **_fp8(1.0, 0.0)), [], state, 61.0)
+    assert state.phase == "rolled_back"
+
+
+def test_a_step_the_candidate_answered_in_advances():
+    state = _rolling(1)
+    for t in range(1, 62):
+        served = 5.0 if t == 30 else 0.0
+        state, _ = CANARY.decide(make_snapshot(float(t), **HEALTHY, **_fp8(1.0, served)), [], state, float(t))
+    assert (state.phase, state.step, state.failures) == ("rolling", 2, 0)
+
+
+def test_too_few_answers_to_expect_one_from_the_candidate_is_no_verdict():
+    # 2 answers in the whole step at 5%: 0.1 due from fp8; none is no evidence of anything
+    state = _rolling(0)
+    quiet = {"gate__requests": 0.0, "gate__slo_bad": 0.0, "gate__errors": 0.0}
+    state, _ = CANARY.decide(
+        make_snapshot(1.0, **HEALTHY | {"gate__requests": 2.0}, **_fp8(1.0, 0.0)), [], state, 1.0
+    )
+    state, _ = CANARY.decide(make_snapshot(61.0, **quiet, **_fp8(1.0, 0.0)), [], state, 61.0)
+    assert (state.step, state.failures) == (1, 0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry
 
 from agent.config import GateConfig
@@ -52,3 +54,31 @@ async def test_without_an_slo_only_failures_are_misses() -> None:
     gate.stats.record(_record("upstream_error", None), 1.0)
     reading = await collector.collect(2.0)
     assert (reading.values[knobs.GATE_REQUESTS], reading.values[knobs.GATE_SLO_BAD]) == (2, 1)
+
+
+async def test_each_upstream_reports_its_own_answers_and_health() -> None:
+    """What the canary checks its candidate by: the answers each upstream gave (after failover) and
+    whether its health check passes."""
+    upstreams = {"primary": "http://127.0.0.1:9", "fp8": "http://127.0.0.1:10"}
+    gate = Gate(GateConfig(enabled=True, upstreams=upstreams), CollectorRegistry())
+    gate.stats.slo = (2.0, 0.1)
+    collector = GateCollector(gate)
+    for upstream, rec in (
+        ("primary", _record("ok", 0.1)),
+        ("primary", _record("upstream_error", None)),
+        ("fp8", _record("ok", 4.0, e2e=5.0)),
+        ("", _record("upstream_error", None)),  # no upstream reachable: no upstream's answer
+    ):
+        rec.upstream = upstream
+        gate.stats.record(rec, 1.0)
+    gate.pool.mark("fp8", False, 1.0, "refused")
+    values = (await collector.collect(2.0)).values
+    assert _upstream(values, "primary") == [2, 1, 1, 1]
+    assert _upstream(values, "fp8") == [1, 0, 1, 0]
+    assert values[knobs.GATE_REQUESTS] == 4
+    gate.pool.mark("fp8", True, 2.0)
+    assert _upstream((await collector.collect(3.0)).values, "fp8") == [0, 0, 0, 1]  # deltas, not totals
+
+
+def _upstream(values: Mapping[str, float], name: str) -> list[float]:
+    return [values[knobs.upstream_signal(name, what)] for what in ("requests", "errors", "slo_bad", "up")]

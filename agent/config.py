@@ -256,6 +256,17 @@ class GateConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _split_known(self) -> GateConfig:
+        known = ", ".join(self.upstreams)
+        for name in self.split:
+            if name not in self.upstreams:
+                raise ValueError(f"split names {name!r}, not one of the upstreams ({known})")
+        shares = self.split.values()
+        if any(not math.isfinite(share) or share < 0 for share in shares) or sum(shares) <= 0:
+            raise ValueError(f"split must give shares >= 0 with a total above 0, got {dict(self.split)}")
+        return self
+
+    @model_validator(mode="after")
     def _isolation_upstream_known(self) -> GateConfig:
         if self.isolation_threshold_tokens > 0 and self.isolation_upstream not in self.upstreams:
             raise ValueError(
@@ -345,6 +356,12 @@ class WebhookConfig(_Section):
     def _http_url(cls, value: str | None) -> str | None:
         return None if value is None else _check_http_url(value)
 
+    @model_validator(mode="after")
+    def _generic_needs_a_secret(self) -> WebhookConfig:
+        if self.enabled and self.generic_url and not self.secret_file:
+            raise ValueError("secret_file is required when generic_url is set (messages are signed)")
+        return self
+
 
 class ForecastConfig(_Section):
     """Traffic forecasting (issue 5): 1-minute request and token rates, forecast 5-60 minutes ahead,
@@ -429,8 +446,13 @@ class PolicyConfig(_Section):
 
     @model_validator(mode="after")
     def _ordered(self) -> PolicyConfig:
+        if self.batch_min > self.batch_max:
+            raise ValueError(f"batch_min must be <= batch_max, got {self.batch_min} > {self.batch_max}")
         if not self.batch_min <= self.initial_batch <= self.batch_max:
-            raise ValueError("initial_batch must lie in [batch_min, batch_max]")
+            raise ValueError(
+                f"initial_batch must lie in [batch_min, batch_max] = [{self.batch_min}, {self.batch_max}],"
+                f" got {self.initial_batch}"
+            )
         if self.sleep_below_rps >= self.wake_above_rps:
             raise ValueError("sleep_below_rps must be below wake_above_rps (the gap is the hysteresis)")
         return self

@@ -238,7 +238,10 @@ class Sidecar:
         if cfg.webhooks.enabled:
             from agent.webhooks import WebhookDispatcher
 
-            self.webhooks = WebhookDispatcher(cfg.webhooks, self.exporter.registry)
+            try:
+                self.webhooks = WebhookDispatcher(cfg.webhooks, self.exporter.registry)
+            except ValueError as error:  # the signing secret's file: unreadable or not a secret
+                raise ConfigError("", str(error)) from None
             self.loop.subscribe(self.webhooks.observe)
         self._runner: web.AppRunner | None = None
         self._admin_runner: web.AppRunner | None = None

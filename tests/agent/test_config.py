@@ -58,6 +58,17 @@ def test_examples_exist_for_demo_vllm_and_sglang() -> None:
             },
             "policies.schedule.windows[0].start must look like HH:MM, got '9'",
         ),
+        # each of these passed validation and then stopped `servepilot run` with a traceback (exit 1)
+        ({"gate": {"split": {"fp8": 1.0}}}, "gate.split names 'fp8', not one of the upstreams (primary)"),
+        ({"gate": {"split": {"primary": 0.0}}}, "gate.split must give shares >= 0 with a total above 0"),
+        (
+            {"webhooks": {"enabled": True, "generic_url": "http://127.0.0.1:9/hook"}},
+            "webhooks.secret_file is required when generic_url is set",
+        ),
+        (
+            {"policies": {"batch_min": 64, "batch_max": 8}},
+            "policies.batch_min must be <= batch_max, got 64 > 8",
+        ),
     ],
 )
 def test_bad_values_name_field_range_and_value(data: dict[str, object], message: str) -> None:

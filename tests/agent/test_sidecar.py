@@ -608,3 +608,20 @@ async def test_a_policys_number_reaches_an_integer_engine_knob_as_an_integer(
         assert server.core.settings.max_num_seqs == 14
     finally:
         await sidecar.stop()
+
+
+def test_an_unreadable_webhook_secret_is_a_config_error_not_a_traceback(tmp_path: Path) -> None:
+    """`servepilot run` turns a ConfigError into exit code 2 and one line; this was a ValueError traceback."""
+    cfg = config.build(
+        {
+            "webhooks": {
+                "enabled": True,
+                "generic_url": "http://127.0.0.1:9/hook",
+                "secret_file": str(tmp_path / "missing"),
+                "queue_path": str(tmp_path / "outbox.sqlite"),
+            },
+            "audit": {"path": None},
+        }
+    )
+    with pytest.raises(config.ConfigError, match=r"^webhooks\.secret_file '.*missing': No such file"):
+        Sidecar(cfg, collectors=[OneValue()])

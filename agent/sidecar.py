@@ -237,11 +237,14 @@ class Sidecar:
         self.webhooks: WebhookDispatcher | None = None
         if cfg.webhooks.enabled:
             from agent.webhooks import WebhookDispatcher
+            from agent.webhooks.outbox import OutboxError
 
             try:
                 self.webhooks = WebhookDispatcher(cfg.webhooks, self.exporter.registry)
             except ValueError as error:  # the signing secret's file: unreadable or not a secret
                 raise ConfigError("", str(error)) from None
+            except OutboxError as error:  # webhooks.queue_path: no such directory, not writable
+                raise ConfigError("webhooks.queue_path", str(error)) from None
             self.loop.subscribe(self.webhooks.observe)
         self._runner: web.AppRunner | None = None
         self._admin_runner: web.AppRunner | None = None

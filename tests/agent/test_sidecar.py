@@ -625,3 +625,19 @@ def test_an_unreadable_webhook_secret_is_a_config_error_not_a_traceback(tmp_path
     )
     with pytest.raises(config.ConfigError, match=r"^webhooks\.secret_file '.*missing': No such file"):
         Sidecar(cfg, collectors=[OneValue()])
+
+
+def test_an_outbox_that_cannot_be_opened_is_a_config_error_not_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    cfg = config.build(
+        {
+            "webhooks": {
+                "enabled": True,
+                "alertmanager_url": "http://127.0.0.1:9",
+                "queue_path": str(tmp_path / "file" / "outbox.sqlite"),
+            },
+            "audit": {"path": None},
+        }
+    )
+    with pytest.raises(config.ConfigError, match=r"^webhooks\.queue_path cannot open webhook outbox"):
+        Sidecar(cfg, collectors=[OneValue()])

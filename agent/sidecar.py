@@ -340,7 +340,12 @@ class Sidecar:
                 await asyncio.wait_for(self._stop.wait(), timeout=delay)
             if self._stop.is_set():
                 return
-            error = await self.knobs.discover_control()
+            try:
+                error = await self.knobs.discover_control()
+            except Exception:  # a bug must not end the retries silently, nor surface at stop
+                log.exception("asking for the engine's control API failed")
+                delay = min(CONTROL_RETRY_MAX_S, delay * 2)
+                continue
             if error is None:
                 log.info("engine control found %.0f s after start", time.monotonic() - started)
             elif error.temporary:

@@ -273,10 +273,12 @@ async def test_metrics_use_the_registry_passed_in_not_the_global_one(tmp_path: P
 
 
 def test_generic_url_without_secret_is_a_one_line_error() -> None:
+    # with enabled: true config validation refuses it first (tests/agent/test_config.py); the dispatcher
+    # still refuses a config that reaches it without a secret
     with pytest.raises(
         ValueError, match=r"^webhooks.secret_file is required when webhooks.generic_url is set$"
     ):
-        sinks_from_config(WebhookConfig(enabled=True, generic_url="http://127.0.0.1:1/hook"))
+        sinks_from_config(WebhookConfig(generic_url="http://127.0.0.1:1/hook"))
 
 
 def test_secret_file_is_read_and_decoded(tmp_path: Path) -> None:

@@ -163,8 +163,12 @@ def _restore_canary(fields: Mapping[str, Any], loop: Loop) -> str | None:
     return f"canary {state.phase} (step {state.step})"
 
 
-def _restore_overrides(saved: Mapping[str, Any], actuation: Any) -> list[str]:
-    """The pause, and the pins of knobs this configuration still binds (others are logged and dropped)."""
+def _restore_overrides(
+    saved: Mapping[str, Any], actuation: Any, held: dict[str, Any] | None = None
+) -> list[str]:
+    """The pause, and the pins of knobs this configuration still binds (others are logged and dropped).
+    ``held``, when given, takes the pins of knobs not bound *yet* (the engine's, while its control API is
+    still being asked for), for the caller to check and apply once they are."""
     restored: list[str] = []
     if saved.get("paused"):
         actuation.paused = True
@@ -175,6 +179,9 @@ def _restore_overrides(saved: Mapping[str, Any], actuation: Any) -> list[str]:
         if why is None:
             actuation.pins[knob] = value
             restored.append(f"pin {knob}={value!r}")
+        elif knob not in actuation.knobs and held is not None:
+            held[knob] = value
+            restored.append(f"pin {knob}={value!r} (held until the knob is bound)")
         elif knob not in actuation.knobs:
             log.warning(
                 "saved pin on %s dropped: no such knob is bound (not in this configuration, or the engine's "
@@ -186,15 +193,17 @@ def _restore_overrides(saved: Mapping[str, Any], actuation: Any) -> list[str]:
     return restored
 
 
-def restore(document: Mapping[str, Any], loop: Loop, actuation: Any = None) -> list[str]:
-    """Put the saved state into ``loop`` (and the operator's overrides into ``actuation`` when given);
-    returns what was restored (for one log line)."""
+def restore(
+    document: Mapping[str, Any], loop: Loop, actuation: Any = None, held: dict[str, Any] | None = None
+) -> list[str]:
+    """Put the saved state into ``loop`` (and the operator's overrides into ``actuation`` when given; pins
+    of knobs not bound yet into ``held`` when given); returns what was restored (for one log line)."""
     restored: list[str] = []
     canary = document.get("policies", {}).get(CANARY)
     if canary is not None and (line := _restore_canary(canary, loop)) is not None:
         restored.append(line)
     if actuation is not None and isinstance(document.get(OVERRIDES), Mapping):
-        restored.extend(_restore_overrides(document[OVERRIDES], actuation))
+        restored.extend(_restore_overrides(document[OVERRIDES], actuation, held))
     fields = document.get("policies", {}).get(BREAKER)
     if fields is not None and any(p.name == BREAKER for p in loop.policies):
         try:
@@ -226,12 +235,12 @@ def restore(document: Mapping[str, Any], loop: Loop, actuation: Any = None) -> l
     return restored
 
 
-def load_into(path: str, loop: Loop, actuation: Any = None) -> list[str]:
+def load_into(path: str, loop: Loop, actuation: Any = None, held: dict[str, Any] | None = None) -> list[str]:
     """:func:`read` then :func:`restore`; an empty list when nothing was saved or usable."""
     document = read(path, loop)
     if document is None:
         return []
-    restored = restore(document, loop, actuation)
+    restored = restore(document, loop, actuation, held)
     if restored:
         log.info("restored brain state from %s: %s", path, ", ".join(restored))
     return restored

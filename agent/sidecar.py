@@ -251,6 +251,8 @@ class Sidecar:
         self._task: asyncio.Task[None] | None = None
         self._save_task: asyncio.Task[None] | None = None
         self._control_task: asyncio.Task[None] | None = None
+        #: saved pins on knobs the engine's control API binds once it answers (agent/persist.py)
+        self._held_pins: dict[str, Any] = {}
         self._stop = asyncio.Event()
 
     async def save_state(self) -> None:
@@ -323,7 +325,17 @@ class Sidecar:
         )
 
     async def _after_control_discovery(self) -> None:
-        """The levers that depend on what the engine's control API offers (each one logs why it stays out)."""
+        """The levers that depend on what the engine's control API offers (each one logs why it stays out),
+        and the saved pins that waited for its knobs."""
+        actuation = self.knobs.actuation
+        for knob, value in self._held_pins.items():
+            why = actuation.check(knob, value)
+            if why is None:
+                actuation.pins.setdefault(knob, value)  # a pin set meanwhile by the operator stands
+                log.info("restored pin %s=%r now that the knob is bound", knob, value)
+            else:
+                log.warning("saved pin on %s dropped: %s", knob, why)
+        self._held_pins.clear()
         await self._start_batch_at_the_engines_cap()
         self._add_engine_energy()
         await self._add_token_budget()
@@ -490,8 +502,15 @@ class Sidecar:
 
             # after knobs.start(): engine knobs are bound once discovery has run, and a saved pin is kept
             # only for a bound knob (before, every pin on an engine knob was dropped at each restart)
+            # while the engine's control API is still being asked for, pins on knobs not bound yet wait
+            waiting = self.knobs.control_error is not None and self.knobs.control_error.temporary
             await asyncio.get_running_loop().run_in_executor(
-                None, persist.load_into, self.cfg.agent.state_path, self.loop, self.knobs.actuation
+                None,
+                persist.load_into,
+                self.cfg.agent.state_path,
+                self.loop,
+                self.knobs.actuation,
+                self._held_pins if waiting else None,
             )
             # an operator's forced level was saved with the breaker: the override survives the restart
             forced = getattr(self.loop.policy_state("breaker"), "forced", None)

@@ -301,3 +301,55 @@ async def test_a_saved_pin_outside_the_new_bounds_is_dropped_with_the_reason(
         "saved pin on batch.max_in_flight dropped: batch.max_in_flight must be in [32, 512], got 24"
         in caplog.text
     )
+
+
+async def test_a_pin_on_an_engine_knob_waits_for_an_engine_still_loading_at_restart(tmp_path: Path) -> None:
+    """The sidecar restarts while the engine is not answering yet: the saved pin is held, not dropped, and
+    applies once the engine's control API answers and binds the knob."""
+    import asyncio
+
+    from aiohttp import web
+
+    from simulator.engine import make_core
+    from simulator.server import SimServer
+
+    port = _free_port()
+    data = _cfg(tmp_path).model_dump()
+    data.update(
+        control={"enabled": True, "url": f"http://127.0.0.1:{port}"},
+        actuators={"mode": "act"},
+        probe={"enabled": False},
+    )
+    cfg = config.build(data)
+
+    async def engine() -> web.AppRunner:
+        runner = web.AppRunner(SimServer(make_core("a100-80g", "llama-2-7b", "fp16", 256)).app())
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        return runner
+
+    runner = await engine()
+    first = Sidecar(cfg, collectors=[OneValue()])
+    await first.start()
+    try:
+        first.knobs.actuation.pins["engine.max_num_batched_tokens"] = 2048
+    finally:
+        await first.stop()
+        await runner.cleanup()  # the engine restarts too, and is slower to come back than the sidecar
+    second = Sidecar(cfg, collectors=[OneValue()])
+    await second.start()
+    runner = None
+    try:
+        assert second.knobs.actuation.pins == {} and second._held_pins == {
+            "engine.max_num_batched_tokens": 2048
+        }
+        runner = await engine()
+        for _ in range(100):  # the first retry is 1 s after start
+            if second.knobs.actuation.pins:
+                break
+            await asyncio.sleep(0.05)
+        assert second.knobs.actuation.pins == {"engine.max_num_batched_tokens": 2048}
+    finally:
+        await second.stop()
+        if runner is not None:
+            await runner.cleanup()

@@ -172,7 +172,7 @@ class Knobs:
     def _check_gpu_value(self, value: Any) -> str | None:
         if self.gpu.problem:
             return f"{self.gpu_knob}: {self.gpu.problem}"
-        return _range_check(self.gpu_knob, value, *self.gpu.bounds())
+        return knobs.out_of_range(self.gpu_knob, value, *self.gpu.bounds())
 
     def _bind_engine_knobs(self) -> None:
         caps = self.control.capabilities
@@ -292,11 +292,5 @@ class Knobs:
             self.audit.close()
 
 
-def _range_check(knob: str, value: Any, lower: float, upper: float) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not lower <= value <= upper:
-        return f"{knob} must be a number in [{lower:g}, {upper:g}], got {value!r}"
-    return None
-
-
 def _share_check(value: Any) -> str | None:
-    return _range_check(knobs.FP8_SHARE, value, 0.0, 1.0)
+    return knobs.out_of_range(knobs.FP8_SHARE, value, 0.0, 1.0)

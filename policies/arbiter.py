@@ -22,13 +22,12 @@ other. Across a linked group only the highest class's proposals stand; the rest 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from policies.base import Proposal
-from policies.knobs import LINKED, clamp
+from policies.knobs import LINKED, clamp, out_of_range
 
 #: Priority classes of proposals; higher wins.
 PRIORITY: Mapping[str, int] = MappingProxyType(
@@ -55,11 +54,7 @@ class KnobRule:
 
     def check(self, knob: str, value: object) -> str | None:
         """Why ``value`` lies outside this rule (None when inside): what an operator's pin is held to."""
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            return f"{knob} takes a number, got {value!r}"
-        if not self.lower <= value <= self.upper:
-            return f"{knob} must be in [{self.lower:g}, {self.upper:g}], got {value:g}"
-        return None
+        return out_of_range(knob, value, self.lower, self.upper)
 
 
 @dataclass(frozen=True)

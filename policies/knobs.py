@@ -11,6 +11,8 @@ engine's current value is published under.
 
 from __future__ import annotations
 
+import math
+
 BATCH = "batch.max_in_flight"
 SM_CLOCK = "gpu.sm_clock_mhz"
 POWER_LIMIT = "gpu.power_limit_w"
@@ -68,3 +70,13 @@ def upstream_signal(upstream: str, what: str) -> str:
 def clamp(value: float, lower: float, upper: float) -> float:
     """``min(upper, max(lower, value))``: every policy ends with it."""
     return min(upper, max(lower, value))
+
+
+def out_of_range(knob: str, value: object, lower: float, upper: float) -> str | None:
+    """Why ``value`` cannot be set on ``knob`` whose range is ``[lower, upper]`` (None when it can): what
+    an operator's pin is checked against, for the arbiter's bounds and an actuator's own range alike."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return f"{knob} takes a number, got {value!r}"
+    if not lower <= value <= upper:
+        return f"{knob} must be in [{lower:g}, {upper:g}], got {value:g}"
+    return None

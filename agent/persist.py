@@ -166,18 +166,24 @@ def _restore_canary(fields: Mapping[str, Any], loop: Loop) -> str | None:
 def _restore_overrides(
     saved: Mapping[str, Any], actuation: Any, held: dict[str, Any] | None = None
 ) -> list[str]:
-    """The pause, and the pins of knobs this configuration still binds (others are logged and dropped).
-    ``held``, when given, takes the pins of knobs not bound *yet* (the engine's, while its control API is
-    still being asked for), for the caller to check and apply once they are."""
+    """The pause, and the pins (:func:`restore_pins`)."""
     restored: list[str] = []
     if saved.get("paused"):
         actuation.paused = True
         restored.append("actuation paused by the operator")
-    for knob, value in dict(saved.get("pins", {})).items():
-        # the checks an operator's new pin passes (agent/modes.py): bounds may have changed since the save
+    return restored + restore_pins(dict(saved.get("pins", {})), actuation, held)
+
+
+def restore_pins(pins: Mapping[str, Any], actuation: Any, held: dict[str, Any] | None = None) -> list[str]:
+    """Saved pins that pass the checks an operator's new pin passes (agent/modes.py: the configuration
+    may have moved the bounds since the save); the others are logged and dropped. ``held``, when given,
+    takes the pins of knobs not bound *yet* (the engine's, while its control API is still being asked
+    for), for the caller to restore with this function once they are."""
+    restored: list[str] = []
+    for knob, value in pins.items():
         why = actuation.check(knob, value)
         if why is None:
-            actuation.pins[knob] = value
+            actuation.pins.setdefault(knob, value)  # a pin the operator set since start stands
             restored.append(f"pin {knob}={value!r}")
         elif knob not in actuation.knobs and held is not None:
             held[knob] = value

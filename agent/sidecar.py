@@ -327,15 +327,13 @@ class Sidecar:
     async def _after_control_discovery(self) -> None:
         """The levers that depend on what the engine's control API offers (each one logs why it stays out),
         and the saved pins that waited for its knobs."""
-        actuation = self.knobs.actuation
-        for knob, value in self._held_pins.items():
-            why = actuation.check(knob, value)
-            if why is None:
-                actuation.pins.setdefault(knob, value)  # a pin set meanwhile by the operator stands
-                log.info("restored pin %s=%r now that the knob is bound", knob, value)
-            else:
-                log.warning("saved pin on %s dropped: %s", knob, why)
-        self._held_pins.clear()
+        if self._held_pins:
+            from agent import persist
+
+            restored = persist.restore_pins(self._held_pins, self.knobs.actuation)
+            if restored:
+                log.info("restored now that the engine's knobs are bound: %s", ", ".join(restored))
+            self._held_pins.clear()
         await self._start_batch_at_the_engines_cap()
         self._add_engine_energy()
         await self._add_token_budget()

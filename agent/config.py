@@ -12,7 +12,7 @@ import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from annotated_types import Ge, Gt, Le, Lt
@@ -593,6 +593,9 @@ def _bounds(loc: tuple[str | int, ...]) -> tuple[str, str] | None:
     model: Any = Config
     info = None
     for part in loc:
+        if get_origin(model) is dict:  # a mapping of sections (gate.lines.<name>): the key names no field
+            model, info = get_args(model)[1], None
+            continue
         if not isinstance(part, str) or not hasattr(model, "model_fields") or part not in model.model_fields:
             return None
         info = model.model_fields[part]

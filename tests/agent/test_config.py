@@ -34,6 +34,10 @@ def test_examples_exist_for_demo_vllm_and_sglang() -> None:
         ({"agent": {"interval_s": 0}}, "agent.interval_s must be in [0.05, 60], got 0"),
         ({"agent": {"listen_port": 70000}}, "agent.listen_port must be in [1, 65535], got 70000"),
         ({"engine": {"timeout_s": 0}}, "engine.timeout_s must be in (0, 60], got 0"),
+        (  # a section inside a mapping: the range is found through the line's name
+            {"gate": {"lines": {"batch": {"burst_ratio": 200}}}},
+            "gate.lines.batch.burst_ratio must be in [1, 100], got 200",
+        ),
         ({"engine": {"kind": "triton"}}, "engine.kind must be one of"),
         ({"engine": {"url": "ftp://x"}}, "engine.url must start with http:// or https://, got 'ftp://x'"),
         ({"agent": {"intervall_s": 1}}, "agent.intervall_s is not a known setting"),

@@ -57,6 +57,12 @@ class TokenBucket:
         """Give back tokens charged for a request that was not served after all (shed, expired)."""
         self._tokens = min(self.capacity, self._tokens + n)
 
+    def carry_from(self, old: TokenBucket, now: float) -> None:
+        """Start from what ``old`` holds at ``now`` (capped at this capacity, debt kept), not full: a
+        config reload must not hand every line a fresh burst."""
+        self._tokens = min(self.capacity, old.tokens(now))
+        self._t = max(self._t, now)
+
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
@@ -96,6 +102,13 @@ class LineLimiter:
         if self.tokens is not None:
             self.tokens.refund(est_tokens)
 
+    def carry_from(self, old: LineLimiter, now: float) -> None:
+        """Keep ``old``'s bucket levels under this limiter's rates (a token budget new to the line
+        starts full)."""
+        self.requests.carry_from(old.requests, now)
+        if self.tokens is not None and old.tokens is not None:
+            self.tokens.carry_from(old.tokens, now)
+
 
 class LineResolver:
     """Maps a request to its business line: API key map first (it cannot be spoofed by a header), then
@@ -133,6 +146,13 @@ class LineLimits:
         if limiter is None:
             limiter = self._lines[name] = LineLimiter(name, self._default, now)
         return limiter
+
+    def reconfigured(self, cfg: GateConfig, now: float) -> LineLimits:
+        """The limits of ``cfg``, each line's buckets carried over from this one's at ``now``."""
+        new = LineLimits(cfg, now)
+        for name, old in self._lines.items():
+            new.get(name, now).carry_from(old, now)
+        return new
 
 
 def retry_after_header(seconds: float) -> str:

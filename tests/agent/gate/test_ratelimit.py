@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.config import GateConfig, GateLineConfig
-from agent.gate.ratelimit import LineLimiter, LineResolver, TokenBucket, retry_after_header
+from agent.gate.ratelimit import LineLimiter, LineLimits, LineResolver, TokenBucket, retry_after_header
 
 
 def test_bucket_rate_is_within_2_percent_of_configured_over_60_s() -> None:
@@ -80,3 +80,36 @@ def test_unknown_line_falls_back_to_the_default() -> None:
 
 def test_retry_after_rounds_up_to_whole_seconds() -> None:
     assert [retry_after_header(s) for s in (0.0, 0.2, 1.0, 1.01)] == ["1", "1", "1", "2"]
+
+
+def _spent(limits: LineLimits, line: str, now: float) -> int:
+    """Take requests from ``line`` at ``now`` until refused; how many were granted."""
+    granted = 0
+    while limits.get(line, now).admit(0, now).granted:
+        granted += 1
+    return granted
+
+
+def test_a_reload_keeps_each_lines_bucket_level_and_applies_the_new_rate() -> None:
+    old = GateConfig(lines={"batch": GateLineConfig(requests_per_min=600, burst_ratio=1)})
+    limits = LineLimits(old, now=0.0)
+    assert _spent(limits, "batch", 0.0) == 600  # the burst is used up
+    assert _spent(limits, "chat", 0.0) == 2000  # an unlisted line, at the default rate
+    new = GateConfig(
+        lines={"batch": GateLineConfig(requests_per_min=1200, burst_ratio=1, tokens_per_min=60_000)},
+        default_requests_per_min=3000,
+    )
+    limits = limits.reconfigured(new, now=0.0)
+    # no fresh burst: both lines are still empty right after the reload
+    assert _spent(limits, "batch", 0.0) == 0 and _spent(limits, "chat", 0.0) == 0
+    # one second later each has refilled at its new rate: 1200/min = 20, 3000/min = 50
+    assert _spent(limits, "batch", 1.0) == 20 and _spent(limits, "chat", 1.0) == 50
+    # a token budget new to the line starts full
+    budget = limits.get("batch", 1.0).tokens
+    assert budget is not None and budget.tokens(1.0) == 60_000
+
+
+def test_a_reload_that_lowers_a_burst_caps_what_the_line_holds() -> None:
+    limits = LineLimits(GateConfig(lines={"a": GateLineConfig(requests_per_min=600)}), now=0.0)
+    limits = limits.reconfigured(GateConfig(lines={"a": GateLineConfig(requests_per_min=60)}), now=0.0)
+    assert _spent(limits, "a", 0.0) == 120  # the new capacity (2 x 60), not the 1200 it held

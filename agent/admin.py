@@ -21,6 +21,8 @@ Routes::
     GET  /api/admin/canary             precision canary: phase, step, fp8 share, reason, perplexities
     POST /api/admin/canary             start (or restart) a rollout: perplexity gate, then the steps
     DELETE /api/admin/canary           abort: roll back to 0 % fp8 now
+    POST /api/admin/reload             re-read the config file (agent/reload.py): 200 applied or unchanged,
+                                       400 invalid, 409 changes a field that needs a restart
 
 The canary routes answer 404 while ``canary.enabled`` is false.
 """
@@ -30,6 +32,7 @@ from __future__ import annotations
 import hmac
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +43,7 @@ from agent.modes import Actuation
 
 if TYPE_CHECKING:
     from agent.canary_live import LiveCanary
+    from agent.reload import ReloadResult
 
 
 def load_token(path: str | Path) -> str:
@@ -66,6 +70,7 @@ def add_admin_routes(
     clock: Any = time.time,
     *,
     breaker_levels: tuple[int, ...] = (0, 1, 2, 3),
+    reload: Callable[[str], ReloadResult] | None = None,
 ) -> None:
     """Add the override routes and ``GET /api/actions`` to ``app`` (before it starts); the canary
     routes act on ``canary`` (``clock`` gives the time a start or abort is recorded at). A forced breaker
@@ -167,7 +172,19 @@ def add_admin_routes(
             return web.json_response(canary.abort(clock()))
         return web.json_response(canary.status())
 
+    async def reload_route(request: web.Request) -> web.Response:
+        if (denied := authorized(request)) is not None:
+            return denied
+        if reload is None:
+            return _error(404, "no config file to reload: the agent was not started with --config")
+        result = reload("admin API")
+        doc = result.to_json()
+        if not result.ok:
+            doc["error"] = result.message
+        return web.json_response(doc, status={"invalid": 400, "refused": 409}.get(result.result, 200))
+
     app.router.add_get("/api/actions", actions)
+    app.router.add_post("/api/admin/reload", reload_route)
     app.router.add_get("/api/admin/state", state)
     app.router.add_post("/api/admin/pause", pause)
     app.router.add_post("/api/admin/resume", resume)

@@ -49,6 +49,13 @@ class AgentConfig(_Section):
         None, description="brain state (breaker, detector baselines) kept across restarts; null: off"
     )
     state_save_interval_s: float = Field(60.0, ge=1, le=86400, description="brain state is saved this often")
+    config_watch_s: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="reload the config file when its content changes, checked this often; 0: only on "
+        "SIGHUP or POST /api/admin/reload",
+    )
 
     @model_validator(mode="after")
     def _admin_stays_local(self) -> AgentConfig:

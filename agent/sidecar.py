@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import ssl
 import time
 from collections.abc import Mapping, Sequence
@@ -30,6 +31,7 @@ from policies.base import Policy, Proposal
 if TYPE_CHECKING:
     from agent.canary_live import LiveCanary
     from agent.forecasting import LiveForecaster
+    from agent.reload import Reloader, ReloadResult
     from agent.webhooks import WebhookDispatcher
 
 log = logging.getLogger(__name__)
@@ -179,7 +181,16 @@ def warm_imports() -> None:
 class Sidecar:
     """The running agent: owns the loop task and the HTTP site."""
 
-    def __init__(self, cfg: Config, *, collectors: Sequence[Collector] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        collectors: Sequence[Collector] | None = None,
+        config_path: str | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        """``config_path`` (and the ``environ`` its overrides came from): the file a reload re-reads
+        (agent/reload.py); without it there is no reload."""
         self.cfg = cfg
         self.collectors = list(collectors) if collectors is not None else build_collectors(cfg)
         self.store = Store(cfg.agent.history_points, cfg.agent.max_series)
@@ -246,14 +257,37 @@ class Sidecar:
             except OutboxError as error:  # webhooks.queue_path: no such directory, not writable
                 raise ConfigError("webhooks.queue_path", str(error)) from None
             self.loop.subscribe(self.webhooks.observe)
+        self.reloader: Reloader | None = None
+        if config_path is not None:
+            from agent.reload import Reloader
+
+            gate = self.knobs.gate
+            self.reloader = Reloader(
+                config_path,
+                environ or {},
+                cfg,
+                self.exporter.registry,
+                self.knobs.audit,
+                apply_gate=gate.set_admission_rules if gate is not None else None,
+            )
         self._runner: web.AppRunner | None = None
         self._admin_runner: web.AppRunner | None = None
         self._task: asyncio.Task[None] | None = None
         self._save_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
         self._control_task: asyncio.Task[None] | None = None
         #: saved pins on knobs the engine's control API binds once it answers (agent/persist.py)
         self._held_pins: dict[str, Any] = {}
         self._stop = asyncio.Event()
+
+    def reload(self, trigger: str = "admin API") -> ReloadResult:
+        """Re-read the config file and apply what may change without a restart (agent/reload.py)."""
+        if self.reloader is None:
+            raise RuntimeError("this sidecar was not started from a config file")
+        result = self.reloader.reload(trigger)
+        if result.result == "applied":
+            self.cfg = self.reloader.current
+        return result
 
     async def save_state(self) -> None:
         """Write the brain state (agent/persist.py) when ``agent.state_path`` is set: captured here, between
@@ -268,6 +302,18 @@ class Sidecar:
             await asyncio.get_running_loop().run_in_executor(None, persist.write_atomically, path, data)
         except OSError as error:
             log.error("brain state not saved to %s: %s", path, error)
+
+    async def _watch_config(self, every_s: float) -> None:
+        """Reload when the config file's content changes (``agent.config_watch_s``)."""
+        assert self.reloader is not None
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=every_s)
+            if not self._stop.is_set() and self.reloader.file_changed():
+                try:
+                    self.reload("file changed")
+                except Exception:  # a bug in applying must not end the watch: the next edit is tried
+                    log.exception("config reload failed")
 
     async def _save_periodically(self) -> None:
         while not self._stop.is_set():
@@ -531,12 +577,15 @@ class Sidecar:
         agent_cfg = self.cfg.agent
         app = build_app(self.loop, self.exporter)
         admin_args = (self.knobs.actuation, self.knobs.audit, self.knobs.token, self.canary, self.loop.clock)
-        levels = breaker_levels(self.cfg)
+        admin_kwargs: dict[str, Any] = {
+            "breaker_levels": breaker_levels(self.cfg),
+            "reload": self.reload if self.reloader is not None else None,
+        }
         if agent_cfg.admin_listen_port is None:  # config validation allows this only on loopback
-            add_admin_routes(app, *admin_args, breaker_levels=levels)
+            add_admin_routes(app, *admin_args, **admin_kwargs)
         else:
             admin = web.Application(client_max_size=64 * 1024)
-            add_admin_routes(admin, *admin_args, breaker_levels=levels)
+            add_admin_routes(admin, *admin_args, **admin_kwargs)
             self._admin_runner = web.AppRunner(admin, access_log=None, handle_signals=False)
             await self._admin_runner.setup()
             await web.TCPSite(
@@ -555,6 +604,10 @@ class Sidecar:
         self._task = asyncio.create_task(self.loop.run(self._stop), name="servepilot-loop")
         if self.cfg.agent.state_path is not None:
             self._save_task = asyncio.create_task(self._save_periodically(), name="servepilot-save-state")
+        if self.reloader is not None and self.cfg.agent.config_watch_s > 0:
+            self._watch_task = asyncio.create_task(
+                self._watch_config(self.cfg.agent.config_watch_s), name="servepilot-watch-config"
+            )
         if self.webhooks is not None:
             self.webhooks.start()
 
@@ -567,6 +620,8 @@ class Sidecar:
                 await asyncio.wait_for(self._task, timeout=2.0)
         if self._save_task is not None:
             await self._save_task
+        if self._watch_task is not None:
+            await self._watch_task
         if self._control_task is not None:  # may be waiting on an engine that never answered
             self._control_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -588,9 +643,21 @@ class Sidecar:
             await self._admin_runner.cleanup()
 
 
-async def serve(cfg: Config, stop: asyncio.Event) -> None:
-    """Run the sidecar until ``stop`` is set."""
-    sidecar = Sidecar(cfg)
+async def serve(
+    cfg: Config,
+    stop: asyncio.Event,
+    *,
+    config_path: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> None:
+    """Run the sidecar until ``stop`` is set; with ``config_path``, SIGHUP reloads it (agent/reload.py)."""
+    sidecar = Sidecar(cfg, config_path=config_path, environ=environ)
+    loop = asyncio.get_running_loop()
+    hangup = False
+    if config_path is not None:  # before start: a reload needs only the config and the gate's objects
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            loop.add_signal_handler(signal.SIGHUP, sidecar.reload, "SIGHUP")
+            hangup = True
     try:
         await sidecar.start()
         from agent.heap import settle_after_start_up
@@ -598,4 +665,6 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
         settle_after_start_up()  # full GC passes would otherwise stall ticks and the gate's streams
         await stop.wait()
     finally:
+        if hangup:
+            loop.remove_signal_handler(signal.SIGHUP)
         await sidecar.stop()

@@ -223,6 +223,15 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
             "engine's own knobs (token budget, batch cap, clock) are not being tuned.",
         ),
         _alert(
+            "ServepilotConfigReloadFailed",
+            f"max by ({BY}) (servepilot_config_last_reload_successful) == 0",
+            p.for_(600),
+            "warning",
+            "servepilot in {{ $labels.pod }} refused its edited config",
+            "The last config reload was refused (invalid, or a change that needs a restart) 10 minutes ago "
+            "and none has succeeded since; the sidecar runs on its previous config, not the file.",
+        ),
+        _alert(
             "ServepilotWebhookDeliveryFailing",
             f"max by ({BY}, sink) (servepilot_webhook_oldest_pending_age_seconds) > 300\n"
             f"or sum by ({BY}, sink) (increase(servepilot_webhook_deliveries_total"

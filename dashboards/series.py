@@ -67,6 +67,7 @@ AGENT: list[Series] = _agent(
     "servepilot_breaker_level",
     "servepilot_actions_total",
     "servepilot_engine_control_up",
+    "servepilot_config_last_reload_successful",
     "servepilot_slo_ttft_seconds",
     # the admission gate's own series (gate.enabled)
     "servepilot_gate_ttft_seconds_bucket",

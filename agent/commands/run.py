@@ -14,7 +14,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "run",
         help="run the sidecar next to an engine",
         description="Run the servepilot sidecar: collect NVML, engine and allocator-probe readings every "
-        "agent.interval_s, run the detectors and serve /metrics, /healthz, /readyz and /api/state.",
+        "agent.interval_s, run the detectors and serve /metrics, /healthz, /readyz and /api/state. "
+        "SIGHUP (or POST /api/admin/reload) re-reads the config file and applies the gate's business-line "
+        "rules without a restart; a file that changes anything else is refused (docs/gate.md).",
     )
     parser.add_argument("--config", "-c", required=True, help="YAML config file (see examples/)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -22,6 +24,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    # a SIGHUP (config reload) that arrives while the sidecar imports and builds itself must not end
+    # the process, which is SIGHUP's default; serve() installs the reload handler once it can reload
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     from agent import config
     from agent.sidecar import serve
 
@@ -35,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await serve(cfg, stop)
+        await serve(cfg, stop, config_path=args.config, environ=os.environ)
 
     try:
         asyncio.run(main())

@@ -173,3 +173,51 @@ def test_token_file_is_read_and_short_tokens_refused(tmp_path: Path) -> None:
         load_token(short)
     with pytest.raises(ValueError, match="cannot read admin token file"):
         load_token(tmp_path / "missing")
+
+
+async def _reload_app(reload: object) -> tuple[web.AppRunner, str]:
+    audit = AuditLog(AuditConfig(path=None), CollectorRegistry())
+    app = web.Application()
+    add_admin_routes(app, Actuation("act", audit), audit, TOKEN, reload=reload)  # type: ignore[arg-type]
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+@pytest.mark.parametrize(
+    ("result", "status"), [("applied", 200), ("unchanged", 200), ("invalid", 400), ("refused", 409)]
+)
+async def test_reload_answers_the_result_with_its_status(result: str, status: int) -> None:
+    from agent.reload import ReloadResult
+
+    triggers: list[str] = []
+
+    def reload(trigger: str) -> ReloadResult:
+        triggers.append(trigger)
+        return ReloadResult(result, f"one line about {result}", {"gate.lines.a.requests_per_min": (1.0, 2.0)})
+
+    runner, url = await _reload_app(reload)
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{url}/api/admin/reload") as r:
+                assert r.status == 401  # a reload is a write: the token is required
+            async with s.post(f"{url}/api/admin/reload", headers=AUTH) as r:
+                assert r.status == status
+                doc = await r.json()
+    finally:
+        await runner.cleanup()
+    assert triggers == ["admin API"]
+    assert doc["result"] == result and doc["message"] == f"one line about {result}"
+    assert doc["changed"] == {"gate.lines.a.requests_per_min": {"from": 1.0, "to": 2.0}}
+    assert ("error" in doc) == (status != 200)
+
+
+async def test_reload_without_a_config_file_is_404() -> None:
+    runner, url = await _reload_app(None)
+    try:
+        async with aiohttp.ClientSession() as s, s.post(f"{url}/api/admin/reload", headers=AUTH) as r:
+            assert r.status == 404
+            assert "not started with --config" in (await r.json())["error"]
+    finally:
+        await runner.cleanup()

@@ -2,11 +2,11 @@
 
 Produced by running the real control loop, collectors and exporter against loopback servers that
 replay real captures (vLLM 0.32 CPU scrapes, an allocator-probe scrape) and the in-process fake NVML
-backend, with the webhook dispatcher, the admission gate, engine control and the audit log attached to
-the agent's registry, the breaker policy in the loop, the configured SLO targets and a live forecaster
-restored from a seeded state (see :mod:`tests.dashboards.forecast_seed`), as the sidecar wires them. The
-result is a sorted list of ``sample_name{label,...}`` lines, independent of values, so it only changes
-when the agent's exported surface changes. Regenerate with::
+backend, with the webhook dispatcher, the admission gate, engine control, the audit log and the config
+reloader attached to the agent's registry, the breaker policy in the loop, the configured SLO targets
+and a live forecaster restored from a seeded state (see :mod:`tests.dashboards.forecast_seed`), as the
+sidecar wires them. The result is a sorted list of ``sample_name{label,...}`` lines, independent of
+values, so it only changes when the agent's exported surface changes. Regenerate with::
 
     SERVEPILOT_UPDATE_GOLDEN=1 .venv/bin/pytest tests/dashboards/test_series.py
 """
@@ -36,6 +36,7 @@ from agent.exporter import Exporter
 from agent.forecasting import LiveForecaster
 from agent.knobs import Knobs
 from agent.loop import Loop
+from agent.reload import Reloader
 from agent.store import Store
 from agent.webhooks.dispatcher import WebhookDispatcher
 from agent.webhooks.sinks import GenericSink
@@ -109,6 +110,10 @@ async def agent_exposition(tmp_path: Path) -> str:
         exporter.registry,
     )
     audit = knobs.audit
+    # `servepilot run` always has a config file: its reloader's series (agent/reload.py)
+    config_file = tmp_path / "servepilot.yaml"
+    config_file.write_text("gate: {enabled: true}\n", encoding="utf-8")
+    Reloader(config_file, {}, config.load(config_file), exporter.registry, audit)
     loop = Loop(collectors, Store(100, 4096), interval_s=1.0, source_timeout_s=1.0, policies=[Breaker()])
     loop.subscribe(exporter.publish)
     hooks = WebhookDispatcher(

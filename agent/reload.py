@@ -1,0 +1,204 @@
+"""Reloading the config file while the sidecar runs: ``SIGHUP``, ``POST /api/admin/reload``, or on its
+own when the file changes (``agent.config_watch_s``).
+
+A restart is not free here: with the gate in the sidecar it takes the pod's data path down, and the
+detectors' baselines start over. What operators change while traffic runs is who may send how much:
+business lines and their rates, API keys. Those fields (:data:`HOT`) are applied in place; the gate's
+buckets keep their levels, so a reload hands no line a fresh burst.
+
+A reload is all or nothing, as Prometheus and Alertmanager do it: a file that does not validate, or
+that changes any other field (those need a restart), is refused with one line naming the field, and the
+running config stays as it was. ``servepilot_config_last_reload_successful`` goes to 0 until a reload
+succeeds (the ``ServepilotConfigReloadFailed`` alert), so a ConfigMap edit that did not take is seen,
+not assumed. Each applied reload is one audit record (knob ``config``) with the changed fields' old and
+new values; API keys are never written out, only how many there are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from agent.audit import Action, AuditLog
+from agent.config import Config, ConfigError, GateConfig, load
+
+log = logging.getLogger(__name__)
+
+#: Fields applied without a restart (a field, or every field under a prefix).
+HOT = (
+    "gate.lines",
+    "gate.default_requests_per_min",
+    "gate.api_keys",
+    "gate.default_line",
+    "gate.line_header",
+    "gate.priority_header",
+    "gate.max_body_bytes",
+)
+#: Fields whose values are secrets: a change is reported by count, never by value.
+SECRET = ("gate.api_keys",)
+RESULTS = ("applied", "unchanged", "refused", "invalid")
+
+
+def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(value, Mapping) and prefix not in SECRET:
+        for key, inner in value.items():
+            _flatten(inner, f"{prefix}.{key}" if prefix else str(key), out)
+    else:
+        out[prefix] = value
+    return out
+
+
+def changed_fields(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
+    """Dotted field path -> (old, new) for every leaf that differs (a line added or removed is each of
+    its fields; a secret field is one entry)."""
+    before = _flatten(old.model_dump(mode="json"), "", {})
+    after = _flatten(new.model_dump(mode="json"), "", {})
+    missing = object()
+    return {
+        path: (before.get(path), after.get(path))
+        for path in sorted(before.keys() | after.keys())
+        if before.get(path, missing) != after.get(path, missing)
+    }
+
+
+def _under(path: str, prefixes: tuple[str, ...]) -> bool:
+    return any(path == p or path.startswith(p + ".") for p in prefixes)
+
+
+def shown(path: str, value: Any) -> Any:
+    """What a log line or the audit may say about ``value``: a secret's size, not its content."""
+    if _under(path, SECRET):
+        return f"<{len(value)} keys>" if isinstance(value, Mapping) else "<redacted>"
+    return value
+
+
+@dataclass(frozen=True)
+class ReloadResult:
+    """``result`` is one of :data:`RESULTS`; ``message`` one line; ``changed``: path -> (old, new), shown."""
+
+    result: str
+    message: str
+    changed: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.result in ("applied", "unchanged")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "result": self.result,
+            "message": self.message,
+            "changed": {path: {"from": a, "to": b} for path, (a, b) in self.changed.items()},
+        }
+
+
+class Reloader:
+    """Re-reads ``path`` (with the same environment overrides) and applies the :data:`HOT` fields.
+
+    ``apply_gate`` takes the new gate section (None without a gate). ``current`` is the config in force;
+    after an applied reload it is the new one, so the next reload diffs against what runs.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        environ: Mapping[str, str],
+        current: Config,
+        registry: CollectorRegistry,
+        audit: AuditLog,
+        *,
+        apply_gate: Callable[[GateConfig], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = Path(path)
+        self.environ = dict(environ)
+        self.current = current
+        self.audit = audit
+        self.apply_gate = apply_gate
+        self.clock = clock
+        self._successful = Gauge(
+            "servepilot_config_last_reload_successful",
+            "1 when the last config reload succeeded (or none was tried), 0 when it was refused.",
+            registry=registry,
+        )
+        self._success_at = Gauge(
+            "servepilot_config_last_reload_success_timestamp_seconds",
+            "When the config in force was loaded (start or the last successful reload).",
+            registry=registry,
+        )
+        self._total = Counter(
+            "servepilot_config_reloads", "Config reloads by result.", ["result"], registry=registry
+        )
+        for result in RESULTS:
+            self._total.labels(result)
+        self._successful.set(1)
+        self._success_at.set(clock())
+        self._seen = self._digest()
+
+    def _digest(self) -> str | None:
+        try:
+            return hashlib.sha256(self.path.read_bytes()).hexdigest()
+        except OSError:
+            return None
+
+    def file_changed(self) -> bool:
+        """True when the file's content differs from the last one read (start or reload). A Kubernetes
+        ConfigMap volume swaps the whole file at once, so a change is seen whole, never half-written."""
+        return self._digest() != self._seen
+
+    def reload(self, trigger: str) -> ReloadResult:
+        """Reload now; ``trigger`` (``SIGHUP``, ``admin API``) goes into the log and the audit."""
+        result = self._reload(trigger)
+        self._total.labels(result.result).inc()
+        self._successful.set(1 if result.ok else 0)
+        if result.ok:
+            self._success_at.set(self.clock())
+            log.info("config reload (%s): %s", trigger, result.message)
+        else:
+            log.error("config reload (%s) refused: %s", trigger, result.message)
+        return result
+
+    def _reload(self, trigger: str) -> ReloadResult:
+        self._seen = self._digest()  # a refused file is not retried until it changes again
+        try:
+            new = load(self.path, self.environ)
+        except ConfigError as error:
+            return ReloadResult("invalid", f"{error}; the running config is unchanged")
+        changes = changed_fields(self.current, new)
+        shown_changes = {path: (shown(path, a), shown(path, b)) for path, (a, b) in changes.items()}
+        if not changes:
+            return ReloadResult("unchanged", f"no change in {self.path}")
+        cold = [path for path in changes if not _under(path, HOT)]
+        if cold:
+            more = f" (and {len(cold) - 3} more)" if len(cold) > 3 else ""
+            return ReloadResult(
+                "refused",
+                f"{', '.join(cold[:3])}{more} changed, which needs a restart; nothing was applied "
+                f"(applied without one: {', '.join(HOT)})",
+                shown_changes,
+            )
+        if self.apply_gate is not None:
+            self.apply_gate(new.gate)
+        self.current = new
+        self.audit.record(
+            Action(
+                self.clock(),
+                "config",
+                {path: a for path, (a, _) in shown_changes.items()},
+                {path: b for path, (_, b) in shown_changes.items()},
+                f"config reloaded from {self.path} ({trigger})",
+                "reload",
+                new.actuators.mode,
+                "ok",
+            )
+        )
+        return ReloadResult(
+            "applied", f"{len(changes)} field(s) changed: {', '.join(list(changes)[:5])}", shown_changes
+        )

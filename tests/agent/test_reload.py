@@ -1,0 +1,166 @@
+"""Config reload (agent/reload.py): the gate's business-line rules change in place, anything else is
+refused whole, a bad file changes nothing, and secrets never reach the log, the audit or the answer."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agent import config
+from agent.audit import AuditLog
+from agent.config import AuditConfig, GateConfig
+from agent.reload import Reloader, changed_fields
+
+BASE = """\
+agent: {interval_s: 1}
+gate:
+  enabled: true
+  upstreams: {primary: "http://127.0.0.1:9"}
+  lines: {batch: {requests_per_min: 60}}
+  api_keys: {sk-old-key-0123456789: batch}
+"""
+
+
+class Setup:
+    def __init__(self, tmp_path: Path, environ: dict[str, str] | None = None) -> None:
+        self.path = tmp_path / "servepilot.yaml"
+        self.path.write_text(BASE)
+        self.environ = environ or {}
+        self.cfg = config.load(self.path, self.environ)
+        self.registry = CollectorRegistry()
+        self.audit = AuditLog(AuditConfig(path=None), self.registry)
+        self.applied: list[GateConfig] = []
+        self.reloader = Reloader(
+            self.path, self.environ, self.cfg, self.registry, self.audit, apply_gate=self.applied.append
+        )
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        return self.registry.get_sample_value(name, labels)
+
+    def edit(self, old: str, new: str) -> None:
+        text = self.path.read_text()
+        assert old in text
+        self.path.write_text(text.replace(old, new))
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Setup:
+    return Setup(tmp_path)
+
+
+def test_changed_fields_names_each_leaf_that_differs() -> None:
+    old = config.build({"gate": {"lines": {"batch": {"requests_per_min": 60}}}})
+    new = config.build(
+        {"gate": {"lines": {"batch": {"requests_per_min": 120}, "chat": {"priority": "high"}}}}
+    )
+    changes = changed_fields(old, new)
+    assert changes["gate.lines.batch.requests_per_min"] == (60.0, 120.0)
+    assert changes["gate.lines.chat.priority"] == (None, "high")  # a new line: each of its fields
+    assert all(path.startswith("gate.lines.") for path in changes)
+
+
+def test_an_unchanged_file_is_a_successful_no_op(setup: Setup) -> None:
+    result = setup.reloader.reload("SIGHUP")
+    assert (result.result, result.ok) == ("unchanged", True)
+    assert setup.applied == []
+    assert setup.metric("servepilot_config_reloads_total", result="unchanged") == 1
+    assert setup.metric("servepilot_config_last_reload_successful") == 1
+
+
+def test_a_line_rate_change_is_applied_to_the_gate_and_audited(setup: Setup) -> None:
+    setup.edit("requests_per_min: 60", "requests_per_min: 600")
+    result = setup.reloader.reload("SIGHUP")
+    assert result.result == "applied", result.message
+    assert result.changed == {"gate.lines.batch.requests_per_min": (60.0, 600.0)}
+    assert [g.lines["batch"].requests_per_min for g in setup.applied] == [600.0]
+    assert setup.reloader.current.gate.lines["batch"].requests_per_min == 600.0
+    (action,) = setup.audit.recent()
+    assert action["knob"] == "config" and action["policy"] == "reload" and action["result"] == "ok"
+    assert action["from"] == {"gate.lines.batch.requests_per_min": 60.0}
+    assert action["to"] == {"gate.lines.batch.requests_per_min": 600.0}
+    assert "SIGHUP" in action["reason"]
+    # the next reload diffs against what now runs
+    assert setup.reloader.reload("SIGHUP").result == "unchanged"
+
+
+def test_a_change_that_needs_a_restart_refuses_the_whole_file(
+    setup: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    setup.edit("requests_per_min: 60", "requests_per_min: 600")
+    setup.edit("interval_s: 1", "interval_s: 2")
+    with caplog.at_level(logging.ERROR, logger="agent.reload"):
+        result = setup.reloader.reload("SIGHUP")
+    assert result.result == "refused"
+    assert result.message.startswith("agent.interval_s changed, which needs a restart; nothing was applied")
+    assert "gate.lines" in result.message  # says what can change without one
+    assert setup.applied == [] and setup.reloader.current is setup.cfg  # not even the line's rate
+    assert setup.audit.recent() == []
+    assert setup.metric("servepilot_config_last_reload_successful") == 0
+    assert len([r for r in caplog.records if "refused" in r.getMessage()]) == 1
+    # put the interval back: the rate change alone now applies, and the gauge recovers
+    setup.edit("interval_s: 2", "interval_s: 1")
+    assert setup.reloader.reload("SIGHUP").result == "applied"
+    assert setup.metric("servepilot_config_last_reload_successful") == 1
+    assert setup.metric("servepilot_config_reloads_total", result="refused") == 1
+    assert setup.metric("servepilot_config_reloads_total", result="applied") == 1
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("requests_per_min: 60", "requests_per_min: 0", "gate.lines.batch.requests_per_min must be in (0,"),
+        ("requests_per_min: 60", "requests_per_min: [", "is not valid YAML at line 5"),
+        ("lines:", "linez:", "gate.linez is not a known setting"),
+    ],
+)
+def test_a_bad_file_changes_nothing_and_says_which_field(
+    setup: Setup, old: str, new: str, expected: str
+) -> None:
+    setup.edit(old, new)
+    result = setup.reloader.reload("admin API")
+    assert result.result == "invalid"
+    assert expected in result.message and result.message.endswith("the running config is unchanged")
+    assert "\n" not in result.message
+    assert setup.applied == [] and setup.reloader.current is setup.cfg
+    assert setup.metric("servepilot_config_last_reload_successful") == 0
+    assert setup.metric("servepilot_config_reloads_total", result="invalid") == 1
+
+
+def test_a_missing_file_is_invalid_not_a_crash(setup: Setup) -> None:
+    setup.path.unlink()
+    result = setup.reloader.reload("SIGHUP")
+    assert result.result == "invalid" and "cannot read config" in result.message
+
+
+def test_api_keys_are_applied_but_never_shown(setup: Setup, caplog: pytest.LogCaptureFixture) -> None:
+    setup.edit("{sk-old-key-0123456789: batch}", "{sk-new-key-9876543210: batch, sk-two-key-5555555555: x}")
+    with caplog.at_level(logging.INFO, logger="agent.reload"):
+        result = setup.reloader.reload("SIGHUP")
+    assert result.result == "applied"
+    assert setup.applied[0].api_keys == {"sk-new-key-9876543210": "batch", "sk-two-key-5555555555": "x"}
+    assert result.changed == {"gate.api_keys": ("<1 keys>", "<2 keys>")}
+    said = json.dumps(result.to_json()) + json.dumps(setup.audit.recent()) + caplog.text
+    assert "sk-" not in said
+
+
+def test_environment_overrides_apply_to_the_reloaded_file_too(tmp_path: Path) -> None:
+    setup = Setup(tmp_path, {"SERVEPILOT_AGENT__INTERVAL_S": "2"})
+    assert setup.cfg.agent.interval_s == 2
+    # without the same overrides the file would read interval_s 1: a change that needs a restart
+    assert setup.reloader.reload("SIGHUP").result == "unchanged"
+
+
+def test_file_changed_sees_an_edit_once_and_a_refused_file_is_not_retried(setup: Setup) -> None:
+    assert not setup.reloader.file_changed()
+    setup.edit("interval_s: 1", "interval_s: 2")
+    assert setup.reloader.file_changed()
+    assert setup.reloader.reload("file changed").result == "refused"
+    assert not setup.reloader.file_changed()  # the same refused content: no reload every check
+    setup.edit("interval_s: 2", "interval_s: 1")
+    assert setup.reloader.file_changed()
+    setup.path.unlink()
+    assert setup.reloader.file_changed()  # a file that disappears is a change (reported as invalid)

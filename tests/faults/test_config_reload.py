@@ -1,0 +1,166 @@
+"""A real ``servepilot run`` (gate on) reloads its config on SIGHUP, with a stream in flight through it.
+
+The upstream is in-process: a completions route that answers at once, and a streaming one that holds
+its stream open until the test releases it, so the reload demonstrably lands while a client is being
+served. The only real-time waits are the process's start-up and polling its /metrics for the reload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.engines.launcher import free_port
+from tests.faults.conftest import serve
+
+ROOT = Path(__file__).resolve().parents[2]
+LINE = {"x-servepilot-line": "batch"}
+
+
+def _upstream(release: asyncio.Event) -> web.Application:
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        if not (await request.json()).get("stream"):
+            return web.json_response({"choices": [{"text": "ok"}], "usage": {"completion_tokens": 1}})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices": [{"text": "one"}]}\n\n')
+        await release.wait()
+        await response.write(b'data: {"choices": [{"text": "two"}]}\n\ndata: [DONE]\n\n')
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions)
+    return app
+
+
+def _config(
+    upstream: str, agent_port: int, gate_port: int, *, rate: int, interval: int = 1, watch_s: float = 0
+) -> str:
+    return (
+        f"agent: {{listen_port: {agent_port}, interval_s: {interval}, config_watch_s: {watch_s}}}\n"
+        f"engine: {{url: '{upstream}'}}\n"
+        "nvml: {backend: 'off'}\nprobe: {enabled: false}\naudit: {path: null}\n"
+        f"gate: {{enabled: true, listen_port: {gate_port}, health_interval_s: 600,"
+        f" upstreams: {{primary: '{upstream}'}},"
+        f" lines: {{batch: {{requests_per_min: {rate}, burst_ratio: 1}}}}}}\n"
+    )
+
+
+async def _metric(http: aiohttp.ClientSession, url: str, name: str, **labels: str) -> float | None:
+    async with http.get(url) as response:
+        text = await response.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return None
+
+
+async def _until(http: aiohttp.ClientSession, url: str, name: str, value: float, **labels: str) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            if await _metric(http, url, name, **labels) == value:
+                return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.05)  # polling a real process
+    raise AssertionError(f"{name}{labels} never read {value}")
+
+
+async def _status(http: aiohttp.ClientSession, gate: str) -> int:
+    body = {"model": "m", "prompt": "hi", "max_tokens": 1}
+    async with http.post(f"{gate}/v1/completions", json=body, headers=LINE) as response:
+        await response.read()
+        return response.status
+
+
+async def test_sighup_applies_a_new_line_rate_without_cutting_a_stream(tmp_path: Path) -> None:
+    release = asyncio.Event()
+    agent_port, gate_port = free_port(), free_port()
+    path = tmp_path / "servepilot.yaml"
+    async with serve(_upstream(release)) as upstream, aiohttp.ClientSession() as http:
+        path.write_text(_config(upstream, agent_port, gate_port, rate=1))
+        run = subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", "run", "--config", str(path)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        gate, metrics = f"http://127.0.0.1:{gate_port}", f"http://127.0.0.1:{agent_port}/metrics"
+        try:
+            await _until(http, metrics, "servepilot_config_last_reload_successful", 1.0)
+            # one request a minute, burst 1: a stream takes it, the next request is refused
+            stream = await http.post(
+                f"{gate}/v1/completions", json={"model": "m", "prompt": "p", "stream": True}, headers=LINE
+            )
+            assert stream.status == 200
+            assert (await stream.content.readuntil(b"\n\n")).startswith(b"data: ")
+            assert await _status(http, gate) == 429
+
+            path.write_text(_config(upstream, agent_port, gate_port, rate=6000))
+            run.send_signal(signal.SIGHUP)
+            await _until(http, metrics, "servepilot_config_reloads_total", 1.0, result="applied")
+            await asyncio.sleep(0.05)  # 100 requests/s refill: a few tokens by now
+            assert await _status(http, gate) == 200
+            release.set()
+            rest = await stream.read()
+            assert rest.endswith(b"data: [DONE]\n\n")  # the stream admitted before the reload ran on
+
+            # a change that needs a restart: refused whole, the process runs on with the applied rate
+            path.write_text(_config(upstream, agent_port, gate_port, rate=1, interval=2))
+            run.send_signal(signal.SIGHUP)
+            await _until(http, metrics, "servepilot_config_last_reload_successful", 0.0)
+            assert run.poll() is None
+            assert await _status(http, gate) == 200
+        finally:
+            release.set()
+            run.send_signal(signal.SIGTERM)
+            try:
+                code = await asyncio.to_thread(run.wait, 20)
+            finally:
+                if run.poll() is None:
+                    run.kill()
+                    run.wait()
+    output = run.stdout.read() if run.stdout else ""
+    assert code == 0, output
+    assert "config reload (SIGHUP): 1 field(s) changed: gate.lines.batch.requests_per_min" in output
+    assert "config reload (SIGHUP) refused: agent.interval_s changed, which needs a restart" in output
+
+
+async def test_with_config_watch_an_edited_file_is_applied_without_a_signal(tmp_path: Path) -> None:
+    agent_port, gate_port = free_port(), free_port()
+    path = tmp_path / "servepilot.yaml"
+    async with serve(_upstream(asyncio.Event())) as upstream, aiohttp.ClientSession() as http:
+        path.write_text(_config(upstream, agent_port, gate_port, rate=1, watch_s=0.1))
+        run = subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", "run", "--config", str(path)],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        gate, metrics = f"http://127.0.0.1:{gate_port}", f"http://127.0.0.1:{agent_port}/metrics"
+        try:
+            await _until(http, metrics, "servepilot_config_last_reload_successful", 1.0)
+            assert [await _status(http, gate) for _ in range(2)] == [200, 429]
+            path.write_text(_config(upstream, agent_port, gate_port, rate=6000, watch_s=0.1))
+            await _until(http, metrics, "servepilot_config_reloads_total", 1.0, result="applied")
+            await asyncio.sleep(0.05)  # 100 requests/s refill
+            assert await _status(http, gate) == 200
+        finally:
+            run.send_signal(signal.SIGTERM)
+            try:
+                assert await asyncio.to_thread(run.wait, 20) == 0
+            finally:
+                if run.poll() is None:
+                    run.kill()
+                    run.wait()

@@ -102,6 +102,11 @@ class AuditLog:
         if self._handler is not None:
             self._logger.info(json.dumps(action.to_json(), separators=(",", ":"), default=str))
 
+    def count(self, knob: str, result: str) -> None:
+        """Count an action in ``servepilot_actions_total`` without writing it out: a failure that repeats
+        one already recorded (see ``Actuation``), which the alerts must still see."""
+        self._counter.labels(knob, result.split(":", 1)[0]).inc()
+
     def recent(self, limit: int = 100) -> list[dict[str, Any]]:
         """The newest ``limit`` actions, newest first."""
         return [a.to_json() for a in list(self._recent)[::-1][:limit]]

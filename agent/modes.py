@@ -47,6 +47,11 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+#: A failure that repeats the one last recorded for a knob (same value, same error) is written to the
+#: audit log again only after this long, with how many times it failed in between.
+ERROR_REPEAT_S = 300.0
+
+
 def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}".replace("\n", " ")[:300]
 
@@ -70,6 +75,10 @@ class Actuation:
         #: as (from, to). Policies propose every tick and the value never moves, so the same advice came
         #: once a tick: 26 identical "1980 -> 1824" entries a minute from the energy policy alone.
         self._held: dict[str, tuple[Any, Any]] = {}
+        #: The failure last recorded per knob: (target, result, recorded at, repeats since). A pin on an
+        #: engine knob while the engine is down failed, and was written out, every tick: 86,400 lines a
+        #: day, which rotated the real history out of the audit log within two days of an outage.
+        self._failing: dict[str, tuple[Any, str, float, int]] = {}
         #: The bounds every policy's value is held to (the arbiter's), for :meth:`check`.
         self.bounds: Callable[[str, Any], str | None] | None = None
 
@@ -122,10 +131,11 @@ class Actuation:
             try:
                 current = await binding.read()
             except Exception as error:
-                return self._audit(
+                return self._failed(
                     knob, None, target, reason, proposal.policy, f"error: read: {_one_line(error)}"
                 )
         if binding is not None and _same(current, target):
+            self._failing.pop(knob, None)
             return None  # level-based: already there
         if binding is None:
             seen = knob in self._unbound
@@ -148,8 +158,32 @@ class Actuation:
                 target = await binding.write(target)
                 result = "ok"
             except Exception as error:  # an actuator failure is audited, never raised into the loop
-                result = f"error: {_one_line(error)}"
+                return self._failed(
+                    knob, current, target, reason, proposal.policy, f"error: {_one_line(error)}"
+                )
+            self._failing.pop(knob, None)
         return self._audit(knob, current, target, reason, proposal.policy, result)
+
+    def _failed(
+        self, knob: str, current: Any, target: Any, reason: str, policy: str, result: str
+    ) -> Action | None:
+        """Audit a failure, unless it repeats the one last recorded for ``knob`` within
+        :data:`ERROR_REPEAT_S`: then it is only counted (the alerts read the counter)."""
+        now = self.clock()
+        last = self._failing.get(knob)
+        if (
+            last is not None
+            and _same(last[0], target)
+            and last[1] == result
+            and now - last[2] < ERROR_REPEAT_S
+        ):
+            self._failing[knob] = (*last[:3], last[3] + 1)
+            self.audit.count(knob, result)
+            return None
+        if last is not None and last[3] and _same(last[0], target) and last[1] == result:
+            reason = f"{reason} (failed {last[3]} more time(s) since the last record)"
+        self._failing[knob] = (target, result, now, 0)
+        return self._audit(knob, current, target, reason, policy, result)
 
     def _audit(self, knob: str, current: Any, target: Any, reason: str, policy: str, result: str) -> Action:
         action = Action(self.clock(), knob, current, target, reason, policy, self.mode.value, result)

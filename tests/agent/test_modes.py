@@ -133,3 +133,49 @@ async def test_advice_for_an_unbound_knob_is_recorded_when_it_changes() -> None:
     act = _actuation("advise", Knob())
     results = [await act.execute(Proposal("p", "batch.max_in_flight", v, "r")) for v in (48, 48, 72, 72)]
     assert [a.result if a else None for a in results] == ["advised", None, "advised", None]
+
+
+async def test_a_failure_that_repeats_every_tick_is_written_once_per_5_minutes_and_counted_each_time() -> (
+    None
+):
+    """A pin on an engine knob while the engine is down fails every tick; the audit log gets the first
+    failure and a reminder every ERROR_REPEAT_S with the count in between, the counter every one."""
+    now = {"t": 0.0}
+    registry = CollectorRegistry()
+    act = Actuation("act", AuditLog(AuditConfig(path=None), registry), clock=lambda: now["t"])
+
+    async def down() -> Any:
+        raise ConnectionError("engine refused the connection")
+
+    async def never(value: Any) -> Any:
+        raise AssertionError("not written: the read failed")
+
+    act.bind("engine.max_num_batched_tokens", down, never)
+    act.pins["engine.max_num_batched_tokens"] = 2048
+    proposal = Proposal("pin", "engine.max_num_batched_tokens", 2048, "r")
+    recorded = []
+    for tick in range(601):  # ten minutes of 1 s ticks
+        now["t"] = float(tick)
+        if (action := await act.execute(proposal)) is not None:
+            recorded.append(action)
+    assert [a.time for a in recorded] == [0.0, 300.0, 600.0]
+    assert all(a.result == "error: read: ConnectionError: engine refused the connection" for a in recorded)
+    assert "failed 299 more time(s) since the last record" in recorded[1].reason
+    errors = registry.get_sample_value(
+        "servepilot_actions_total", {"knob": "engine.max_num_batched_tokens", "result": "error"}
+    )
+    assert errors == 601  # ServepilotActuationFailing reads every failure
+
+
+async def test_a_new_error_a_new_value_or_a_success_in_between_is_recorded_at_once() -> None:
+    knob = Knob(fail=True)
+    act = _actuation("act", knob)  # the clock stands still: only a change is news
+    assert await act.execute(PROPOSAL) is not None
+    assert await act.execute(PROPOSAL) is None
+    other = await act.execute(Proposal("batch", "gate.limit", 40, "r"))  # another value
+    assert other is not None and other.to_value == 40
+    knob.fail = False
+    assert (await act.execute(PROPOSAL)).result == "ok"  # type: ignore[union-attr]
+    knob.fail, knob.value = True, 64
+    again = await act.execute(PROPOSAL)  # failing again after a success: news
+    assert again is not None and again.result.startswith("error") and "more time" not in again.reason

@@ -17,20 +17,31 @@ def overview() -> dashboard.Dashboard:
     board = variables(
         base("servepilot-overview", "servepilot / overview", "What servepilot sees and does, per engine pod.")
     )
-    board = board.annotation(
-        dashboard.AnnotationQuery()
-        .name("Knob changes")
-        .datasource(DS)
-        .enable(True)
-        .icon_color("orange")
-        .expr(expand("changes(servepilot_knob_value{@POD}[2m]) > 0"))
-    ).annotation(
-        dashboard.AnnotationQuery()
-        .name("Actions")
-        .datasource(DS)
-        .enable(True)
-        .icon_color("purple")
-        .expr(expand("increase(servepilot_actions_total{@POD}[2m]) > 0"))
+    board = (
+        board.annotation(
+            dashboard.AnnotationQuery()
+            .name("Knob changes")
+            .datasource(DS)
+            .enable(True)
+            .icon_color("orange")
+            .expr(expand("changes(servepilot_knob_value{@POD}[2m]) > 0"))
+        )
+        .annotation(
+            dashboard.AnnotationQuery()
+            .name("Actions")
+            .datasource(DS)
+            .enable(True)
+            .icon_color("purple")
+            .expr(expand("increase(servepilot_actions_total{@POD}[2m]) > 0"))
+        )
+        .annotation(
+            dashboard.AnnotationQuery()
+            .name("Config reloads")
+            .datasource(DS)
+            .enable(True)
+            .icon_color("blue")
+            .expr(expand('increase(servepilot_config_reloads_total{@POD, result!="unchanged"}[2m]) > 0'))
+        )
     )
     board = (
         board.with_row(dashboard.Row("Health"))
@@ -156,6 +167,45 @@ def overview() -> dashboard.Dashboard:
                     "{{model_name}}",
                 ),
                 w=24,
+            )
+        )
+        .with_row(dashboard.Row("Admission gate"))
+        .with_panel(
+            ts(
+                "Requests by business line and outcome",
+                "reqps",
+                q(
+                    "sum by (line, outcome) (rate(servepilot_gate_requests_total{@POD}[$__rate_interval]))",
+                    "{{line}} {{outcome}}",
+                ),
+                desc="What the gate answered, per business line: ok, rejected (429: over the line's rate "
+                "or a full queue), expired (503: waited past the queue deadline), upstream_error, "
+                "disconnected. Rates and lines change with a config reload (docs/gate.md).",
+                w=8,
+            )
+        )
+        .with_panel(
+            ts(
+                "Queue wait p99 by priority",
+                "s",
+                q(
+                    "histogram_quantile(0.99, sum by (le, priority) "
+                    "(rate(servepilot_gate_queue_wait_seconds_bucket{@POD}[$__rate_interval])))",
+                    "{{priority}}",
+                ),
+                desc="Admission wait of the requests the gate let through, by the class they were admitted "
+                "in (a request waiting over gate.aging_s is promoted one class).",
+                w=8,
+            )
+        )
+        .with_panel(
+            ts(
+                "Gate in flight and queued",
+                "short",
+                q("servepilot_gate_in_flight{@POD}", "{{pod}} in flight"),
+                q("servepilot_gate_queue_depth{@POD}", "{{pod}} queued", "B"),
+                q("servepilot_gate_limit{@POD}", "{{pod}} limit", "C"),
+                w=8,
             )
         )
         .with_row(dashboard.Row("Forecast and findings"))

@@ -72,6 +72,11 @@ AGENT: list[Series] = _agent(
     # the admission gate's own series (gate.enabled)
     "servepilot_gate_ttft_seconds_bucket",
     "servepilot_gate_limit",
+    "servepilot_gate_requests_total",
+    "servepilot_gate_queue_wait_seconds_bucket",
+    "servepilot_gate_in_flight",
+    "servepilot_gate_queue_depth",
+    "servepilot_config_reloads_total",
 )
 
 ENGINE: list[Series] = [

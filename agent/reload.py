@@ -72,6 +72,11 @@ def _under(path: str, prefixes: tuple[str, ...]) -> bool:
     return any(path == p or path.startswith(p + ".") for p in prefixes)
 
 
+def needs_restart(changes: Mapping[str, Any]) -> list[str]:
+    """The changed fields that a reload cannot apply (outside :data:`HOT`), in order."""
+    return [path for path in changes if not _under(path, HOT)]
+
+
 def shown(path: str, value: Any) -> Any:
     """What a log line or the audit may say about ``value``: a secret's size, not its content."""
     if _under(path, SECRET):
@@ -175,7 +180,7 @@ class Reloader:
         shown_changes = {path: (shown(path, a), shown(path, b)) for path, (a, b) in changes.items()}
         if not changes:
             return ReloadResult("unchanged", f"no change in {self.path}")
-        cold = [path for path in changes if not _under(path, HOT)]
+        cold = needs_restart(changes)
         if cold:
             more = f" (and {len(cold) - 3} more)" if len(cold) > 3 else ""
             return ReloadResult(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -12,13 +13,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "validate-config",
         help="check a config file (exit 2 with one line naming the bad field)",
         description="Validate a servepilot YAML config, with SERVEPILOT_<SECTION>__<FIELD> environment "
-        "overrides applied, and print the effective configuration.",
+        "overrides applied, and print the effective configuration. Exit codes: 0 valid, 2 invalid (one "
+        "line naming the field), 3 with --against when the change needs a restart.",
     )
     parser.add_argument("file", nargs="?", help="YAML config file")
     parser.add_argument("--json", action="store_true", help="print the effective config as JSON")
     parser.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
     parser.add_argument(
         "--reference", action="store_true", help="print the reference of every setting (Markdown) and exit"
+    )
+    parser.add_argument(
+        "--against",
+        metavar="RUNNING",
+        help="compare with the config a sidecar runs: list the changed fields and say whether a reload "
+        "(SIGHUP, POST /api/admin/reload) applies them; exit 3 when a restart is needed",
     )
     parser.set_defaults(func=run)
 
@@ -33,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.file:
         raise UsageError("a config FILE is required (or --reference)")
     cfg = config.load(args.file, os.environ)
+    if args.against:
+        return _against(config.load(args.against, os.environ), cfg, args)
     if args.quiet:
         return 0
     if args.json:
@@ -40,3 +50,22 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"{args.file}: ok")
     return 0
+
+
+def _against(running: Any, new: Any, args: argparse.Namespace) -> int:
+    """What a reload of ``new`` would do to a sidecar running ``running`` (agent/reload.py)."""
+    from agent.reload import changed_fields, needs_restart, shown
+
+    changes = changed_fields(running, new)
+    cold = needs_restart(changes)
+    if not args.quiet:
+        for path, (before, after) in changes.items():
+            mark = "restart" if path in cold else "reload "
+            print(f"{mark}  {path}: {shown(path, before)!r} -> {shown(path, after)!r}")
+        if not changes:
+            print(f"{args.file}: no change against {args.against}")
+        elif cold:
+            print(f"{args.file}: {len(cold)} of {len(changes)} change(s) need a restart; a reload refuses it")
+        else:
+            print(f"{args.file}: {len(changes)} change(s), all applied by a reload")
+    return 3 if cold else 0

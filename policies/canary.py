@@ -16,12 +16,18 @@ validation set through both upstreams' completions API (prompt logprobs) and fee
     promoted / rolled_back: terminal (start again to retry)
 
 A check is healthy when the SLO-bad share and the 5xx share of the tick's answers stay under their
-limits. The candidate's health check failing (``gate.upstream.<candidate>.up``) is a failed check, and so
-is a step in which the candidate answered nothing (``gate.upstream.<candidate>.requests``) although its
-share of the step's answers came to ``min_expected`` or more:
-seen live, a killed fp8 upstream rolled on to 100 % with every check "healthy", because the gate failed
-its requests over to the primary and the checks read only the gate's totals. The policy proposes
-``route.fp8_share`` at every tick, so a rollback is level-based too.
+limits, and the candidate's own answers in this step do too. Judged on the gate's totals alone, a
+candidate at 5 % could miss the SLO on 30 % of its answers and move the total by 1.5 points, under the
+5 % limit: the canary exists to catch that at 5 %, not at 25 %. So, over the step so far, once the
+candidate has given ``min_expected`` answers or more, it fails a check when at least ``min_bad`` of them
+were 5xx (or SLO-bad) and that share is over its limit *and* over the rest of the traffic's in the same
+step (a slow period that hurts every upstream alike is not the candidate's fault; one bad answer in ten
+is noise, not evidence). The candidate's health check failing (``gate.upstream.<candidate>.up``) is a
+failed check, and so is a step in which the candidate answered nothing
+(``gate.upstream.<candidate>.requests``) although its share of the step's answers came to
+``min_expected`` or more: seen live, a killed fp8 upstream rolled on to 100 % with every check
+"healthy", because the gate failed its requests over to the primary and the checks read only the gate's
+totals. The policy proposes ``route.fp8_share`` at every tick, so a rollback is level-based too.
 """
 
 from __future__ import annotations
@@ -49,6 +55,11 @@ class CanaryState:
     #: answers in this step: all of the gate's, and the candidate's own (the missing-data check)
     answered: float = 0.0
     served: float = 0.0
+    #: this step's 5xx and SLO-bad answers: all of the gate's, and the candidate's own
+    errors: float = 0.0
+    bad: float = 0.0
+    served_errors: float = 0.0
+    served_bad: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,7 @@ class Canary:
     max_error_ratio: float = 0.01
     candidate: str = "fp8"
     min_expected: float = 10.0
+    min_bad: float = 3.0
     name: str = "canary"
 
     def __post_init__(self) -> None:
@@ -111,6 +123,24 @@ class Canary:
             )
         return CanaryState("rolling", 0, now, 0, f"perplexity +{delta:.2%}: fp8 at {self.steps[0]:.0%}")
 
+    def _candidate_worse(self, state: CanaryState) -> str | None:
+        """Why the candidate's own answers in this step fail it (see the module docstring), or None."""
+        if state.served < self.min_expected:
+            return None
+        rest = max(state.answered - state.served, 0.0)
+        for what, mine, total, limit in (
+            ("5xx", state.served_errors, state.errors, self.max_error_ratio),
+            ("SLO-bad", state.served_bad, state.bad, self.max_bad_ratio),
+        ):
+            ratio = mine / state.served
+            others = max(total - mine, 0.0) / rest if rest > 0 else 0.0
+            if mine >= self.min_bad and ratio > limit and ratio > others:
+                return (
+                    f"{self.candidate} {what} {ratio:.0%} of its {state.served:.0f} answers this step "
+                    f"(the rest {others:.0%})"
+                )
+        return None
+
     def _check(self, snapshot: Snapshot, state: CanaryState, now: float) -> CanaryState:
         requests = snapshot.get(knobs.GATE_REQUESTS)
         bad = snapshot.get(knobs.GATE_SLO_BAD)
@@ -128,8 +158,18 @@ class Canary:
             why = f"SLO-bad {bad / requests:.0%}, 5xx {errors / requests:.0%}"
         share = self.steps[state.step]
         state = replace(
-            state, answered=state.answered + (requests or 0.0), served=state.served + (served or 0.0)
+            state,
+            answered=state.answered + (requests or 0.0),
+            served=state.served + (served or 0.0),
+            errors=state.errors + (errors or 0.0),
+            bad=state.bad + (bad or 0.0),
+            served_errors=state.served_errors
+            + (snapshot.get(knobs.upstream_signal(self.candidate, "errors")) or 0.0),
+            served_bad=state.served_bad
+            + (snapshot.get(knobs.upstream_signal(self.candidate, "slo_bad")) or 0.0),
         )
+        if healthy and (worse := self._candidate_worse(state)) is not None:
+            healthy, why = False, worse
         done = now - state.entered_at >= self.step_s
         if (
             healthy

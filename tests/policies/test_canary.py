@@ -112,3 +112,56 @@ def test_too_few_answers_to_expect_one_from_the_candidate_is_no_verdict():
     )
     state, _ = CANARY.decide(make_snapshot(61.0, **quiet, **_fp8(1.0, 0.0)), [], state, 61.0)
     assert (state.step, state.failures) == (1, 0)
+
+
+def _cand(requests: float, slo_bad: float = 0.0, errors: float = 0.0) -> dict[str, float]:
+    return {
+        "gate__upstream__fp8__up": 1.0,
+        "gate__upstream__fp8__requests": requests,
+        "gate__upstream__fp8__slo_bad": slo_bad,
+        "gate__upstream__fp8__errors": errors,
+    }
+
+
+def test_a_candidate_missing_the_slo_at_5_percent_is_rolled_back_though_the_totals_pass():
+    """fp8 answers 1 of the 20 a tick (5 %) and misses the SLO on every third: 30 % of its answers, but at
+    most 1 in 20 of the gate's (5 %, the limit), so every check on the totals alone was healthy."""
+    state = _rolling(0)
+    for t in range(1, 61):
+        missed = 1.0 if t % 3 == 0 else 0.0
+        totals = {"gate__requests": 20.0, "gate__slo_bad": missed, "gate__errors": 0.0}
+        state, proposals = CANARY.decide(
+            make_snapshot(float(t), **totals, **_cand(1.0, missed)), [], state, float(t)
+        )
+        if state.phase != "rolling":
+            break
+    assert state.phase == "rolled_back" and proposals[0].value == 0.0
+    assert t == 11  # the 10th answer brought the evidence (3 of 10), the failure limit allowed one more tick
+    assert state.reason == "rolled back at 5%: fp8 SLO-bad 27% of its 11 answers this step (the rest 0%)"
+
+
+def test_a_candidate_with_5xx_over_the_limit_fails_a_check():
+    """200 answers a tick, fp8 at 5 %: one 5xx a tick is 0.5 % of the gate's (under the 1 % limit) but
+    10 % of fp8's."""
+    state = _rolling(0)
+    for t in range(1, 6):
+        errors = 1.0 if t <= 3 else 0.0
+        totals = {"gate__requests": 200.0, "gate__slo_bad": 0.0, "gate__errors": errors}
+        state, _ = CANARY.decide(
+            make_snapshot(float(t), **totals, **_cand(10.0, 0.0, errors)), [], state, float(t)
+        )
+    assert state.phase == "rolled_back"
+    assert state.reason == "rolled back at 5%: fp8 5xx 8% of its 40 answers this step (the rest 0%)"
+
+
+def test_noise_and_a_slow_period_for_everyone_are_not_the_candidates_fault():
+    canary = Canary()
+    # two bad answers in ten is under min_bad (3): no verdict yet
+    assert (
+        canary._candidate_worse(CanaryState("rolling", answered=200, served=10, bad=2, served_bad=2)) is None
+    )
+    # 40 % of the candidate's answers missed, but 50 % of everyone else's did too
+    slow = CanaryState("rolling", answered=100, served=20, bad=48, served_bad=8)
+    assert canary._candidate_worse(slow) is None
+    worse = CanaryState("rolling", answered=100, served=20, bad=10, served_bad=8)
+    assert canary._candidate_worse(worse) == "fp8 SLO-bad 40% of its 20 answers this step (the rest 2%)"

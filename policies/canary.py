@@ -15,19 +15,25 @@ validation set through both upstreams' completions API (prompt logprobs) and fee
               a step with no answer from the candidate where min_expected were due -> a failed check
     promoted / rolled_back: terminal (start again to retry)
 
-A check is healthy when the SLO-bad share and the 5xx share of the tick's answers stay under their
-limits, and the candidate's own answers in this step do too. Judged on the gate's totals alone, a
-candidate at 5 % could miss the SLO on 30 % of its answers and move the total by 1.5 points, under the
-5 % limit: the canary exists to catch that at 5 %, not at 25 %. So, over the step so far, once the
-candidate has given ``min_expected`` answers or more, it fails a check when at least ``min_bad`` of them
-were 5xx (or SLO-bad) and that share is over its limit *and* over the rest of the traffic's in the same
-step (a slow period that hurts every upstream alike is not the candidate's fault; one bad answer in ten
-is noise, not evidence). The candidate's health check failing (``gate.upstream.<candidate>.up``) is a
-failed check, and so is a step in which the candidate answered nothing
-(``gate.upstream.<candidate>.requests``) although its share of the step's answers came to
-``min_expected`` or more: seen live, a killed fp8 upstream rolled on to 100 % with every check
-"healthy", because the gate failed its requests over to the primary and the checks read only the gate's
-totals. The policy proposes ``route.fp8_share`` at every tick, so a rollback is level-based too.
+A check runs every tick. It is healthy when the SLO-bad share and the 5xx share of the gate's answers
+over the last ``window_s`` stay under their limits, and the candidate's own answers in this step do
+too. Judged tick by tick, a quiet service failed checks on noise: at 3 answers a tick one slow answer
+makes a tick 33 % SLO-bad (seen live), and with 2 % of answers slow, 6 % of such ticks have one, about
+18 failed checks in a 300 s step: a healthy candidate could not finish a rollout. A share is judged
+once ``min_bad`` answers are bad: 3 of 4 answers failing is evidence, 1 of 3 is not.
+
+Judged on the gate's totals alone, a candidate at 5 % could miss the SLO on 30 % of its answers and move
+the total by 1.5 points, under the 5 % limit: the canary exists to catch that at 5 %, not at 25 %. So,
+over the step so far, the candidate fails a check when at least ``min_bad`` of its answers were 5xx (or
+SLO-bad) and that share is over its limit *and* over the rest of the traffic's in the same step (a slow
+period that hurts every upstream alike is not the candidate's fault).
+
+The candidate's health check failing (``gate.upstream.<candidate>.up``) is a failed check, and so is a
+step in which the candidate answered nothing (``gate.upstream.<candidate>.requests``) although its share
+of the step's answers came to ``min_expected`` or more: seen live, a killed fp8 upstream rolled on to
+100 % with every check "healthy", because the gate failed its requests over to the primary and the
+checks read only the gate's totals. The policy proposes ``route.fp8_share`` at every tick, so a
+rollback is level-based too.
 """
 
 from __future__ import annotations
@@ -60,6 +66,8 @@ class CanaryState:
     bad: float = 0.0
     served_errors: float = 0.0
     served_bad: float = 0.0
+    #: the gate's (time, answers, SLO-bad, 5xx) per tick over the last ``window_s``
+    recent: tuple[tuple[float, float, float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,7 @@ class Canary:
     candidate: str = "fp8"
     min_expected: float = 10.0
     min_bad: float = 3.0
+    window_s: float = 30.0
     name: str = "canary"
 
     def __post_init__(self) -> None:
@@ -125,7 +134,7 @@ class Canary:
 
     def _candidate_worse(self, state: CanaryState) -> str | None:
         """Why the candidate's own answers in this step fail it (see the module docstring), or None."""
-        if state.served < self.min_expected:
+        if state.served <= 0:
             return None
         rest = max(state.answered - state.served, 0.0)
         for what, mine, total, limit in (
@@ -141,6 +150,17 @@ class Canary:
                 )
         return None
 
+    def _window_over(self, recent: tuple[tuple[float, float, float, float], ...]) -> str | None:
+        """Why the gate's answers over the last ``window_s`` fail a check, or None (too few to judge)."""
+        answered = sum(w[1] for w in recent)
+        bad, errors = sum(w[2] for w in recent), sum(w[3] for w in recent)
+        if (bad >= self.min_bad and bad / answered > self.max_bad_ratio) or (
+            errors >= self.min_bad and errors / answered > self.max_error_ratio
+        ):
+            share = f"SLO-bad {bad / answered:.0%}, 5xx {errors / answered:.0%}"
+            return f"{share} of {answered:.0f} answers in {self.window_s:g}s"
+        return None
+
     def _check(self, snapshot: Snapshot, state: CanaryState, now: float) -> CanaryState:
         requests = snapshot.get(knobs.GATE_REQUESTS)
         bad = snapshot.get(knobs.GATE_SLO_BAD)
@@ -151,14 +171,17 @@ class Canary:
             healthy, why = False, "metrics missing"
         elif up is not None and up <= 0:
             healthy, why = False, f"upstream {self.candidate} is down"
-        elif requests == 0:
-            healthy, why = True, ""
         else:
-            healthy = bad / requests <= self.max_bad_ratio and errors / requests <= self.max_error_ratio
-            why = f"SLO-bad {bad / requests:.0%}, 5xx {errors / requests:.0%}"
+            healthy, why = True, ""
         share = self.steps[state.step]
+        recent = tuple(w for w in state.recent if w[0] > now - self.window_s)
+        if requests is not None and bad is not None and errors is not None:
+            recent += ((now, requests, bad, errors),)
+            if healthy and (over := self._window_over(recent)) is not None:
+                healthy, why = False, over
         state = replace(
             state,
+            recent=recent,
             answered=state.answered + (requests or 0.0),
             served=state.served + (served or 0.0),
             errors=state.errors + (errors or 0.0),

@@ -136,8 +136,8 @@ def test_a_candidate_missing_the_slo_at_5_percent_is_rolled_back_though_the_tota
         if state.phase != "rolling":
             break
     assert state.phase == "rolled_back" and proposals[0].value == 0.0
-    assert t == 11  # the 10th answer brought the evidence (3 of 10), the failure limit allowed one more tick
-    assert state.reason == "rolled back at 5%: fp8 SLO-bad 27% of its 11 answers this step (the rest 0%)"
+    assert t == 10  # the 9th answer brought the evidence (3 of 9), the failure limit allowed one more tick
+    assert state.reason == "rolled back at 5%: fp8 SLO-bad 30% of its 10 answers this step (the rest 0%)"
 
 
 def test_a_candidate_with_5xx_over_the_limit_fails_a_check():
@@ -158,10 +158,35 @@ def test_noise_and_a_slow_period_for_everyone_are_not_the_candidates_fault():
     canary = Canary()
     # two bad answers in ten is under min_bad (3): no verdict yet
     assert (
-        canary._candidate_worse(CanaryState("rolling", answered=200, served=10, bad=2, served_bad=2)) is None
+        canary._candidate_worse(CanaryState("rolling", answered=200, served=5, bad=2, served_bad=2)) is None
     )
     # 40 % of the candidate's answers missed, but 50 % of everyone else's did too
     slow = CanaryState("rolling", answered=100, served=20, bad=48, served_bad=8)
     assert canary._candidate_worse(slow) is None
     worse = CanaryState("rolling", answered=100, served=20, bad=10, served_bad=8)
     assert canary._candidate_worse(worse) == "fp8 SLO-bad 40% of its 20 answers this step (the rest 2%)"
+
+
+def test_one_slow_answer_in_a_quiet_tick_is_not_a_failed_check():
+    """At 3 answers a tick, one slow answer made the tick 33 % SLO-bad, a failed check; three such ticks in
+    a step rolled a healthy candidate back. The gate's answers are judged over the last 30 s, once 3 are
+    bad: one bad answer in 30 (3 %) is under the 5 % limit."""
+    state = _rolling(0)
+    for t in range(1, 62):
+        missed = 1.0 if t % 10 == 0 else 0.0
+        totals = {"gate__requests": 3.0, "gate__slo_bad": missed, "gate__errors": 0.0}
+        state, _ = CANARY.decide(make_snapshot(float(t), **totals, **_cand(0.2)), [], state, float(t))
+        assert state.failures == 0, state.reason
+    assert (state.phase, state.step) == ("rolling", 1)
+
+
+def test_a_breakage_late_in_a_step_rolls_back_within_seconds():
+    state = _rolling(0)
+    for t in range(1, 60):
+        broken = t >= 40  # every answer misses from t = 40 on
+        totals = {"gate__requests": 20.0, "gate__slo_bad": 20.0 if broken else 0.0, "gate__errors": 0.0}
+        state, _ = CANARY.decide(make_snapshot(float(t), **totals, **_cand(1.0)), [], state, float(t))
+        if state.phase == "rolled_back":
+            break
+    assert state.phase == "rolled_back" and t == 42  # 6.7 % at 41 (first failed check), 10 % at 42
+    assert state.reason == "rolled back at 5%: SLO-bad 10%, 5xx 0% of 600 answers in 30s"

@@ -1,7 +1,8 @@
 """End to end with a real Prometheus and Alertmanager (Debian packages), all on loopback, free ports.
 
 The demo is scraped by Prometheus every second with servepilot's rules loaded in the FAST profile (same
-expressions, seconds instead of minutes). The demo is the full product, not an observer: the trace load
+expressions, seconds instead of minutes). The demo is the full product, not an observer (started from a
+config file, which the test edits and reloads once, as an operator raising a rate would): the trace load
 goes through the admission gate in front of the simulated engine; the auto policy set (batch + breaker)
 drives the gate's in-flight limit in ``act`` mode, audited, with a simulated GPU power-limit actuator
 bound (its value is a knob; no policy in the auto set moves it); a GPU price makes cost per token; the
@@ -203,7 +204,9 @@ def _agent_config(
         "backoff_max_s": 1.0,
         "labels": {"namespace": "e2e", "pod": "demo-0"},
     }
-    return config.build(data)
+    # `servepilot run` always has a config file, and the test reloads it (the reload annotation's data)
+    (tmp / "servepilot.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
+    return config.load(tmp / "servepilot.yaml")
 
 
 def _quiet_reason(expr: str) -> str | None:
@@ -245,7 +248,7 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
     await web.TCPSite(sim_runner, "127.0.0.1", engine_port).start()
 
     cfg = _agent_config(tmp_path, agent_port, engine_port, am_port, hook_port, gate_port)
-    sidecar = Sidecar(cfg)
+    sidecar = Sidecar(cfg, config_path=str(tmp_path / "servepilot.yaml"))
     hooks = getattr(sidecar, "webhooks", None)
     if hooks is None:  # until Sidecar wires agent.webhooks itself, wire it the documented way
         hooks = WebhookDispatcher(cfg.webhooks, sidecar.exporter.registry, poll_s=0.2)
@@ -314,6 +317,16 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
                 await _until(lambda: instant("servepilot_finding_score"), 30, "a finding")
                 await _until(lambda: instant("increase(servepilot_actions_total[2m]) > 0"), 30, "actions")
                 await _until(lambda: instant("changes(servepilot_knob_value[2m]) > 0"), 30, "a knob change")
+                # An operator raises the default line's rate: a reload applies it without a restart.
+                edited = yaml.safe_load((tmp_path / "servepilot.yaml").read_text(encoding="utf-8"))
+                edited["gate"]["default_requests_per_min"] = 2e6
+                (tmp_path / "servepilot.yaml").write_text(yaml.safe_dump(edited), encoding="utf-8")
+                assert sidecar.reload("e2e").result == "applied"
+                await _until(
+                    lambda: instant('increase(servepilot_config_reloads_total{result="applied"}[2m]) > 0'),
+                    30,
+                    "a config reload",
+                )
                 with_data, quiet, empty = await _dashboard_results(instant)
                 assert empty == [], "dashboard queries without data:\n" + "\n".join(empty)
                 assert with_data > 2 * len(quiet), (with_data, quiet)

@@ -31,7 +31,7 @@ from agent.actuators.gpu_backend import (
     SimulatedGpuBackend,
     permission_problem,
 )
-from agent.config import ActuatorConfig
+from agent.config import ActuatorConfig, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,14 @@ log = logging.getLogger(__name__)
 def backend_for(cfg: ActuatorConfig) -> GpuBackend:
     """The backend ``cfg.gpu_backend`` names; GpuControlError when real NVML cannot start."""
     if cfg.gpu_backend == "simulated":
-        return SimulatedGpuBackend(state_file=cfg.gpu_state_file)
+        try:
+            return SimulatedGpuBackend(state_file=cfg.gpu_state_file)
+        except (OSError, ValueError, KeyError, TypeError) as error:  # no such directory, not JSON, not ours
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+            raise ConfigError(
+                "actuators.gpu_state_file",
+                f"{cfg.gpu_state_file!r} cannot be used as the simulated GPU state: {reason}",
+            ) from None
     return NvmlGpuBackend()
 
 

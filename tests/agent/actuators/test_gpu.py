@@ -106,3 +106,34 @@ def test_sigterm_restores_the_simulated_gpus_power_limit(tmp_path: Path) -> None
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.parametrize(
+    ("setup", "reason"),
+    [
+        ("missing_dir", "No such file or directory"),
+        ("not_json", "Expecting value"),
+        ("not_ours", "unexpected keyword argument 'bogus'"),
+    ],
+)
+def test_an_unusable_simulated_state_file_is_a_config_error_naming_the_field(
+    tmp_path: Path, setup: str, reason: str
+) -> None:
+    """Before: a missing directory stopped `servepilot run` with exit 1 and no field named, and a file
+    that was not the state's JSON with a traceback."""
+    from agent.actuators.gpu import backend_for
+    from agent.config import ActuatorConfig, ConfigError
+
+    path = tmp_path / "gpu.json"
+    if setup == "missing_dir":
+        path = tmp_path / "no" / "gpu.json"
+    elif setup == "not_json":
+        path.write_text("not json")
+    else:
+        path.write_text('{"gpus": [{"bogus": 1}]}')
+    cfg = ActuatorConfig(gpu="power_limit", gpu_backend="simulated", gpu_state_file=str(path))
+    with pytest.raises(ConfigError) as info:
+        backend_for(cfg)
+    message = str(info.value)
+    assert message.startswith(f"actuators.gpu_state_file {str(path)!r} cannot be used as the simulated GPU")
+    assert reason in message and "\n" not in message

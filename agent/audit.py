@@ -98,7 +98,7 @@ class AuditLog:
 
     def record(self, action: Action) -> None:
         self._recent.append(action)
-        self._counter.labels(action.knob, action.result.split(":", 1)[0]).inc()
+        self.count(action.knob, action.result)
         if self._handler is not None:
             self._logger.info(json.dumps(action.to_json(), separators=(",", ":"), default=str))
 

@@ -171,17 +171,13 @@ class Actuation:
         :data:`ERROR_REPEAT_S`: then it is only counted (the alerts read the counter)."""
         now = self.clock()
         last = self._failing.get(knob)
-        if (
-            last is not None
-            and _same(last[0], target)
-            and last[1] == result
-            and now - last[2] < ERROR_REPEAT_S
-        ):
-            self._failing[knob] = (*last[:3], last[3] + 1)
-            self.audit.count(knob, result)
-            return None
-        if last is not None and last[3] and _same(last[0], target) and last[1] == result:
-            reason = f"{reason} (failed {last[3]} more time(s) since the last record)"
+        if last is not None and _same(last[0], target) and last[1] == result:  # the same failure again
+            if now - last[2] < ERROR_REPEAT_S:
+                self._failing[knob] = (*last[:3], last[3] + 1)
+                self.audit.count(knob, result)
+                return None
+            if last[3]:
+                reason = f"{reason} (failed {last[3]} more time(s) since the last record)"
         self._failing[knob] = (target, result, now, 0)
         return self._audit(knob, current, target, reason, policy, result)
 

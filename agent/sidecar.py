@@ -303,24 +303,25 @@ class Sidecar:
         except OSError as error:
             log.error("brain state not saved to %s: %s", path, error)
 
+    async def _stopped_after(self, seconds: float) -> bool:
+        """Wait ``seconds``, or less when the sidecar stops meanwhile; True when it is stopping."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+        return self._stop.is_set()
+
     async def _watch_config(self, every_s: float) -> None:
         """Reload when the config file's content changes (``agent.config_watch_s``)."""
         assert self.reloader is not None
-        while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=every_s)
-            if not self._stop.is_set() and self.reloader.file_changed():
+        while not await self._stopped_after(every_s):
+            if self.reloader.file_changed():
                 try:
                     self.reload("file changed")
                 except Exception:  # a bug in applying must not end the watch: the next edit is tried
                     log.exception("config reload failed")
 
     async def _save_periodically(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=self.cfg.agent.state_save_interval_s)
-            if not self._stop.is_set():
-                await self.save_state()
+        while not await self._stopped_after(self.cfg.agent.state_save_interval_s):
+            await self.save_state()
 
     def _apply_forced_breaker(self, now: float) -> None:
         """Carry an operator's forced breaker level (admin API) into the breaker policy's state."""
@@ -391,11 +392,7 @@ class Sidecar:
         sidecar started (the usual order in a pod) was never controlled: act mode had no engine knob for
         the life of the process."""
         started, delay = time.monotonic(), 1.0
-        while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=delay)
-            if self._stop.is_set():
-                return
+        while not await self._stopped_after(delay):
             try:
                 error = await self.knobs.discover_control()
             except Exception:  # a bug must not end the retries silently, nor surface at stop

@@ -178,11 +178,10 @@ class Arbiter:
                     target = base + step if target > base else base - step
                     reason += f"; step limited to {rule.max_step:.0%}"
         target = clamp(target, rule.lower, rule.upper)
-        if rule.integer:
-            target = float(round(target))
-        if current is not None and target == float(current):
+        value = round(target) if rule.integer else target  # an int: audited and advised as 4096, not 4096.0
+        if current is not None and value == float(current):
             return None
-        return Decision(knob, target, current, winner.policy, reason, now)
+        return Decision(knob, value, current, winner.policy, reason, now)
 
 
 _ANY = KnobRule(lower=float("-inf"), upper=float("inf"))

@@ -1,3 +1,5 @@
+import json
+
 from policies import knobs
 from policies.arbiter import PRIORITY, Arbiter, ArbiterState, KnobRule
 from policies.base import Proposal
@@ -84,3 +86,10 @@ def test_unlinked_knobs_are_decided_each_on_its_own():
     proposals = [_p("breaker", 32, "breaker"), _p("canary", 0.25, "slo_guard", knobs.FP8_SHARE)]
     _, decisions = ARBITER.decide(proposals, {knobs.BATCH: 64, knobs.FP8_SHARE: 0.0}, None, 0)
     assert sorted(d.knob for d in decisions) == [knobs.BATCH, knobs.FP8_SHARE]
+
+
+def test_an_integer_knob_is_decided_as_an_int():
+    """The audit log and advise mode show the decided value: ``48``, not ``48.0``, for a batch size."""
+    _, [d] = ARBITER.decide([_p("breaker", 47.6, "breaker")], {knobs.BATCH: 64}, None, 0)
+    assert d.value == 48 and type(d.value) is int
+    assert '"value": 48,' in json.dumps(d.to_json())

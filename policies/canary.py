@@ -28,6 +28,12 @@ over the step so far, the candidate fails a check when at least ``min_bad`` of i
 SLO-bad) and that share is over its limit *and* over the rest of the traffic's in the same step (a slow
 period that hurts every upstream alike is not the candidate's fault).
 
+Answers that have not come back count too. A request the candidate holds with no first token past the
+TTFT SLO (``gate.upstream.<candidate>.late``, a level the gate reads each tick) will be an SLO-bad
+answer; the check adds those to the step's answers and bad answers, for the candidate and for the rest
+alike (``gate.late``). Counting only finished answers, a candidate too slow to finish any within a step
+passed it (seen live: fp8 slowed 30x passed its 5% step and was rolled back only at 25%, on missing data).
+
 The candidate's health check failing (``gate.upstream.<candidate>.up``) is a failed check, and so is a
 step in which the candidate answered nothing (``gate.upstream.<candidate>.requests``) although its share
 of the step's answers came to ``min_expected`` or more: seen live, a killed fp8 upstream rolled on to
@@ -132,20 +138,24 @@ class Canary:
             )
         return CanaryState("rolling", 0, now, 0, f"perplexity +{delta:.2%}: fp8 at {self.steps[0]:.0%}")
 
-    def _candidate_worse(self, state: CanaryState) -> str | None:
-        """Why the candidate's own answers in this step fail it (see the module docstring), or None."""
-        if state.served <= 0:
-            return None
-        rest = max(state.answered - state.served, 0.0)
-        for what, mine, total, limit in (
-            ("5xx", state.served_errors, state.errors, self.max_error_ratio),
-            ("SLO-bad", state.served_bad, state.bad, self.max_bad_ratio),
+    def _candidate_worse(self, state: CanaryState, late: float, late_all: float) -> str | None:
+        """Why the candidate's own answers in this step fail it (see the module docstring), or None.
+        ``late`` / ``late_all``: requests the candidate / every upstream holds now that are already late."""
+        late_rest = max(late_all - late, 0.0)
+        for what, mine, total, limit, pending, pending_rest in (
+            ("5xx", state.served_errors, state.errors, self.max_error_ratio, 0.0, 0.0),
+            ("SLO-bad", state.served_bad, state.bad, self.max_bad_ratio, late, late_rest),
         ):
-            ratio = mine / state.served
-            others = max(total - mine, 0.0) / rest if rest > 0 else 0.0
-            if mine >= self.min_bad and ratio > limit and ratio > others:
+            served = state.served + pending
+            if served <= 0:
+                continue
+            rest = max(state.answered - state.served, 0.0) + pending_rest
+            ratio = (mine + pending) / served
+            others = (max(total - mine, 0.0) + pending_rest) / rest if rest > 0 else 0.0
+            if mine + pending >= self.min_bad and ratio > limit and ratio > others:
+                held = f", {pending:.0f} of them still waiting for a first token" if pending else ""
                 return (
-                    f"{self.candidate} {what} {ratio:.0%} of its {state.served:.0f} answers this step "
+                    f"{self.candidate} {what} {ratio:.0%} of its {served:.0f} answers this step{held} "
                     f"(the rest {others:.0%})"
                 )
         return None
@@ -191,7 +201,9 @@ class Canary:
             served_bad=state.served_bad
             + (snapshot.get(knobs.upstream_signal(self.candidate, "slo_bad")) or 0.0),
         )
-        if healthy and (worse := self._candidate_worse(state)) is not None:
+        late = snapshot.get(knobs.upstream_signal(self.candidate, "late")) or 0.0
+        late_all = max(snapshot.get(knobs.GATE_LATE) or 0.0, late)
+        if healthy and (worse := self._candidate_worse(state, late, late_all)) is not None:
             healthy, why = False, worse
         done = now - state.entered_at >= self.step_s
         if (

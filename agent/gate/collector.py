@@ -45,12 +45,16 @@ class GateCollector:
         return Reading(self.name, now, SourceStatus.OK, values, duration_s=time.perf_counter() - started)
 
     def _per_upstream(self) -> dict[str, float]:
-        """This tick's answers, 5xx and SLO misses per upstream that answered, and each one's health."""
+        """This tick's answers, 5xx and SLO misses per upstream that answered, each one's health, and the
+        requests it holds that are already late (``late``: a level, not a count of the tick's answers)."""
         values: dict[str, float] = {}
         by_upstream, last = dict(self.gate.stats.by_upstream), self._by_upstream
         self._by_upstream = by_upstream
+        late = self.gate.late_at_upstreams()
+        values[knobs.GATE_LATE] = float(sum(late.values()))
         for name, upstream in self.gate.pool.upstreams.items():
             values[knobs.upstream_signal(name, "up")] = 1.0 if upstream.healthy else 0.0
+            values[knobs.upstream_signal(name, "late")] = float(late.get(name, 0))
             now, before = by_upstream.get(name, (0, 0, 0)), last.get(name, (0, 0, 0))
             for what, a, b in zip(("requests", "errors", "slo_bad"), now, before, strict=True):
                 values[knobs.upstream_signal(name, what)] = float(a - b)

@@ -122,6 +122,9 @@ class Gate:
         self.stats = GateStats(registry, LengthBuckets(cfg.length_edges), cfg.stats_window_s, start=now)
         self._rng = rng or random.Random()
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
+        #: requests sent to an upstream and not yet finished, by ``id`` of their record: the upstream's
+        #: name and the record (:meth:`late_at_upstreams`)
+        self._at_upstream: dict[int, tuple[str, RequestRecord]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None  # opened on the first stale-connection retry
         self._runner: web.AppRunner | None = None
@@ -278,6 +281,23 @@ class Gate:
         if self.cache is not None:
             weights = self.pool.weights
             self.cache.set_model_version(max(weights, key=lambda name: (weights[name], name)))
+
+    def late_at_upstreams(self) -> dict[str, int]:
+        """Per upstream, the requests it holds that have no first token yet and are past the TTFT SLO.
+
+        Their verdict is known before they finish: each will be an SLO-bad answer. The canary counts them
+        with its candidate's answers, so an upstream too slow to answer within a step is judged in that
+        step, not a step later as missing data (seen live: fp8 slowed 30x passed its 5% step and was
+        rolled back only at 25%). Empty without a latency SLO.
+        """
+        if self.stats.slo is None:
+            return {}
+        deadline = self.clock() - self.stats.slo[0]
+        late: dict[str, int] = {}
+        for name, record in self._at_upstream.values():
+            if record.ttft_s is None and record.arrived < deadline:
+                late[name] = late.get(name, 0) + 1
+        return late
 
     def snapshot_values(self) -> dict[str, float]:
         """The gate's signals for the Snapshot (see :meth:`GateStats.values`) plus the admission state."""
@@ -444,20 +464,27 @@ class Gate:
         if prefer is not None:
             candidates.sort(key=lambda up: up.name != prefer)  # stable: the rest keep their order
         errors: list[str] = []
-        for upstream in candidates:
-            url = upstream.url + request.rel_url.path_qs
-            try:
-                up = await self._send(request.method, url, self._body_for(upstream.name, body, info), headers)
-            except (aiohttp.ClientConnectionError, TimeoutError, OSError) as error:
-                self.pool.mark(upstream.name, False, self.clock(), f"{type(error).__name__}: {error}")
-                errors.append(f"{upstream.name}: {type(error).__name__}")
-                continue
+        try:
+            for upstream in candidates:
+                url = upstream.url + request.rel_url.path_qs
+                if record is not None:
+                    self._at_upstream[id(record)] = (upstream.name, record)
+                try:
+                    body_for = self._body_for(upstream.name, body, info)
+                    up = await self._send(request.method, url, body_for, headers)
+                except (aiohttp.ClientConnectionError, TimeoutError, OSError) as error:
+                    self.pool.mark(upstream.name, False, self.clock(), f"{type(error).__name__}: {error}")
+                    errors.append(f"{upstream.name}: {type(error).__name__}")
+                    continue
+                if record is not None:
+                    record.upstream = upstream.name
+                try:
+                    return await self._relay(request, up, record, info, fill)
+                finally:
+                    up.release()
+        finally:
             if record is not None:
-                record.upstream = upstream.name
-            try:
-                return await self._relay(request, up, record, info, fill)
-            finally:
-                up.release()
+                self._at_upstream.pop(id(record), None)
         message = "no upstream reachable (" + "; ".join(errors) + ")" if errors else "no upstream configured"
         if record is not None:
             record.outcome, record.status, record.e2e_s = "upstream_error", 502, self.clock() - record.arrived

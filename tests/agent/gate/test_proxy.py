@@ -16,7 +16,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from agent.config import GateConfig, GateLineConfig
+from agent.gate.collector import GateCollector
 from agent.gate.proxy import Gate
+from policies import knobs
 
 TIMEOUT = 5.0
 
@@ -475,3 +477,45 @@ async def test_an_upstream_serving_another_model_gets_its_own_model_name(
         await mapped.stop()
         for runner in runners:
             await runner.cleanup()
+
+
+async def test_a_request_held_past_the_ttft_slo_without_a_token_is_late_at_its_upstream(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """What the canary judges a candidate by before its answers come back (policies/canary.py): an
+    upstream too slow to answer within a rollout step is seen while it holds the requests."""
+    now = [100.0]
+    gate = await _gate({"primary": upstream.url, "fp8": "http://127.0.0.1:9"})
+    gate.clock = lambda: now[0]
+    gate.stats.slo = (2.0, 0.1)
+    collector = GateCollector(gate)
+    try:
+        upstream.release.clear()
+        upstream.chunked = True
+        held = asyncio.create_task(_post(client, gate, _body(stream=True)))
+        await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
+        assert gate.late_at_upstreams() == {}  # 0 s of a 2 s TTFT SLO
+        now[0] = 102.5
+        assert gate.late_at_upstreams() == {"primary": 1}
+        values = (await collector.collect(1.0)).values
+        assert (values["gate.upstream.primary.late"], values["gate.upstream.fp8.late"]) == (1, 0)
+        assert values[knobs.GATE_LATE] == 1
+        upstream.release.set()  # the first token comes (late): the request is answered, no longer pending
+        resp = await asyncio.wait_for(held, TIMEOUT)
+        await asyncio.wait_for(resp.content.readuntil(b"\n\n"), TIMEOUT)
+        assert gate.late_at_upstreams() == {}
+        for _ in range(3):
+            upstream.next_chunk.release()
+        await asyncio.wait_for(resp.read(), TIMEOUT)
+    finally:
+        await gate.stop()
+    # a request no upstream took (502) leaves nothing behind to count as late later
+    dead = await _gate({"primary": "http://127.0.0.1:9"})
+    dead.clock = lambda: now[0]
+    dead.stats.slo = (2.0, 0.1)
+    try:
+        assert (await _post(client, dead, _body(stream=True))).status == 502
+        now[0] = 200.0
+        assert dead.late_at_upstreams() == {} and dead._at_upstream == {}
+    finally:
+        await dead.stop()

@@ -1,6 +1,7 @@
 """Fault switches: the failure modes servepilot must detect, injected on purpose.
 
-HTTP-level faults (slow ``/metrics``, a share of 5xx answers) are applied by the server; engine-level
+HTTP-level faults (slow ``/metrics``, a share of 5xx answers) and a hung engine are applied by the server;
+engine-level
 faults (memory leak, fragmentation, latency spike, hot room) live in the core's simulated time, so a
 replay sees them at the same simulated moments as the live server does.
 """
@@ -39,7 +40,10 @@ class FaultSwitches:
     ``leak_bytes_per_hour`` grows allocated, reserved and process memory in stairs of
     ``leak_step_bytes`` (a leak that keeps tensors alive); ``fragmentation_ratio`` adds reserved-but-free
     memory so that ``1 - allocated / reserved`` rises to it; ``latency_factor`` multiplies every step;
-    ``ambient_c`` overrides the inlet temperature (a cooling failure, to provoke thermal slowdown).
+    ``ambient_c`` overrides the inlet temperature (a cooling failure, to provoke thermal slowdown);
+    ``stalled`` hangs the engine: requests are taken and held, no step runs, while ``/health``,
+    ``/metrics`` and the control API answer as before (a collective that never returns, a stuck kernel).
+    The live server honours it; a replay does not (its workload loop would never end).
     """
 
     metrics_delay_s: float = 0.0
@@ -50,6 +54,7 @@ class FaultSwitches:
     fragmentation_ratio: float = 0.0
     latency_factor: float = 1.0
     ambient_c: float | None = None
+    stalled: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -70,6 +75,10 @@ class FaultSwitches:
 def _check(name: str, raw: Any) -> Any:
     if name == "ambient_c" and raw is None:
         return None
+    if name == "stalled":
+        if not isinstance(raw, bool):
+            raise FaultError(f"stalled must be true or false, got {raw!r}")
+        return raw
     if name == "error_status":
         if raw not in ERROR_STATUSES or isinstance(raw, bool):
             raise FaultError(f"error_status must be one of {list(ERROR_STATUSES)}, got {raw!r}")

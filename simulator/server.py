@@ -90,7 +90,7 @@ class SimServer:
         core = self.core
         while True:
             self.control.expire(self.clock())
-            if not core.has_work():
+            if not core.has_work() or core.faults.stalled:  # stalled: hold every request, step nothing
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=IDLE_POLL_S)
@@ -308,6 +308,7 @@ class SimServer:
         except FaultError as error:
             return _error(422, str(error), "UnprocessableEntityError")
         self.core.set_faults(faults, max(self.sim_now(), self.core.time))
+        self._wake.set()  # a stall that ended resumes at once
         return web.json_response(faults.to_json())
 
     # -- control API --------------------------------------------------------------------------------

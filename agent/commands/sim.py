@@ -48,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--fault-fragmentation-ratio", type=float, default=0.0, help="allocator fragmentation"
     )
     faults.add_argument("--fault-latency-factor", type=float, default=1.0, help="multiply every step time")
+    faults.add_argument(
+        "--fault-stalled", action="store_true", help="hang the engine: hold requests, emit no token"
+    )
     parser.set_defaults(func=run)
 
 
@@ -82,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
                 "leak_bytes_per_hour": args.fault_leak_bytes_per_hour,
                 "fragmentation_ratio": args.fault_fragmentation_ratio,
                 "latency_factor": args.fault_latency_factor,
+                "stalled": args.fault_stalled,
             }
         )
     except (ValueError, FaultError) as error:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -179,3 +180,36 @@ async def test_out_of_bounds_apply_is_a_422(sim: Any) -> None:
     response = await sim.post("/v1/control/apply", json=body)
     assert response.status == 422
     assert "settings.sm_clock_mhz must be in [210, 1410]" in (await response.json())["error"]["message"]
+
+
+async def _gauges(sim: Any) -> dict[str, float]:
+    text = await (await sim.get("/metrics")).text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    return {
+        name: families[name].samples[0].value
+        for name in ("vllm:generation_tokens", "vllm:num_requests_running")
+    }
+
+
+async def test_a_stalled_engine_holds_its_requests_while_health_and_metrics_answer(sim: Any) -> None:
+    """A hung engine (a collective that never returns): what the engine-stall detector must tell from a
+    busy one. Its HTTP side answers, so a health check passes; the token counter stops."""
+    response = await sim.post("/v1/completions", json={"prompt": [1] * 8, "max_tokens": 40, "stream": True})
+    await asyncio.wait_for(response.content.readuntil(b"\n\n"), 5)  # the first token came
+    await sim.post("/sim/faults", json={"stalled": True})
+    before = await _gauges(sim)
+    await asyncio.sleep(0.05)  # the engine loop runs meanwhile (the fake clock does not move it)
+    after = await _gauges(sim)
+    assert after == before and after["vllm:num_requests_running"] == 1
+    assert before["vllm:generation_tokens"] < 40
+    assert (await sim.get("/health")).status == 200
+    await sim.post("/sim/faults", json={"stalled": False})
+    events = await asyncio.wait_for(_sse_events(response), 5)
+    assert events[-1] == "[DONE]"
+    assert (await _gauges(sim))["vllm:generation_tokens"] == 40
+
+
+async def test_stalled_must_be_a_boolean(sim: Any) -> None:
+    response = await sim.post("/sim/faults", json={"stalled": "yes"})
+    assert response.status == 422
+    assert (await response.json())["error"]["message"] == "stalled must be true or false, got 'yes'"

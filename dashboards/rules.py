@@ -147,6 +147,16 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
             "{{ $labels.pod }}; the engine is down, hung or overloaded.",
         ),
         _alert(
+            "ServepilotEngineStalled",
+            f'max by ({BY}) (servepilot_finding_active{{detector="engine_stall"}}) == 1',
+            p.for_(60),
+            "critical",
+            "engine in {{ $labels.pod }} holds requests and makes no progress",
+            "The engine has held requests for more than 2 minutes without a token, a finished request or a "
+            "change in its step-loop gauges, while its HTTP server answers; it is hung and will not recover "
+            "by itself. New requests are answered 503 by the gate or wait at the engine.",
+        ),
+        _alert(
             "ServepilotTTFTBudgetBurnFast",
             f"namespace_pod:engine_ttft_slo_miss:ratio_rate1h > {fast:g}\n"
             f"and namespace_pod:engine_ttft_slo_miss:ratio_rate5m > {fast:g}",

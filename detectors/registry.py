@@ -78,6 +78,7 @@ def register_defaults() -> None:
     _detector("multivariate", _multivariate, True, "Isolation Forest over the engine/GPU state")
     _detector("thermal", _thermal, True, "temperature unexplained by utilisation; throttle reasons")
     _detector("spec_decode", _specdec, True, "spec-decode acceptance vs its baseline; speedup below 1")
+    _detector("engine_stall", _stall, True, "requests held, no token, step or engine gauge moving for 60 s")
 
 
 def _leak() -> base.Detector:
@@ -120,3 +121,9 @@ def _specdec() -> base.Detector:
     from detectors.specdec import SpecDecodeDetector
 
     return SpecDecodeDetector()
+
+
+def _stall() -> base.Detector:
+    from detectors.stall import EngineStallDetector
+
+    return EngineStallDetector()

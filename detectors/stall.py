@@ -1,0 +1,107 @@
+"""Engine stall: requests held, no progress. A hung engine that every other check misses.
+
+An engine can hang with its HTTP side up: a collective that never returns (one rank of a
+tensor-parallel group lost), a stuck kernel, a deadlocked scheduler. Its ``/health`` and ``/metrics``
+still answer (vLLM's API server runs apart from its engine core), so the pod stays ready and
+``ServepilotEngineDown`` stays quiet; no request finishes, so the latency histograms and the SLO burn
+rates see nothing either, and the gate's queue turns every new request into a 503. What does show it:
+the engine holds requests (``requests_running`` + ``requests_waiting``) and none of the signals its step
+loop moves has moved for ``stall_s``.
+
+**Progress**, in any tick, is any of
+
+* a token or request counter rising: ``engine.generation_tokens_per_second``,
+  ``prompt_tokens_per_second``, ``decode_steps_per_second`` (llama.cpp's live step counter),
+  ``requests_finished_per_second``, or answers through the gate (``gate.requests``);
+* a gauge the engine sets from its step loop changing value: ``engine.kv_cache_usage_ratio``,
+  ``kv_cache_used_tokens``, ``reported_generation_tokens_per_second``.
+
+The gauges matter for SGLang and llama.cpp, whose token counters grow only when a request finishes: a
+few long generations can run for minutes without a counter moving, which is not a stall. SGLang's
+throughput gauge is recomputed from wall time every few dozen decode steps and never repeats a value
+while it decodes; a hung engine freezes it. Each signal is judged only where the engine publishes it.
+
+A tick without the engine's reading (a failed scrape) neither starts nor ends a stall: that is
+``ServepilotEngineDown``'s case. No warm-up, no learning: a stall is a fact, not an anomaly score, and
+``stall_s`` (60 s by default) is far longer than any step of a healthy engine, a long prompt's prefill
+included (chunked prefill emits decode tokens in between).
+"""
+
+from __future__ import annotations
+
+from detectors.base import Finding, Severity
+from detectors.snapshot import Snapshot
+
+#: Counter rates that rise only when the engine makes progress.
+PROGRESS_RATES = (
+    "engine.generation_tokens_per_second",
+    "engine.prompt_tokens_per_second",
+    "engine.decode_steps_per_second",
+    "engine.requests_finished_per_second",
+    "gate.requests",
+)
+#: Gauges the engine sets from its step loop: a new value is progress, an unchanged one says nothing.
+PROGRESS_GAUGES = (
+    "engine.kv_cache_usage_ratio",
+    "engine.kv_cache_used_tokens",
+    "engine.reported_generation_tokens_per_second",
+)
+HELD = ("engine.requests_running", "engine.requests_waiting")
+HINT = (
+    "The engine holds requests and makes no progress while its HTTP server answers: a hung collective "
+    "(NCCL; one tensor-parallel rank lost), a stuck kernel or a deadlocked scheduler. Take a stack dump "
+    "(py-spy dump --pid <engine pid>), check the kernel log for GPU Xid errors (dmesg), then restart the "
+    "engine: a hung engine does not recover by itself. The gate answers new requests 503 meanwhile."
+)
+
+
+class EngineStallDetector:
+    """Finds an engine that holds requests and has made no progress for ``stall_s`` seconds."""
+
+    name = "engine_stall"
+
+    def __init__(self, stall_s: float = 60.0) -> None:
+        if stall_s <= 0:
+            raise ValueError(f"stall_s must be > 0, got {stall_s}")
+        self.stall_s = stall_s
+        self.last_progress_: float | None = None
+        self.gauges_: dict[str, float] = {}
+
+    def update(self, snapshot: Snapshot) -> list[Finding]:
+        """Progress this tick moves the mark; an idle engine moves it too; a stall is time since the mark."""
+        held_parts = [v for v in (snapshot.get(name) for name in HELD) if v is not None]
+        if not held_parts:  # no reading from the engine this tick: no verdict either way
+            return []
+        held = sum(held_parts)
+        moved = self._gauges_moved(snapshot)
+        rising = any((snapshot.get(name) or 0.0) > 0 for name in PROGRESS_RATES)
+        if held <= 0 or rising or moved or self.last_progress_ is None:
+            self.last_progress_ = snapshot.now
+            return []
+        still = snapshot.now - self.last_progress_
+        if still < self.stall_s:
+            return []
+        return [
+            Finding(
+                detector=self.name,
+                signal="engine.requests_running",
+                severity=Severity.CRITICAL,
+                score=1.0,
+                summary=f"engine stalled: {held:.0f} request(s) held, no progress for {still:.0f}s",
+                since=self.last_progress_,  # the episode began at the last progress seen
+                evidence={"requests_held": held, "seconds_without_progress": still},
+                hint=HINT,
+            )
+        ]
+
+    def _gauges_moved(self, snapshot: Snapshot) -> bool:
+        moved = False
+        for name in PROGRESS_GAUGES:
+            value = snapshot.get(name)
+            if value is None:
+                continue
+            last = self.gauges_.get(name)
+            if last is not None and value != last:
+                moved = True
+            self.gauges_[name] = value
+        return moved

@@ -1,0 +1,113 @@
+"""EngineStallDetector: requests held with nothing moving is a hung engine; quiet or lumpy is not."""
+
+from __future__ import annotations
+
+import pytest
+
+from detectors.base import Finding, Severity
+from detectors.snapshot import Reading, Snapshot, SourceStatus
+from detectors.stall import EngineStallDetector
+
+
+def _snap(now: float, **values: float) -> Snapshot:
+    flat = {f"engine.{name}": value for name, value in values.items()}
+    return Snapshot.from_readings(now, {"engine": Reading("engine", now, SourceStatus.OK, flat)})
+
+
+def _run(detector: EngineStallDetector, ticks: list[Snapshot]) -> list[list[Finding]]:
+    return [detector.update(s) for s in ticks]
+
+
+def test_requests_held_with_no_token_for_a_minute_is_a_critical_finding() -> None:
+    detector = EngineStallDetector()
+    busy = [_snap(t, requests_running=3, generation_tokens_per_second=900) for t in range(0, 10)]
+    hung = [_snap(t, requests_running=3, generation_tokens_per_second=0) for t in range(10, 80)]
+    found = _run(detector, busy + hung)
+    first = next(i for i, f in enumerate(found) if f)
+    assert first == 69  # the last progress was at t = 9; t = 69 is 60 s later
+    [finding] = found[-1]
+    assert finding.severity is Severity.CRITICAL and finding.since == 9.0
+    assert finding.summary == "engine stalled: 3 request(s) held, no progress for 70s"
+    assert finding.evidence == {"requests_held": 3, "seconds_without_progress": 70.0}
+    # tokens again: over at once
+    assert detector.update(_snap(80, requests_running=3, generation_tokens_per_second=5)) == []
+
+
+def test_an_idle_engine_is_not_stalled() -> None:
+    detector = EngineStallDetector()
+    ticks = [
+        _snap(t, requests_running=0, requests_waiting=0, generation_tokens_per_second=0) for t in range(300)
+    ]
+    assert not any(_run(detector, ticks))
+
+
+def test_requests_waiting_with_none_running_and_nothing_moving_is_a_stall() -> None:
+    """A scheduler that stopped admitting: the queue holds requests and nothing runs."""
+    detector = EngineStallDetector(stall_s=30)
+    ticks = [
+        _snap(t, requests_running=0, requests_waiting=5, generation_tokens_per_second=0) for t in range(40)
+    ]
+    assert _run(detector, ticks)[-1][0].evidence["requests_held"] == 5
+
+
+def test_a_counter_that_moves_only_when_requests_finish_is_not_a_stall_while_gauges_move() -> None:
+    """SGLang counts tokens when a request finishes: four long generations move no counter for minutes,
+    but its throughput gauge is recomputed every few dozen decode steps. Frozen, it is a stall."""
+    detector = EngineStallDetector()
+    decoding = [
+        _snap(
+            t,
+            requests_running=4,
+            generation_tokens_per_second=0,
+            reported_generation_tokens_per_second=120 + t % 7,
+        )
+        for t in range(0, 300)
+    ]
+    assert not any(_run(detector, decoding))
+    frozen = [
+        _snap(
+            t, requests_running=4, generation_tokens_per_second=0, reported_generation_tokens_per_second=125
+        )
+        for t in range(300, 370)
+    ]
+    assert _run(detector, frozen)[-1]
+
+
+def test_llama_cpp_decode_steps_are_progress() -> None:
+    detector = EngineStallDetector()
+    ticks = [
+        _snap(t, requests_running=1, generation_tokens_per_second=0, decode_steps_per_second=30)
+        for t in range(200)
+    ]
+    assert not any(_run(detector, ticks))
+
+
+def test_answers_through_the_gate_are_progress() -> None:
+    detector = EngineStallDetector()
+    ticks = [
+        Snapshot.from_readings(
+            float(t),
+            {
+                "engine": Reading("engine", t, SourceStatus.OK, {"engine.requests_running": 2.0}),
+                "gate": Reading("gate", t, SourceStatus.OK, {"gate.requests": 1.0 if t % 20 == 0 else 0.0}),
+            },
+        )
+        for t in range(200)
+    ]
+    assert not any(_run(detector, ticks))
+
+
+def test_a_tick_without_the_engine_neither_starts_nor_ends_a_stall() -> None:
+    """A failed scrape is the engine-down alert's case; it must not hide a stall that was under way."""
+    detector = EngineStallDetector()
+    hung = [_snap(t, requests_running=2, generation_tokens_per_second=0) for t in range(0, 40)]
+    missing = [Snapshot.from_readings(float(t), {}) for t in range(40, 70)]
+    found = _run(detector, hung + missing)
+    assert not any(found)  # no verdict without a reading
+    [finding] = detector.update(_snap(70, requests_running=2, generation_tokens_per_second=0))
+    assert finding.since == 0.0  # the episode that began at t = 0 goes on
+
+
+def test_stall_s_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="stall_s must be > 0, got 0"):
+        EngineStallDetector(stall_s=0)

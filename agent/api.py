@@ -2,6 +2,12 @@
 
 ``/healthz`` says the process is alive; ``/readyz`` says the loop has completed a tick recently (a stuck
 loop turns it 503, so Kubernetes restarts a wedged sidecar but not one whose engine is merely down).
+
+``/readyz`` is also 503 while the ``engine_stall`` detector finds the engine hung (unless
+``agent.unready_when_engine_stalled`` is off): the engine's ``/health`` still answers then, so nothing
+else takes the pod out of its Service, and every request sent to it would wait for a 503 from the gate.
+Unready, the pod gets no new requests; it is ready again at the engine's first progress (a liveness
+probe, by contrast, would restart a container, which a false verdict must never do).
 """
 
 from __future__ import annotations
@@ -15,11 +21,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from agent.exporter import Exporter
 from agent.loop import Loop
 
+#: The detector whose finding makes the pod unready (detectors/stall.py).
+ENGINE_STALL = "engine_stall"
 LOOP_KEY: web.AppKey[Loop] = web.AppKey("loop", Loop)
 EXPORTER_KEY: web.AppKey[Exporter] = web.AppKey("exporter", Exporter)
 
 
-def build_app(loop: Loop, exporter: Exporter, *, clock: Callable[[], float] = time.time) -> web.Application:
+def build_app(
+    loop: Loop,
+    exporter: Exporter,
+    *,
+    clock: Callable[[], float] = time.time,
+    unready_on_engine_stall: bool = True,
+) -> web.Application:
     app = web.Application(client_max_size=64 * 1024)
     app[LOOP_KEY] = loop
     app[EXPORTER_KEY] = exporter
@@ -40,6 +54,12 @@ def build_app(loop: Loop, exporter: Exporter, *, clock: Callable[[], float] = ti
         if age > stale_after:
             reason = f"last tick {age:.1f} s ago (limit {stale_after:g} s)"
             return web.json_response({"status": "stalled", "reason": reason}, status=503)
+        if unready_on_engine_stall:
+            for finding in loop.state.findings:
+                if finding.detector == ENGINE_STALL:
+                    return web.json_response(
+                        {"status": "engine_stalled", "reason": finding.summary}, status=503
+                    )
         return web.json_response({"status": "ready", "last_tick_age_s": round(age, 3)})
 
     async def state(_: web.Request) -> web.Response:

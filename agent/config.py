@@ -56,6 +56,11 @@ class AgentConfig(_Section):
         description="reload the config file when its content changes, checked this often; 0: only on "
         "SIGHUP or POST /api/admin/reload",
     )
+    unready_when_engine_stalled: bool = Field(
+        True,
+        description="/readyz answers 503 while the engine_stall detector finds the engine hung, so the "
+        "Service sends new requests to other replicas",
+    )
 
     @model_validator(mode="after")
     def _admin_stays_local(self) -> AgentConfig:

@@ -572,7 +572,9 @@ class Sidecar:
         from agent.admin import add_admin_routes
 
         agent_cfg = self.cfg.agent
-        app = build_app(self.loop, self.exporter)
+        app = build_app(
+            self.loop, self.exporter, unready_on_engine_stall=self.cfg.agent.unready_when_engine_stalled
+        )
         admin_args = (self.knobs.actuation, self.knobs.audit, self.knobs.token, self.canary, self.loop.clock)
         admin_kwargs: dict[str, Any] = {
             "breaker_levels": breaker_levels(self.cfg),

@@ -51,7 +51,8 @@ HINT = (
     "The engine holds requests and makes no progress while its HTTP server answers: a hung collective "
     "(NCCL; one tensor-parallel rank lost), a stuck kernel or a deadlocked scheduler. Take a stack dump "
     "(py-spy dump --pid <engine pid>), check the kernel log for GPU Xid errors (dmesg), then restart the "
-    "engine: a hung engine does not recover by itself. The gate answers new requests 503 meanwhile."
+    "engine: a hung engine does not recover by itself. Meanwhile the sidecar's /readyz answers 503, so "
+    "the Service sends new requests to other replicas."
 )
 
 

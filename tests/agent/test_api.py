@@ -7,6 +7,7 @@ from agent.exporter import Exporter
 from agent.loop import Loop
 from agent.store import Store
 from detectors.snapshot import Reading, SourceStatus
+from detectors.stall import EngineStallDetector
 
 
 class OneValue:
@@ -19,11 +20,12 @@ class OneValue:
         pass
 
 
-def _app(now: list[float]) -> tuple[Any, Loop]:
-    loop = Loop([OneValue()], Store(10, 10), interval_s=1.0, source_timeout_s=0.5)
+def _app(now: list[float], **options: Any) -> tuple[Any, Loop]:
+    detectors = [EngineStallDetector(stall_s=30)]
+    loop = Loop([OneValue()], Store(10, 10), interval_s=1.0, source_timeout_s=0.5, detectors=detectors)
     exporter = Exporter()
     loop.subscribe(exporter.publish)
-    return build_app(loop, exporter, clock=lambda: now[0]), loop
+    return build_app(loop, exporter, clock=lambda: now[0], **options), loop
 
 
 async def test_readyz_is_503_until_the_first_tick_then_200(aiohttp_client: Any) -> None:
@@ -51,3 +53,24 @@ async def test_healthz_state_and_metrics(aiohttp_client: Any) -> None:
     metrics = await (await client.get("/metrics")).text()
     assert "servepilot_engine_requests_running 4.0" in metrics
     assert "servepilot_engine_up 1.0" in metrics
+
+
+async def test_readyz_is_503_while_the_engine_is_stalled_unless_turned_off(aiohttp_client: Any) -> None:
+    """The engine holds 4 requests and no progress signal moves: after 30 s the stall detector finds it
+    hung. Its own /health still answers, so the sidecar's readiness is what takes the pod out."""
+    for unready, status in ((True, 503), (False, 200)):
+        now = [100.0]
+        app, loop = _app(now, unready_on_engine_stall=unready)
+        client = await aiohttp_client(app)
+        await loop.tick(100.0)
+        assert (await client.get("/readyz")).status == 200
+        now[0] = 131.0
+        await loop.tick(131.0)
+        response = await client.get("/readyz")
+        assert response.status == status
+        if unready:
+            body = await response.json()
+            assert body == {
+                "status": "engine_stalled",
+                "reason": "engine stalled: 4 request(s) held, no progress for 31s",
+            }

@@ -59,6 +59,9 @@ class _Model:
         self.gate = KOfN(k, n)
         self.x_ref: list[float] | None = None
         self.alpha = alpha
+        #: the latest tick that was a hit: (anomalous, z, evidence), what the finding shows while the k-of-n
+        #: gate holds it active through ticks that are not hits
+        self.last_hit: tuple[bool, float, dict[str, float | str]] | None = None
 
     def learn(self, x: list[float], y: float) -> None:
         self.rls.learn(x, y)
@@ -120,7 +123,8 @@ class TailLatencyDetector:
             anomalous = z > self.z_threshold and latency > (1 + self.min_excess) * math.exp(predicted)
             reference = math.exp(model.rls.predict(model.x_ref))
             elevated = latency > self.elevated_ratio * reference
-            if model.gate.push(anomalous or elevated, snapshot.now):
+            hit = anomalous or elevated
+            if hit:
                 evidence: dict[str, float | str] = {
                     "latency_s": latency,
                     "predicted_s": math.exp(predicted),
@@ -130,9 +134,17 @@ class TailLatencyDetector:
                     "requests_waiting": waiting if waiting is not None else "absent",
                     "requests_running": running if running is not None else "absent",
                     "bucket": match.group("bucket") or "all",
+                    "at": snapshot.now,
                 }
+                model.last_hit = (anomalous, z, evidence)
+            if model.gate.push(hit, snapshot.now) and model.last_hit is not None:
+                # while the gate holds the finding through a tick that is no hit, the finding shows the
+                # latest hit (its ``at``) and the value now: describing the value now as the finding
+                # ("P95 ... is 0.078s, 0.8x its typical") reported a normal tail as the problem (seen live)
+                was_anomalous, was_z, shown = model.last_hit
+                shown = {**shown, "latest_s": latency}
                 findings.append(
-                    self._finding(name, match, anomalous, z, evidence, model.gate.since(snapshot.now))
+                    self._finding(name, match, was_anomalous, was_z, shown, model.gate.since(snapshot.now))
                 )
             if not anomalous:
                 model.learn(x, y)

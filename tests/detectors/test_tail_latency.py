@@ -102,3 +102,20 @@ def test_deterministic() -> None:
         ]
 
     assert run() == run()
+
+
+def test_a_finding_held_through_a_normal_tick_shows_the_latest_hit_not_the_normal_value() -> None:
+    """Seen live: a finding the 3-of-5 gate still held read "P95 time to first token is 0.078s, 0.8x its
+    typical 0.0922s": the tick's normal value described as the problem."""
+    detector = TailLatencyDetector()
+    _warm(detector)
+    rng = np.random.default_rng(5)
+    for i in range(4):  # heavy load: an elevated tail, reported
+        detector.update(_snap(1000.0 + i, _state(0.95, 6.0, rng)))
+    normal = _state(0.4, 0.0, rng)
+    [held] = [f for f in detector.update(_snap(1004.0, normal)) if f.signal == SIGNAL]
+    assert held.evidence["at"] == 1003.0 and held.evidence["latest_s"] == normal[SIGNAL]
+    assert float(held.evidence["latency_s"]) > 3 * normal[SIGNAL]
+    assert held.summary.startswith(
+        f"P99 time to first token for prompts le1k is {held.evidence['latency_s']:.3g}s"
+    )

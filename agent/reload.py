@@ -108,7 +108,9 @@ class Reloader:
     """Re-reads ``path`` (with the same environment overrides) and applies the :data:`HOT` fields.
 
     ``apply_gate`` takes the new gate section (None without a gate). ``current`` is the config in force;
-    after an applied reload it is the new one, so the next reload diffs against what runs.
+    after an applied reload it is the new one, so the next reload diffs against what runs. ``read``
+    turns the file into a config when the running one is more than the file (``servepilot gate`` adds its
+    command-line overrides); by default the file and the environment overrides alone.
     """
 
     def __init__(
@@ -120,10 +122,12 @@ class Reloader:
         audit: AuditLog,
         *,
         apply_gate: Callable[[GateConfig], None] | None = None,
+        read: Callable[[Path, Mapping[str, str]], Config] = load,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = Path(path)
         self.environ = dict(environ)
+        self.read = read
         self.current = current
         self.audit = audit
         self.apply_gate = apply_gate
@@ -173,7 +177,7 @@ class Reloader:
     def _reload(self, trigger: str) -> ReloadResult:
         self._seen = self._digest()  # a refused file is not retried until it changes again
         try:
-            new = load(self.path, self.environ)
+            new = self.read(self.path, self.environ)
         except ConfigError as error:
             return ReloadResult("invalid", f"{error}; the running config is unchanged")
         changes = changed_fields(self.current, new)

@@ -2,16 +2,30 @@
 
 The sidecar (``servepilot run``) starts the gate itself when ``gate.enabled`` is set; this command is for
 running the proxy without the rest of the agent (benchmarks, a first deployment in front of an engine).
+
+Started with ``--config``, it reloads the file's business-line rules on ``SIGHUP`` (and when the file
+changes, with ``agent.config_watch_s``), as ``servepilot run`` does (agent/reload.py): the command-line
+overrides are applied to the re-read file too, so they never count as a change that needs a restart.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
-from typing import Any
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from agent.config import Config
+    from agent.gate.proxy import Gate
+    from agent.reload import Reloader
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,11 +48,11 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
-def run(args: argparse.Namespace) -> int:
+def _with_overrides(file_cfg: Config | None, args: argparse.Namespace) -> Config:
+    """The file's config (or the defaults) with the command line's gate overrides, gate enabled."""
     from agent import config
-    from agent.cli import UsageError
 
-    data = config.load(args.config, os.environ).model_dump() if args.config else {}
+    data = file_cfg.model_dump() if file_cfg is not None else {}
     gate: dict[str, object] = dict(data.get("gate", {}))
     if args.upstream:
         ups = {}
@@ -48,14 +62,21 @@ def run(args: argparse.Namespace) -> int:
         gate["upstreams"], gate["split"] = ups, {next(iter(ups)): 1.0}
     if args.max_in_flight is not None:
         gate["max_in_flight"] = args.max_in_flight
+    return config.build({**data, "gate": {**gate, "enabled": True}})
+
+
+def run(args: argparse.Namespace) -> int:
+    from agent import config
+    from agent.cli import UsageError
+
     if args.port is not None and not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in [0, 65535], got {args.port}")
-    cfg = config.build({**data, "gate": {**gate, "enabled": True}}).gate
+    cfg = _with_overrides(config.load(args.config, os.environ) if args.config else None, args)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        _event_loop_runner()(_serve(cfg, args.host, args.port))
+        _event_loop_runner()(_serve(cfg, args))
     except OSError as error:
         logging.getLogger("servepilot").error("cannot start the gate: %s", error)
         return 1
@@ -71,27 +92,64 @@ def _event_loop_runner() -> Any:
     return uvloop.run
 
 
-async def _serve(cfg: object, host: str | None, port: int | None) -> None:
+async def _serve(cfg: Config, args: argparse.Namespace) -> None:
     from prometheus_client import CollectorRegistry
 
-    from agent.config import GateConfig
     from agent.gate.proxy import Gate
 
-    assert isinstance(cfg, GateConfig)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    gate = Gate(cfg, CollectorRegistry())
-    bound = await gate.start(host, port)
+    registry = CollectorRegistry()
+    gate = Gate(cfg.gate, registry)
+    watch: asyncio.Task[None] | None = None
+    if args.config:
+        reloader = _reloader(cfg, args, gate, registry)
+        loop.add_signal_handler(signal.SIGHUP, reloader.reload, "SIGHUP")
+        if cfg.agent.config_watch_s > 0:
+            watch = asyncio.create_task(_watch(reloader, cfg.agent.config_watch_s, stop))
+    bound = await gate.start(args.host, args.port)
     from agent.heap import settle_after_start_up
 
     settle_after_start_up()
-    print(f"servepilot gate: http://{host or cfg.listen_host}:{bound} -> {dict(cfg.upstreams)}", flush=True)
+    where = f"http://{args.host or cfg.gate.listen_host}:{bound}"
+    print(f"servepilot gate: {where} -> {dict(cfg.gate.upstreams)}", flush=True)
     try:
         await stop.wait()
     finally:
+        if watch is not None:
+            watch.cancel()
         await gate.stop()
+
+
+def _reloader(cfg: Config, args: argparse.Namespace, gate: Gate, registry: CollectorRegistry) -> Reloader:
+    """SIGHUP and the file watch re-read ``--config`` with the same command-line overrides."""
+    from agent import config
+    from agent.audit import AuditLog
+    from agent.reload import Reloader
+
+    def read(path: Path, environ: Mapping[str, str]) -> Config:
+        return _with_overrides(config.load(path, environ), args)
+
+    return Reloader(
+        args.config,
+        os.environ,
+        cfg,
+        registry,
+        AuditLog(cfg.audit, registry),
+        apply_gate=gate.set_admission_rules,
+        read=read,
+    )
+
+
+async def _watch(reloader: Reloader, every_s: float, stop: asyncio.Event) -> None:
+    """Reload when the file's content changes (``agent.config_watch_s``)."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=every_s)
+        if not stop.is_set() and reloader.file_changed():
+            reloader.reload("file changed")
 
 
 if __name__ == "__main__":  # ``python -m agent.commands.gate`` before the CLI lists it

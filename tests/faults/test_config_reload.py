@@ -164,3 +164,62 @@ async def test_with_config_watch_an_edited_file_is_applied_without_a_signal(tmp_
                 if run.poll() is None:
                     run.kill()
                     run.wait()
+
+
+async def test_the_standalone_gate_reloads_on_sighup_keeping_its_command_line_overrides(
+    tmp_path: Path,
+) -> None:
+    """``servepilot gate --config F --upstream URL``: the re-read file gets the same overrides, so only the
+    edited rate is a change; an edit that needs a restart is refused and the gate serves on."""
+    gate_port = free_port()
+    path = tmp_path / "gate.yaml"
+
+    def config(rate: int, interval: int = 1) -> str:  # upstreams in the file are replaced by --upstream
+        return (
+            f"agent: {{interval_s: {interval}}}\naudit: {{path: null}}\n"
+            "gate: {health_interval_s: 600, upstreams: {primary: 'http://127.0.0.1:9'},"
+            f" lines: {{batch: {{requests_per_min: {rate}, burst_ratio: 1}}}}}}\n"
+        )
+
+    async with serve(_upstream(asyncio.Event())) as upstream, aiohttp.ClientSession() as http:
+        path.write_text(config(rate=1))
+        run = subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", "gate", "--config", str(path), "--upstream", upstream,
+             "--port", str(gate_port), "--log-level", "info"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        gate = f"http://127.0.0.1:{gate_port}"
+        try:
+            deadline = time.monotonic() + 15
+            while True:  # up once /v1/models passes through to the upstream
+                try:
+                    async with http.get(f"{gate}/v1/models") as response:
+                        if response.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                assert time.monotonic() < deadline, "the gate did not come up"
+                await asyncio.sleep(0.05)  # polling a real process
+            assert [await _status(http, gate) for _ in range(2)] == [200, 429]
+            path.write_text(config(rate=6000))
+            run.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 15
+            while await _status(http, gate) != 200:  # a minute's refill at the old rate: only a reload
+                assert time.monotonic() < deadline, "the raised rate never applied"
+                await asyncio.sleep(0.05)
+            path.write_text(config(rate=6000, interval=2))
+            run.send_signal(signal.SIGHUP)
+            await asyncio.sleep(0.3)  # the refusal is only logged: no change to wait for
+            assert run.poll() is None and await _status(http, gate) == 200
+        finally:
+            run.send_signal(signal.SIGTERM)
+            try:
+                code = await asyncio.to_thread(run.wait, 20)
+            finally:
+                if run.poll() is None:
+                    run.kill()
+                    run.wait()
+    output = run.stdout.read() if run.stdout else ""
+    assert code == 0, output
+    assert "config reload (SIGHUP): 1 field(s) changed: gate.lines.batch.requests_per_min" in output
+    assert "config reload (SIGHUP) refused: agent.interval_s changed, which needs a restart" in output

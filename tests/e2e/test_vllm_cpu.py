@@ -203,3 +203,76 @@ async def test_perplexity_through_echo_and_prompt_logprobs_is_finite_and_repeata
     assert first.tokens >= 20  # real tokenizer: every prompt token after the first is scored
     assert math.isfinite(first.ppl) and first.ppl > 1.0
     assert second.ppl == pytest.approx(first.ppl, rel=1e-4)  # temperature 0, same prompts: same scores
+
+
+# --- a hung engine core: /health answers, the stall detector does not wait for it ---------------------
+
+
+def _engine_core(parent: int) -> int:
+    """The pid of vLLM's ``VLLM::EngineCore`` child process (V1 runs the engine apart from the server)."""
+    from pathlib import Path
+
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ppid = int((proc / "stat").read_text().split()[3])
+            cmdline = (proc / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and cmdline.startswith(b"VLLM::EngineCore"):
+            return int(proc.name)
+    raise AssertionError(f"no VLLM::EngineCore child of {parent}")
+
+
+async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: RunningEngine) -> None:
+    """SIGSTOP on the engine-core process is a hang the way a collective that never returns is one: the
+    API server keeps answering /health and /metrics (frozen), and the engine_stall detector finds it once
+    60 s of ticks (virtual time) pass with requests held; SIGCONT, and the next tick clears it."""
+    import os
+    import signal
+
+    from agent.loop import Loop
+    from agent.store import Store
+    from detectors.stall import EngineStallDetector
+
+    core = _engine_core(engine.proc.pid)
+    collector = EngineMetricsCollector(EngineConfig(url=engine.url, kind="vllm", timeout_s=5.0))
+    loop = Loop(
+        [collector], Store(100, 4096), interval_s=1.0, source_timeout_s=5.0, detectors=[EngineStallDetector()]
+    )
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+        requests = asyncio.ensure_future(
+            stream_many(session, engine.url, [completion(f"stall {i}", 200) for i in range(6)])
+        )
+        try:
+            t = 900.0
+            for _ in range(100):  # until the engine holds the requests
+                t += 1.0
+                state = await loop.tick(t)
+                if state.snapshot is not None and (state.snapshot.get("engine.requests_running") or 0) > 0:
+                    break
+                await asyncio.sleep(0.05)
+            os.kill(core, signal.SIGSTOP)
+            try:
+                await asyncio.sleep(0.5)  # a step that was running ends; nothing after it
+                verdicts = []
+                for second in range(1, 81, 10):
+                    state = await loop.tick(t + second)
+                    verdicts.append(any(f.detector == "engine_stall" for f in state.findings))
+                async with session.get(engine.url + "/health") as response:
+                    health = response.status
+            finally:
+                os.kill(core, signal.SIGCONT)
+            assert health == 200  # what a health check sees of a hung engine
+            # the last progress was at the tick before the stop (t) or the first after it (t + 1)
+            assert verdicts[:6] == [False] * 6 and verdicts[-1], verdicts
+            results = await asyncio.wait_for(requests, 120)
+            assert all(r.status == 200 for r in results)
+            await asyncio.sleep(0.5)
+            state = await loop.tick(t + 100.0)
+            assert not [f for f in state.findings if f.detector == "engine_stall"]
+        finally:
+            if not requests.done():
+                requests.cancel()
+            await collector.close()

@@ -81,6 +81,17 @@ async def _until(http: aiohttp.ClientSession, url: str, name: str, value: float,
     raise AssertionError(f"{name}{labels} never read {value}")
 
 
+async def _terminate(run: subprocess.Popen[str]) -> int:
+    """SIGTERM, and the exit code within 20 s; killed if it does not exit (a test must not leak it)."""
+    run.send_signal(signal.SIGTERM)
+    try:
+        return await asyncio.to_thread(run.wait, 20)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+
+
 async def _status(http: aiohttp.ClientSession, gate: str) -> int:
     body = {"model": "m", "prompt": "hi", "max_tokens": 1}
     async with http.post(f"{gate}/v1/completions", json=body, headers=LINE) as response:
@@ -126,13 +137,7 @@ async def test_sighup_applies_a_new_line_rate_without_cutting_a_stream(tmp_path:
             assert await _status(http, gate) == 200
         finally:
             release.set()
-            run.send_signal(signal.SIGTERM)
-            try:
-                code = await asyncio.to_thread(run.wait, 20)
-            finally:
-                if run.poll() is None:
-                    run.kill()
-                    run.wait()
+            code = await _terminate(run)
     output = run.stdout.read() if run.stdout else ""
     assert code == 0, output
     assert "config reload (SIGHUP): 1 field(s) changed: gate.lines.batch.requests_per_min" in output
@@ -157,13 +162,7 @@ async def test_with_config_watch_an_edited_file_is_applied_without_a_signal(tmp_
             await asyncio.sleep(0.05)  # 100 requests/s refill
             assert await _status(http, gate) == 200
         finally:
-            run.send_signal(signal.SIGTERM)
-            try:
-                assert await asyncio.to_thread(run.wait, 20) == 0
-            finally:
-                if run.poll() is None:
-                    run.kill()
-                    run.wait()
+            assert await _terminate(run) == 0
 
 
 async def test_the_standalone_gate_reloads_on_sighup_keeping_its_command_line_overrides(
@@ -212,13 +211,7 @@ async def test_the_standalone_gate_reloads_on_sighup_keeping_its_command_line_ov
             await asyncio.sleep(0.3)  # the refusal is only logged: no change to wait for
             assert run.poll() is None and await _status(http, gate) == 200
         finally:
-            run.send_signal(signal.SIGTERM)
-            try:
-                code = await asyncio.to_thread(run.wait, 20)
-            finally:
-                if run.poll() is None:
-                    run.kill()
-                    run.wait()
+            code = await _terminate(run)
     output = run.stdout.read() if run.stdout else ""
     assert code == 0, output
     assert "config reload (SIGHUP): 1 field(s) changed: gate.lines.batch.requests_per_min" in output

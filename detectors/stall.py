@@ -10,9 +10,9 @@ loop moves has moved for ``stall_s``.
 
 **Progress**, in any tick, is any of
 
-* a token or request counter rising: ``engine.generation_tokens_per_second``,
+* a token or request counter of the engine rising: ``engine.generation_tokens_per_second``,
   ``prompt_tokens_per_second``, ``decode_steps_per_second`` (llama.cpp's live step counter),
-  ``requests_finished_per_second``, or answers through the gate (``gate.requests``);
+  ``requests_finished_per_second``;
 * a gauge the engine sets from its step loop changing value: ``engine.kv_cache_usage_ratio``,
   ``kv_cache_used_tokens``, ``reported_generation_tokens_per_second``.
 
@@ -20,6 +20,8 @@ The gauges matter for SGLang and llama.cpp, whose token counters grow only when 
 few long generations can run for minutes without a counter moving, which is not a stall. SGLang's
 throughput gauge is recomputed from wall time every few dozen decode steps and never repeats a value
 while it decodes; a hung engine freezes it. Each signal is judged only where the engine publishes it.
+The gate's answers are not progress: they may come from another upstream (a canary's fp8, a fallback)
+while this engine hangs.
 
 A tick without the engine's reading (a failed scrape) neither starts nor ends a stall: that is
 ``ServepilotEngineDown``'s case. No warm-up, no learning: a stall is a fact, not an anomaly score, and
@@ -38,7 +40,6 @@ PROGRESS_RATES = (
     "engine.prompt_tokens_per_second",
     "engine.decode_steps_per_second",
     "engine.requests_finished_per_second",
-    "gate.requests",
 )
 #: Gauges the engine sets from its step loop: a new value is progress, an unchanged one says nothing.
 PROGRESS_GAUGES = (

@@ -1,9 +1,8 @@
 """Fault switches: the failure modes servepilot must detect, injected on purpose.
 
-HTTP-level faults (slow ``/metrics``, a share of 5xx answers) and a hung engine are applied by the server;
-engine-level
-faults (memory leak, fragmentation, latency spike, hot room) live in the core's simulated time, so a
-replay sees them at the same simulated moments as the live server does.
+HTTP-level faults (slow ``/metrics``, a share of 5xx answers) and a hung engine are applied by the
+server; engine-level faults (memory leak, fragmentation, latency spike, hot room) live in the core's
+simulated time, so a replay sees them at the same simulated moments as the live server does.
 """
 
 from __future__ import annotations

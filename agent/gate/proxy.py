@@ -147,17 +147,27 @@ class Gate:
         self._g_split = Gauge(
             "servepilot_gate_split_ratio", "Traffic share.", ["upstream"], registry=registry
         )
+        self._g_late = Gauge(
+            "servepilot_gate_late_requests",
+            "Requests an upstream holds now with no first token past the TTFT SLO (they will miss it).",
+            ["upstream"],
+            registry=registry,
+        )
         self._g_in_flight.set_function(lambda: self.admission.in_flight)
         self._g_queue.set_function(lambda: self.admission.queue_depth)
         self._g_limit.set_function(lambda: self.admission.limit)
         for name in self.pool.upstreams:
             self._g_up.labels(name).set_function(functools.partial(self._upstream_up, name))
             self._g_split.labels(name).set_function(functools.partial(self._split_of, name))
+            self._g_late.labels(name).set_function(functools.partial(self._late_at, name))
         self.app = web.Application(client_max_size=cfg.max_body_bytes)
         self.app.router.add_route("*", "/{tail:.*}", self._handle)
 
     def _upstream_up(self, name: str) -> float:
         return float(self.pool.upstreams[name].healthy)
+
+    def _late_at(self, name: str) -> float:
+        return float(self.late_at_upstreams().get(name, 0))
 
     def _split_of(self, name: str) -> float:
         return self.pool.weights[name]

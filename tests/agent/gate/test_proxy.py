@@ -500,6 +500,8 @@ async def test_a_request_held_past_the_ttft_slo_without_a_token_is_late_at_its_u
         values = (await collector.collect(1.0)).values
         assert (values["gate.upstream.primary.late"], values["gate.upstream.fp8.late"]) == (1, 0)
         assert values[knobs.GATE_LATE] == 1
+        exported = {s.labels["upstream"]: s.value for m in gate._g_late.collect() for s in m.samples}
+        assert exported == {"primary": 1.0, "fp8": 0.0}  # servepilot_gate_late_requests{upstream}
         upstream.release.set()  # the first token comes (late): the request is answered, no longer pending
         resp = await asyncio.wait_for(held, TIMEOUT)
         await asyncio.wait_for(resp.content.readuntil(b"\n\n"), TIMEOUT)

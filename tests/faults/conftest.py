@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -34,3 +35,27 @@ def closed_port_url() -> str:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"http://127.0.0.1:{port}"
+
+
+def held_stream_upstream(release: asyncio.Event) -> web.Application:
+    """An OpenAI-ish upstream: ``/v1/models``, plain completions answered at once, and streamed ones that
+    send ``data: one`` and then the rest only when ``release`` is set (a stream in flight, on demand)."""
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        if not (await request.json()).get("stream"):
+            return web.json_response({"choices": [{"text": "ok"}], "usage": {"completion_tokens": 1}})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: one\n\n")
+        await release.wait()
+        await response.write(b"data: two\n\ndata: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions)
+    return app

@@ -15,35 +15,13 @@ import time
 from pathlib import Path
 
 import aiohttp
-from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.engines.launcher import free_port
-from tests.faults.conftest import serve
+from tests.faults.conftest import held_stream_upstream, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 LINE = {"x-servepilot-line": "batch"}
-
-
-def _upstream(release: asyncio.Event) -> web.Application:
-    async def models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
-
-    async def completions(request: web.Request) -> web.StreamResponse:
-        if not (await request.json()).get("stream"):
-            return web.json_response({"choices": [{"text": "ok"}], "usage": {"completion_tokens": 1}})
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b'data: {"choices": [{"text": "one"}]}\n\n')
-        await release.wait()
-        await response.write(b'data: {"choices": [{"text": "two"}]}\n\ndata: [DONE]\n\n')
-        await response.write_eof()
-        return response
-
-    app = web.Application()
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/completions", completions)
-    return app
 
 
 def _config(
@@ -103,7 +81,7 @@ async def test_sighup_applies_a_new_line_rate_without_cutting_a_stream(tmp_path:
     release = asyncio.Event()
     agent_port, gate_port = free_port(), free_port()
     path = tmp_path / "servepilot.yaml"
-    async with serve(_upstream(release)) as upstream, aiohttp.ClientSession() as http:
+    async with serve(held_stream_upstream(release)) as upstream, aiohttp.ClientSession() as http:
         path.write_text(_config(upstream, agent_port, gate_port, rate=1))
         run = subprocess.Popen(
             [sys.executable, "-m", "agent.cli", "run", "--config", str(path)],
@@ -147,7 +125,7 @@ async def test_sighup_applies_a_new_line_rate_without_cutting_a_stream(tmp_path:
 async def test_with_config_watch_an_edited_file_is_applied_without_a_signal(tmp_path: Path) -> None:
     agent_port, gate_port = free_port(), free_port()
     path = tmp_path / "servepilot.yaml"
-    async with serve(_upstream(asyncio.Event())) as upstream, aiohttp.ClientSession() as http:
+    async with serve(held_stream_upstream(asyncio.Event())) as upstream, aiohttp.ClientSession() as http:
         path.write_text(_config(upstream, agent_port, gate_port, rate=1, watch_s=0.1))
         run = subprocess.Popen(
             [sys.executable, "-m", "agent.cli", "run", "--config", str(path)],
@@ -180,7 +158,7 @@ async def test_the_standalone_gate_reloads_on_sighup_keeping_its_command_line_ov
             f" lines: {{batch: {{requests_per_min: {rate}, burst_ratio: 1}}}}}}\n"
         )
 
-    async with serve(_upstream(asyncio.Event())) as upstream, aiohttp.ClientSession() as http:
+    async with serve(held_stream_upstream(asyncio.Event())) as upstream, aiohttp.ClientSession() as http:
         path.write_text(config(rate=1))
         run = subprocess.Popen(
             [sys.executable, "-m", "agent.cli", "gate", "--config", str(path), "--upstream", upstream,

@@ -18,33 +18,15 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from agent.config import GateConfig
 from agent.engines.launcher import free_port as _free_port
 from agent.gate.proxy import Gate
-from tests.faults.conftest import serve
+from tests.faults.conftest import held_stream_upstream, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 BODY = {"model": "m", "prompt": "hi", "max_tokens": 2, "stream": True}
-
-
-def _stream_upstream(release: asyncio.Event) -> web.Application:
-    """An upstream that sends one event, then the rest only when ``release`` is set."""
-
-    async def completions(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b"data: one\n\n")
-        await release.wait()
-        await response.write(b"data: two\n\ndata: [DONE]\n\n")
-        await response.write_eof()
-        return response
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", completions)
-    return app
 
 
 async def _refused(port: int, attempts: int = 200) -> bool:
@@ -74,7 +56,7 @@ async def _gate(upstream: str, drain_s: float) -> tuple[Gate, str]:
 
 
 async def test_an_accepted_stream_finishes_while_new_connections_are_refused(release: asyncio.Event) -> None:
-    async with serve(_stream_upstream(release)) as upstream, aiohttp.ClientSession() as http:
+    async with serve(held_stream_upstream(release)) as upstream, aiohttp.ClientSession() as http:
         gate, url = await _gate(upstream, drain_s=30.0)
         response = await http.post(f"{url}/v1/completions", json=BODY)
         assert await response.content.readuntil(b"\n\n") == b"data: one\n\n"
@@ -88,7 +70,7 @@ async def test_an_accepted_stream_finishes_while_new_connections_are_refused(rel
 
 
 async def test_the_drain_is_bounded_by_drain_s(release: asyncio.Event) -> None:
-    async with serve(_stream_upstream(release)) as upstream, aiohttp.ClientSession() as http:
+    async with serve(held_stream_upstream(release)) as upstream, aiohttp.ClientSession() as http:
         gate, url = await _gate(upstream, drain_s=0.1)
         response = await http.post(f"{url}/v1/completions", json=BODY)
         await response.content.readuntil(b"\n\n")

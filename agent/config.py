@@ -223,6 +223,14 @@ class GateConfig(_Section):
     max_body_bytes: int = Field(4 << 20, ge=1024, le=1 << 30, description="larger request bodies get 413")
     connect_timeout_s: float = Field(5.0, gt=0, le=600, description="upstream connect timeout")
     read_timeout_s: float = Field(300.0, gt=0, le=86400, description="longest silence from the upstream")
+    eject_stalled_s: float = Field(
+        60.0,
+        ge=0,
+        le=86400,
+        description=(
+            "an upstream holding streams that sends nothing this long leaves the split (docs/gate.md); 0: off"
+        ),
+    )
     drain_s: float = Field(
         10.0, ge=0.1, le=3600, description="on shutdown, in-flight requests get this long to finish"
     )

@@ -157,6 +157,17 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
             "by itself. New requests are answered 503 by the gate or wait at the engine.",
         ),
         _alert(
+            "ServepilotGateUpstreamOut",
+            f"min by ({BY}, upstream) (servepilot_gate_upstream_up) == 0",
+            p.for_(300),
+            "warning",
+            "gate upstream {{ $labels.upstream }} in {{ $labels.pod }} is out of the split",
+            "The gate has had upstream {{ $labels.upstream }} marked down for 5 minutes: its health check "
+            "fails, or it holds streams that get no byte while its health check passes (a hung engine, "
+            "counted in servepilot_gate_upstream_ejections_total). While another upstream is healthy it gets "
+            "no new request, so a canary or breaker level that relies on it is not served as set.",
+        ),
+        _alert(
             "ServepilotTTFTBudgetBurnFast",
             f"namespace_pod:engine_ttft_slo_miss:ratio_rate1h > {fast:g}\n"
             f"and namespace_pod:engine_ttft_slo_miss:ratio_rate5m > {fast:g}",

@@ -76,6 +76,7 @@ AGENT: list[Series] = _agent(
     "servepilot_gate_queue_wait_seconds_bucket",
     "servepilot_gate_in_flight",
     "servepilot_gate_queue_depth",
+    "servepilot_gate_upstream_up",
     "servepilot_config_reloads_total",
 )
 

@@ -25,11 +25,12 @@ from collections.abc import Callable, Mapping
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from agent.config import GateConfig
 from agent.gate.admission import AdmissionQueue, Priority, Ticket, TicketState
 from agent.gate.cache import Entry, Fill, ResponseCache, cache_key, response_identity
+from agent.gate.ejection import StallEjector
 from agent.gate.isolation import IsolationLane
 from agent.gate.openai import (
     ADMITTED_PATHS,
@@ -123,8 +124,8 @@ class Gate:
         self._rng = rng or random.Random()
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
         #: requests sent to an upstream and not yet finished, by ``id`` of their record: the upstream's
-        #: name and the record (:meth:`late_at_upstreams`)
-        self._at_upstream: dict[int, tuple[str, RequestRecord]] = {}
+        #: name, the record and whether it streams (:meth:`late_at_upstreams`, :meth:`stalled_upstreams`)
+        self._at_upstream: dict[int, tuple[str, RequestRecord, bool]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None  # opened on the first stale-connection retry
         self._runner: web.AppRunner | None = None
@@ -147,6 +148,14 @@ class Gate:
         self._g_split = Gauge(
             "servepilot_gate_split_ratio", "Traffic share.", ["upstream"], registry=registry
         )
+        self._c_ejected = Counter(
+            "servepilot_gate_upstream_ejections_total",
+            "Times an upstream was taken out of the split for holding requests with no byte for "
+            "gate.eject_stalled_s (a hung engine whose health check still passes).",
+            ["upstream"],
+            registry=registry,
+        )
+        self.ejector = StallEjector(cfg.eject_stalled_s, on_eject=self._count_ejection)
         self._g_late = Gauge(
             "servepilot_gate_late_requests",
             "Requests an upstream holds now with no first token past the TTFT SLO (they will miss it).",
@@ -160,11 +169,15 @@ class Gate:
             self._g_up.labels(name).set_function(functools.partial(self._upstream_up, name))
             self._g_split.labels(name).set_function(functools.partial(self._split_of, name))
             self._g_late.labels(name).set_function(functools.partial(self._late_at, name))
+            self._c_ejected.labels(name)
         self.app = web.Application(client_max_size=cfg.max_body_bytes)
         self.app.router.add_route("*", "/{tail:.*}", self._handle)
 
     def _upstream_up(self, name: str) -> float:
         return float(self.pool.upstreams[name].healthy)
+
+    def _count_ejection(self, name: str) -> None:
+        self._c_ejected.labels(name).inc()
 
     def _late_at(self, name: str) -> float:
         return float(self.late_at_upstreams().get(name, 0))
@@ -191,7 +204,13 @@ class Gate:
         self.port = int(self._runner.addresses[0][1])
         cfg = self.cfg
         checker = health_loop(
-            self.pool, self._session, cfg.health_path, cfg.health_interval_s, self.clock, self._health_stop
+            self.pool,
+            self._session,
+            cfg.health_path,
+            cfg.health_interval_s,
+            self.clock,
+            self._health_stop,
+            stalled=self.stalled_upstreams,
         )
         self._health_task = asyncio.create_task(checker, name="servepilot-gate-health")
         log.info(
@@ -304,10 +323,20 @@ class Gate:
             return {}
         deadline = self.clock() - self.stats.slo[0]
         late: dict[str, int] = {}
-        for name, record in self._at_upstream.values():
+        for name, record, _ in self._at_upstream.values():
             if record.ttft_s is None and record.arrived < deadline:
                 late[name] = late.get(name, 0) + 1
         return late
+
+    def stalled_upstreams(self) -> dict[str, str]:
+        """Upstreams to keep out of the split as hung, with why (agent/gate/ejection.py); the health loop
+        asks every round. Empty when ``eject_stalled_s`` is 0."""
+        held = (
+            (name, record.sent_at, record.heard_at)
+            for name, record, streams in self._at_upstream.values()
+            if streams
+        )
+        return self.ejector.verdicts(held, self.clock())
 
     def snapshot_values(self) -> dict[str, float]:
         """The gate's signals for the Snapshot (see :meth:`GateStats.values`) plus the admission state."""
@@ -478,7 +507,8 @@ class Gate:
             for upstream in candidates:
                 url = upstream.url + request.rel_url.path_qs
                 if record is not None:
-                    self._at_upstream[id(record)] = (upstream.name, record)
+                    record.sent_at, record.heard_at = self.clock(), None
+                    self._at_upstream[id(record)] = (upstream.name, record, info.stream)
                 try:
                     body_for = self._body_for(upstream.name, body, info)
                     up = await self._send(request.method, url, body_for, headers)
@@ -495,6 +525,8 @@ class Gate:
         finally:
             if record is not None:
                 self._at_upstream.pop(id(record), None)
+                if record.upstream and record.heard_at is not None:
+                    self.ejector.heard(record.upstream, record.heard_at)
         message = "no upstream reachable (" + "; ".join(errors) + ")" if errors else "no upstream configured"
         if record is not None:
             record.outcome, record.status, record.e2e_s = "upstream_error", 502, self.clock() - record.arrived
@@ -548,7 +580,7 @@ class Gate:
         if not streaming:
             payload = await up.read()
             if record is not None:
-                now = clock()
+                now = record.heard_at = clock()
                 record.status, record.e2e_s = up.status, now - record.arrived
                 record.ttft_s = record.e2e_s
                 usage = usage_from_json(payload) if up.status < 300 else None
@@ -577,6 +609,8 @@ class Gate:
                         record.ttft_s = now - record.arrived
                 else:
                     itl.append(now - last)
+                if record is not None:
+                    record.heard_at = now
                 last = now
                 events += chunk.count(b"data:")
                 tail = chunk if len(chunk) > 256 else (tail + chunk)[-4096:]

@@ -63,6 +63,10 @@ class RequestRecord:
     queue_wait_s: float = 0.0
     ttft_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
+    sent_at: float = 0.0
+    """When the gate sent it upstream (stall ejection)."""
+    heard_at: float | None = None
+    """When the upstream last sent a byte of its answer (each chunk); None before the first."""
     e2e_s: float = 0.0
     outcome: str = "ok"
     status: int = 0

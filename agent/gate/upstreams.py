@@ -6,7 +6,9 @@ the weighted pick among healthy upstreams first, then the other healthy ones wit
 healthy ones with weight 0 (failover may use any healthy deployment), and finally, when nothing is
 healthy, every upstream anyway (a health check can be wrong; a refused request is certainly wrong).
 Health is passive (a connection error marks the upstream down) and active (:func:`health_loop`
-re-checks every ``interval_s`` and brings it back). The choice is pure; only :func:`health_loop` does I/O.
+re-checks every ``interval_s`` and brings it back). An upstream the gate finds hung (its requests get no
+byte while its health endpoint still answers) is kept down by the health loop instead of being probed,
+until it sends again. The choice is pure; only :func:`health_loop` does I/O.
 """
 
 from __future__ import annotations
@@ -109,14 +111,21 @@ async def health_loop(
     clock: Callable[[], float],
     stop: asyncio.Event,
     timeout_s: float = 2.0,
+    stalled: Callable[[], Mapping[str, str]] | None = None,
 ) -> None:
-    """Probe every upstream's ``path`` each ``interval_s`` until ``stop`` is set; 2xx means healthy."""
+    """Probe every upstream's ``path`` each ``interval_s`` until ``stop`` is set; 2xx means healthy.
+
+    ``stalled`` names the upstreams to keep down this round, with why: a hung engine's health endpoint
+    still answers 2xx, so probing it would bring it back into the split."""
 
     async def probe(up: Upstream) -> None:
         ok, problem = await probe_health(session, up.url + path, timeout_s)
         pool.mark(up.name, ok, clock(), problem)
 
     while not stop.is_set():
-        await asyncio.gather(*(probe(up) for up in pool.upstreams.values()))
+        held = stalled() if stalled is not None else {}
+        for name, why in held.items():
+            pool.mark(name, False, clock(), why)
+        await asyncio.gather(*(probe(up) for up in pool.upstreams.values() if up.name not in held))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=interval_s)

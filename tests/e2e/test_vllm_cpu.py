@@ -228,22 +228,48 @@ def _engine_core(parent: int) -> int:
 async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: RunningEngine) -> None:
     """SIGSTOP on the engine-core process is a hang the way a collective that never returns is one: the
     API server keeps answering /health and /metrics (frozen), and the engine_stall detector finds it once
-    60 s of ticks (virtual time) pass with requests held; SIGCONT, and the next tick clears it."""
+    60 s of ticks (virtual time) pass with requests held; SIGCONT, and the next tick clears it.
+
+    The requests go through the gate, with a simulator as the weight-0 ``small`` upstream: the gate takes
+    the hung vLLM out of the split though its /health answers, a new request is served by ``small``, and
+    vLLM is back in the split once it streams again."""
     import os
     import signal
 
+    from aiohttp import web
+    from prometheus_client import CollectorRegistry
+
+    from agent.config import GateConfig
+    from agent.gate.proxy import Gate
     from agent.loop import Loop
     from agent.store import Store
     from detectors.stall import EngineStallDetector
+    from simulator.engine import make_core
+    from simulator.server import SimServer
 
     core = _engine_core(engine.proc.pid)
     collector = EngineMetricsCollector(EngineConfig(url=engine.url, kind="vllm", timeout_s=5.0))
     loop = Loop(
         [collector], Store(100, 4096), interval_s=1.0, source_timeout_s=5.0, detectors=[EngineStallDetector()]
     )
+    small = SimServer(make_core("h100-sxm", "llama-2-7b", "fp16", 64), speed=10.0)
+    small_runner = web.AppRunner(small.app())
+    await small_runner.setup()
+    await web.TCPSite(small_runner, "127.0.0.1", 0).start()
+    gate_cfg = GateConfig(
+        enabled=True,
+        upstreams={"primary": engine.url, "small": f"http://127.0.0.1:{small_runner.addresses[0][1]}"},
+        split={"primary": 1.0},
+        upstream_models={"small": small.core.model.served_name},
+        eject_stalled_s=3.0,
+        health_interval_s=0.5,
+    )
+    gate = Gate(gate_cfg, CollectorRegistry())
+    via_gate = f"http://127.0.0.1:{await gate.start('127.0.0.1', 0)}"
+    primary = gate.pool.upstreams["primary"]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
         requests = asyncio.ensure_future(
-            stream_many(session, engine.url, [completion(f"stall {i}", 200) for i in range(6)])
+            stream_many(session, via_gate, [completion(f"stall {i}", 200) for i in range(6)])
         )
         try:
             t = 900.0
@@ -262,17 +288,36 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
                     verdicts.append(any(f.detector == "engine_stall" for f in state.findings))
                 async with session.get(engine.url + "/health") as response:
                     health = response.status
+                for _ in range(300):  # 3 s of silence, then the next health round (0.5 s)
+                    if not primary.healthy:
+                        break
+                    await asyncio.sleep(0.05)
+                ejected, why = not primary.healthy, primary.last_error
+                await asyncio.sleep(1.0)  # health rounds pass while it stays hung: it stays out
+                still_out = not primary.healthy
+                async with session.post(via_gate + "/v1/completions", json=completion("meanwhile", 4)) as r:
+                    meanwhile = (r.status, await r.text())
             finally:
                 os.kill(core, signal.SIGCONT)
             assert health == 200  # what a health check sees of a hung engine
             # the last progress was at the tick before the stop (t) or the first after it (t + 1)
             assert verdicts[:6] == [False] * 6 and verdicts[-1], verdicts
+            assert ejected and still_out and why.startswith("stalled: 6 streaming request(s) held"), why
+            assert meanwhile[0] == 200 and small.core.model.served_name in meanwhile[1], meanwhile
             results = await asyncio.wait_for(requests, 120)
             assert all(r.status == 200 for r in results)
+            assert all(r.events[-1] == "[DONE]" and r.text for r in results)  # whole, through the gate
             await asyncio.sleep(0.5)
             state = await loop.tick(t + 100.0)
             assert not [f for f in state.findings if f.detector == "engine_stall"]
+            for _ in range(100):  # it streamed again: the next health round brings it back
+                if primary.healthy:
+                    break
+                await asyncio.sleep(0.05)
+            assert primary.healthy
         finally:
             if not requests.done():
                 requests.cancel()
             await collector.close()
+            await gate.stop()
+            await small_runner.cleanup()

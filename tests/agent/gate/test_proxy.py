@@ -92,7 +92,8 @@ async def upstream() -> AsyncIterator[Upstream]:
 
 async def _gate(upstreams: dict[str, str], **overrides: Any) -> Gate:
     split = overrides.pop("split", {next(iter(upstreams)): 1.0})
-    cfg = GateConfig(enabled=True, upstreams=upstreams, split=split, health_interval_s=600, **overrides)
+    overrides.setdefault("health_interval_s", 600)
+    cfg = GateConfig(enabled=True, upstreams=upstreams, split=split, **overrides)
     gate = Gate(cfg, CollectorRegistry())
     await gate.start("127.0.0.1", 0)
     return gate
@@ -521,3 +522,152 @@ async def test_a_request_held_past_the_ttft_slo_without_a_token_is_late_at_its_u
         assert dead.late_at_upstreams() == {} and dead._at_upstream == {}
     finally:
         await dead.stop()
+
+
+async def test_a_hung_upstream_is_ejected_from_the_split_and_returns_when_it_sends_again(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """A hung engine keeps answering its health check (seen on vLLM with its engine core stopped), so
+    health alone kept it in the split and each request sent there waited for ``read_timeout_s``. The gate
+    now takes out an upstream whose streams got no byte for ``eject_stalled_s``, keeps it out while the
+    health check still passes, and sends new requests to the others (here the weight-0 fallback)."""
+    fallback = Upstream()
+    await fallback.start()
+    now = [100.0]
+    gate = await _gate(
+        {"primary": upstream.url, "small": fallback.url}, split={"primary": 1.0}, health_interval_s=0.1
+    )
+    gate.clock = lambda: now[0]
+    try:
+        upstream.chunked = True  # the first token comes, then the engine hangs mid-stream
+        resp = await _post(client, gate, _body(stream=True))
+        assert b"t0" in await asyncio.wait_for(resp.content.readuntil(b"\n\n"), TIMEOUT)
+        now[0] = 159.0
+        assert gate.stalled_upstreams() == {}  # 59 s of silence: not yet
+        now[0] = 160.0
+        stalled = gate.stalled_upstreams()
+        assert stalled == {"primary": "stalled: 1 streaming request(s) held, no byte from it for 60 s"}
+        await asyncio.wait_for(_until(lambda: not gate.pool.upstreams["primary"].healthy), TIMEOUT)
+        assert gate.pool.upstreams["primary"].last_error == stalled["primary"]
+        await asyncio.sleep(0.3)  # health rounds pass: its /health answers 200, yet it stays out
+        assert not gate.pool.upstreams["primary"].healthy
+        ejected = gate._c_ejected.collect()
+        ejections = {
+            s.labels["upstream"]: s.value for m in ejected for s in m.samples if s.name.endswith("_total")
+        }
+        assert ejections["primary"] == 1 and ejections["small"] == 0  # counted once, not per round
+        assert gate.snapshot_values()["gate.upstreams_healthy"] == 1
+        other = await _post(client, gate, _body())
+        assert other.status == 200 and fallback.seen == 1 and upstream.seen == 1
+        now[0] = 161.0
+        upstream.next_chunk.release()  # the engine moves again: a byte arrives
+        assert b"t1" in await asyncio.wait_for(resp.content.readuntil(b"\n\n"), TIMEOUT)
+        assert gate.stalled_upstreams() == {}
+        await asyncio.wait_for(_until(lambda: gate.pool.upstreams["primary"].healthy), TIMEOUT)
+        for _ in range(2):
+            upstream.next_chunk.release()
+        await asyncio.wait_for(resp.read(), TIMEOUT)
+    finally:
+        await gate.stop()
+        assert fallback.runner is not None
+        await fallback.runner.cleanup()
+
+
+async def test_stall_ejection_needs_silence_on_a_stream_and_from_the_whole_upstream(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """A long non-streamed answer is silent until done, and an engine with a long queue leaves some
+    streams silent while it runs others: neither is a hang."""
+    now = [100.0]
+    gate = await _gate({"primary": upstream.url})
+    gate.clock = lambda: now[0]
+    try:
+        upstream.release.clear()  # nothing is answered yet: both requests wait for their first byte
+        plain = asyncio.create_task(_post(client, gate, _body()))
+        await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
+        now[0] = 1000.0
+        assert gate.stalled_upstreams() == {}  # 900 s without a byte, but it does not stream
+        upstream.chunked = True
+        queued = asyncio.create_task(_post(client, gate, _body(stream=True)))  # sent at 1000
+        await asyncio.wait_for(_until(lambda: upstream.running == 2), TIMEOUT)
+        now[0] = 1059.0
+        assert gate.stalled_upstreams() == {}
+        now[0] = 1060.0
+        assert set(gate.stalled_upstreams()) == {"primary"}
+        upstream.release.set()  # both answer: the stream's first chunk, the plain answer whole
+        assert (await asyncio.wait_for(plain, TIMEOUT)).status == 200
+        resp = await asyncio.wait_for(queued, TIMEOUT)
+        await asyncio.wait_for(resp.content.readuntil(b"\n\n"), TIMEOUT)
+        upstream.release.clear()
+        late = asyncio.create_task(_post(client, gate, _body(stream=True)))  # waits, sent at 1060
+        await asyncio.wait_for(_until(lambda: upstream.running == 2), TIMEOUT)
+        now[0] = 1125.0  # the new stream has waited 65 s; the first one sent its last byte 65 s ago
+        assert set(gate.stalled_upstreams()) == {"primary"}
+        upstream.next_chunk.release()  # the running stream moves on
+        await asyncio.wait_for(resp.content.readuntil(b"\n\n"), TIMEOUT)
+        now[0] = 1150.0  # the waiting stream is 90 s old, but the upstream sent a byte 25 s ago
+        assert gate.stalled_upstreams() == {}
+        gate.ejector.after_s = 0.0
+        now[0] = 5000.0
+        assert gate.stalled_upstreams() == {}  # 0: off
+        upstream.release.set()
+        for _ in range(5):  # three chunks each, one of them sent already
+            upstream.next_chunk.release()
+        await asyncio.wait_for(resp.read(), TIMEOUT)
+        await asyncio.wait_for((await asyncio.wait_for(late, TIMEOUT)).read(), TIMEOUT)
+    finally:
+        await gate.stop()
+
+
+async def test_the_silence_of_a_hung_upstream_outlasts_clients_that_give_up_and_send_again(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """Seen live: clients with a 30 s timeout replaced their requests to a hung simulator before any was
+    60 s old, and a silence judged per request never came. It is the upstream's: it goes on across
+    requests while the upstream holds streams. Once out, the upstream holds none (no new request reaches
+    it) and nothing can show it is back: it stays out a while, then is tried again, on probation."""
+    now = [100.0]
+    gate = await _gate({"primary": upstream.url})
+    gate.clock = lambda: now[0]
+
+    async def send() -> asyncio.Task[aiohttp.ClientResponse]:
+        task = asyncio.create_task(_post(client, gate, _body(stream=True)))
+        await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
+        return task
+
+    async def give_up(task: asyncio.Task[aiohttp.ClientResponse]) -> None:
+        task.cancel()  # the client's timeout: the gate drops the upstream request
+        await asyncio.wait_for(_until(lambda: upstream.running == 0 and not gate._at_upstream), TIMEOUT)
+
+    try:
+        upstream.release.clear()  # hung: nothing comes back
+        first = await send()
+        now[0] = 110.0
+        assert gate.stalled_upstreams() == {}  # a health round while it holds the first request
+        await give_up(first)
+        now[0] = 131.0
+        second = await send()
+        now[0] = 159.0
+        assert gate.stalled_upstreams() == {}
+        now[0] = 160.0  # the second request is 29 s old; the upstream has been silent for 60 s
+        assert gate.stalled_upstreams() == {
+            "primary": "stalled: 1 streaming request(s) held, no byte from it for 60 s"
+        }
+        await give_up(second)
+        now[0] = 170.0  # it holds nothing now, and gets no new request while out: out 60 s more
+        assert gate.stalled_upstreams() == {
+            "primary": "stalled (no byte since it was judged hung 10 s ago): out for 60 s more, "
+            "ejection 1 in a row"
+        }
+        now[0] = 171.0
+        third = await send()  # the only upstream: tried anyway, and the silence goes on across the pause
+        now[0] = 172.0
+        assert gate.stalled_upstreams() == {
+            "primary": "stalled: 1 streaming request(s) held, no byte from it for 72 s"
+        }
+        await give_up(third)
+        ejected = gate._c_ejected.collect()  # one hang, one ejection (probation: test_ejection.py)
+        assert [s.value for m in ejected for s in m.samples if s.name.endswith("_total")] == [1.0]
+    finally:
+        upstream.release.set()
+        await gate.stop()

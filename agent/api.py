@@ -13,12 +13,13 @@ probe, by contrast, would restart a container, which a false verdict must never 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from agent.exporter import Exporter
+from agent.gate.upstreams import UpstreamPool
 from agent.loop import Loop
 
 #: The detector whose finding makes the pod unready (detectors/stall.py).
@@ -38,12 +39,7 @@ def build_app(
     app[LOOP_KEY] = loop
     app[EXPORTER_KEY] = exporter
 
-    async def metrics(_: web.Request) -> web.Response:
-        body = generate_latest(exporter.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+    metrics = _metrics_handler(exporter.registry)
 
     async def readyz(_: web.Request) -> web.Response:
         snap = loop.state.snapshot
@@ -66,7 +62,39 @@ def build_app(
         return web.json_response(loop.state.to_json())
 
     app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/api/state", state)
     return app
+
+
+def build_gate_app(registry: CollectorRegistry, pool: UpstreamPool) -> web.Application:
+    """The standalone gate's own face (``servepilot gate``): its metrics, on their own port, since every
+    path of the gate's port belongs to the upstream (``/metrics`` there is the engine's). ``/readyz`` is
+    503 while no upstream is healthy: the gate would still try them all, but a load balancer with another
+    replica should send the request there."""
+    app = web.Application(client_max_size=64 * 1024)
+
+    async def readyz(_: web.Request) -> web.Response:
+        healthy = [up.name for up in pool.upstreams.values() if up.healthy]
+        if not healthy:
+            reasons = "; ".join(f"{up.name}: {up.last_error or 'down'}" for up in pool.upstreams.values())
+            return web.json_response({"status": "no_upstream", "reason": reasons}, status=503)
+        return web.json_response({"status": "ready", "healthy_upstreams": healthy})
+
+    app.router.add_get("/metrics", _metrics_handler(registry))
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+def _metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return metrics
+
+
+async def _healthz(_: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})

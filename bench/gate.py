@@ -217,7 +217,7 @@ def main() -> int:
         (tmp / "gate.yaml").write_text("gate:\n  default_requests_per_min: 10000000\n  max_in_flight: 4096\n")
         gate = subprocess.Popen(
             [sys.executable, "-m", "agent.commands.gate", "--config", str(tmp / "gate.yaml"),
-             "--upstream", f"http://127.0.0.1:{sim_port}", "--port", str(gate_port)],
+             "--upstream", f"http://127.0.0.1:{sim_port}", "--port", str(gate_port), "--no-metrics"],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
         )  # fmt: skip
         procs.append(gate)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from aiohttp import web
     from prometheus_client import CollectorRegistry
 
     from agent.config import Config
@@ -45,6 +46,13 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="listen address (default gate.listen_host)")
     parser.add_argument("--port", type=int, help="listen port (default gate.listen_port)")
     parser.add_argument("--max-in-flight", type=int, help="in-flight limit (default gate.max_in_flight)")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="port of the gate's own /metrics, /healthz and /readyz, on agent.listen_host (default "
+        "agent.listen_port, 9400; 0 picks a free one)",
+    )
+    parser.add_argument("--no-metrics", action="store_true", help="serve no metrics port")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
@@ -69,8 +77,9 @@ def run(args: argparse.Namespace) -> int:
     from agent import config
     from agent.cli import UsageError
 
-    if args.port is not None and not 0 <= args.port <= 65535:
-        raise UsageError(f"--port must be in [0, 65535], got {args.port}")
+    for flag, port in (("--port", args.port), ("--metrics-port", args.metrics_port)):
+        if port is not None and not 0 <= port <= 65535:
+            raise UsageError(f"{flag} must be in [0, 65535], got {port}")
     cfg = _with_overrides(config.load(args.config, os.environ) if args.config else None, args)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -110,17 +119,45 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
         if cfg.agent.config_watch_s > 0:
             watch = asyncio.create_task(_watch(reloader, cfg.agent.config_watch_s, stop))
     bound = await gate.start(args.host, args.port)
-    from agent.heap import settle_after_start_up
-
-    settle_after_start_up()
-    where = f"http://{args.host or cfg.gate.listen_host}:{bound}"
-    print(f"servepilot gate: {where} -> {dict(cfg.gate.upstreams)}", flush=True)
+    metrics: web.AppRunner | None = None
     try:
+        shown = ""
+        if not args.no_metrics:
+            metrics, port = await _serve_metrics(cfg, args, gate, registry)
+            shown = f"; its metrics: http://{cfg.agent.listen_host}:{port}/metrics"
+        from agent.heap import settle_after_start_up
+
+        settle_after_start_up()
+        where = f"http://{args.host or cfg.gate.listen_host}:{bound}"
+        print(f"servepilot gate: {where} -> {dict(cfg.gate.upstreams)}{shown}", flush=True)
         await stop.wait()
     finally:
         if watch is not None:
             watch.cancel()
         await gate.stop()
+        if metrics is not None:
+            await metrics.cleanup()
+
+
+async def _serve_metrics(
+    cfg: Config, args: argparse.Namespace, gate: Gate, registry: CollectorRegistry
+) -> tuple[web.AppRunner, int]:
+    """The gate's own metrics port: every path of the gate's port belongs to the upstream."""
+    from aiohttp import web
+
+    from agent.api import build_gate_app
+
+    runner = web.AppRunner(build_gate_app(registry, gate.pool), access_log=None, handle_signals=False)
+    await runner.setup()
+    port = cfg.agent.listen_port if args.metrics_port is None else args.metrics_port
+    try:
+        await web.TCPSite(runner, cfg.agent.listen_host, port).start()
+    except OSError as error:
+        await runner.cleanup()
+        where = f"{cfg.agent.listen_host}:{port}"
+        why = error.strerror or str(error)
+        raise OSError(f"its metrics port {where}: {why} (--metrics-port, --no-metrics)") from error
+    return runner, int(runner.addresses[0][1])
 
 
 def _reloader(cfg: Config, args: argparse.Namespace, gate: Gate, registry: CollectorRegistry) -> Reloader:

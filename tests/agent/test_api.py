@@ -2,8 +2,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.api import build_app
+from prometheus_client import CollectorRegistry, Counter
+
+from agent.api import build_app, build_gate_app
 from agent.exporter import Exporter
+from agent.gate.upstreams import UpstreamPool
 from agent.loop import Loop
 from agent.store import Store
 from detectors.snapshot import Reading, SourceStatus
@@ -74,3 +77,27 @@ async def test_readyz_is_503_while_the_engine_is_stalled_unless_turned_off(aioht
                 "status": "engine_stalled",
                 "reason": "engine stalled: 4 request(s) held, no progress for 31s",
             }
+
+
+async def test_the_standalone_gates_port_serves_its_registry_and_is_unready_with_no_upstream_up(
+    aiohttp_client: Any,
+) -> None:
+    """``servepilot gate``: /metrics on the gate's own port is the engine's, so its metrics have a port of
+    their own; /readyz there is 503, naming why, while no upstream is healthy."""
+    registry = CollectorRegistry()
+    Counter("servepilot_gate_requests", "Requests.", registry=registry).inc(3)
+    pool = UpstreamPool({"primary": "http://127.0.0.1:9", "small": "http://127.0.0.1:10"}, {"primary": 1})
+    client = await aiohttp_client(build_gate_app(registry, pool))
+    assert "servepilot_gate_requests_total 3.0" in await (await client.get("/metrics")).text()
+    assert (await client.get("/healthz")).status == 200
+    ready = await client.get("/readyz")
+    assert ready.status == 200 and (await ready.json())["healthy_upstreams"] == ["primary", "small"]
+    pool.mark("primary", False, 1.0, "stalled: 2 streaming request(s) held, no byte from it for 60 s")
+    assert (await (await client.get("/readyz")).json())["healthy_upstreams"] == ["small"]
+    pool.mark("small", False, 1.0, "health check returned HTTP 503")
+    unready = await client.get("/readyz")
+    assert unready.status == 503
+    assert (await unready.json())["reason"] == (
+        "primary: stalled: 2 streaming request(s) held, no byte from it for 60 s; "
+        "small: health check returned HTTP 503"
+    )

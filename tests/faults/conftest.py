@@ -38,8 +38,9 @@ def closed_port_url() -> str:
 
 
 def held_stream_upstream(release: asyncio.Event) -> web.Application:
-    """An OpenAI-ish upstream: ``/v1/models``, plain completions answered at once, and streamed ones that
-    send ``data: one`` and then the rest only when ``release`` is set (a stream in flight, on demand)."""
+    """An OpenAI-ish upstream: ``/v1/models``, ``/health``, plain completions answered at once, and streamed
+    ones that send ``data: one`` and then the rest only when ``release`` is set (a stream in flight, on
+    demand)."""
 
     async def models(_: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
@@ -57,5 +58,6 @@ def held_stream_upstream(release: asyncio.Event) -> web.Application:
 
     app = web.Application()
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", models)  # what the gate's health check asks, as of a real engine
     app.router.add_post("/v1/completions", completions)
     return app

@@ -147,8 +147,9 @@ async def test_the_standalone_gate_reloads_on_sighup_keeping_its_command_line_ov
     tmp_path: Path,
 ) -> None:
     """``servepilot gate --config F --upstream URL``: the re-read file gets the same overrides, so only the
-    edited rate is a change; an edit that needs a restart is refused and the gate serves on."""
-    gate_port = free_port()
+    edited rate is a change; an edit that needs a restart is refused and the gate serves on. Its metrics
+    port shows both reloads, and the gate's own series (the gate's port passes /metrics upstream)."""
+    gate_port, metrics_port = free_port(), free_port()
     path = tmp_path / "gate.yaml"
 
     def config(rate: int, interval: int = 1) -> str:  # upstreams in the file are replaced by --upstream
@@ -162,7 +163,7 @@ async def test_the_standalone_gate_reloads_on_sighup_keeping_its_command_line_ov
         path.write_text(config(rate=1))
         run = subprocess.Popen(
             [sys.executable, "-m", "agent.cli", "gate", "--config", str(path), "--upstream", upstream,
-             "--port", str(gate_port), "--log-level", "info"],
+             "--port", str(gate_port), "--metrics-port", str(metrics_port), "--log-level", "info"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         gate = f"http://127.0.0.1:{gate_port}"
@@ -188,6 +189,13 @@ async def test_the_standalone_gate_reloads_on_sighup_keeping_its_command_line_ov
             run.send_signal(signal.SIGHUP)
             await asyncio.sleep(0.3)  # the refusal is only logged: no change to wait for
             assert run.poll() is None and await _status(http, gate) == 200
+            async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as response:
+                metrics = await response.text()
+            assert 'servepilot_config_reloads_total{result="applied"} 1.0' in metrics
+            assert 'servepilot_config_reloads_total{result="refused"} 1.0' in metrics
+            assert 'servepilot_gate_requests_total{line="batch",outcome="ok",priority="normal"}' in metrics
+            async with http.get(f"http://127.0.0.1:{metrics_port}/readyz") as response:
+                assert response.status == 200 and (await response.json())["healthy_upstreams"] == ["primary"]
         finally:
             code = await _terminate(run)
     output = run.stdout.read() if run.stdout else ""

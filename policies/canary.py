@@ -29,9 +29,10 @@ SLO-bad) and that share is over its limit *and* over the rest of the traffic's i
 period that hurts every upstream alike is not the candidate's fault).
 
 Answers that have not come back count too. A request the candidate holds with no first token past the
-TTFT SLO (``gate.upstream.<candidate>.late``, a level the gate reads each tick) will be an SLO-bad
-answer; the check adds those to the step's answers and bad answers, for the candidate and for the rest
-alike (``gate.late``). Counting only finished answers, a candidate too slow to finish any within a step
+TTFT SLO, or streaming too slowly to meet the ITL SLO whatever comes next
+(``gate.upstream.<candidate>.late``, a level the gate reads each tick) will be an SLO-bad answer; the
+check adds those to the step's answers and bad answers, for the candidate and for the rest alike
+(``gate.late``). Counting only finished answers, a candidate too slow to finish any within a step
 passed it (seen live: fp8 slowed 30x passed its 5% step and was rolled back only at 25%, on missing data).
 
 The candidate's health check failing (``gate.upstream.<candidate>.up``) is a failed check, and so is a
@@ -153,7 +154,7 @@ class Canary:
             ratio = (mine + pending) / served
             others = (max(total - mine, 0.0) + pending_rest) / rest if rest > 0 else 0.0
             if mine + pending >= self.min_bad and ratio > limit and ratio > others:
-                held = f", {pending:.0f} of them still waiting for a first token" if pending else ""
+                held = f", {pending:.0f} of them late and still held" if pending else ""
                 return (
                     f"{self.candidate} {what} {ratio:.0%} of its {served:.0f} answers this step{held} "
                     f"(the rest {others:.0%})"

@@ -59,14 +59,15 @@ GATE_RESERVED = "gate.reserved"
 GATE_REQUESTS = "gate.requests"
 GATE_SLO_BAD = "gate.slo_bad"
 GATE_ERRORS = "gate.errors"
-#: Requests at an upstream now, with no first token yet, past the TTFT SLO: SLO-bad answers to come.
+#: Requests at an upstream now that will miss the latency SLO whatever comes next (no first token past the
+#: TTFT SLO, or decoding past what the ITL SLO allows for their max_tokens): SLO-bad answers to come.
 GATE_LATE = "gate.late"
 
 
 def upstream_signal(upstream: str, what: str) -> str:
     """``gate.upstream.<name>.<what>``: per upstream, this tick's ``requests``, ``errors`` and ``slo_bad``
     (the answers it gave, after failover), ``up`` (1 while its health check passes) and ``late`` (the
-    requests it holds now that are past the TTFT SLO with no first token: a level, see :data:`GATE_LATE`)."""
+    requests it holds now that will miss the latency SLO: a level, see :data:`GATE_LATE`)."""
     return f"gate.upstream.{upstream}.{what}"
 
 

@@ -23,6 +23,8 @@ class RequestInfo:
     prompt_tokens: float = 0.0
     max_tokens: float = 0.0
     model: str = ""
+    choices: int = 1
+    """Answers generated per request (``n``, or ``best_of`` when larger): each may run to ``max_tokens``."""
 
 
 class BadRequest(ValueError):
@@ -87,9 +89,19 @@ def _parse(path: str, body: bytes) -> RequestInfo:
     ):
         raise BadRequest(f"'max_tokens' must be a number in [0, {MAX_TOKENS_LIMIT}]")
     model = doc.get("model")
+    choices = max((v for v in (doc.get("n"), doc.get("best_of")) if _count(v)), default=1)
     return RequestInfo(
-        bool(doc.get("stream", False)), prompt, float(max_tokens), model if isinstance(model, str) else ""
+        bool(doc.get("stream", False)),
+        prompt,
+        float(max_tokens),
+        model if isinstance(model, str) else "",
+        choices,
     )
+
+
+def _count(value: Any) -> bool:
+    """A plain positive integer (what ``n``/``best_of`` must be; anything else is the engine's to refuse)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def error_body(message: str, kind: str, code: str) -> dict[str, Any]:

@@ -158,7 +158,8 @@ class Gate:
         self.ejector = StallEjector(cfg.eject_stalled_s, on_eject=self._count_ejection)
         self._g_late = Gauge(
             "servepilot_gate_late_requests",
-            "Requests an upstream holds now with no first token past the TTFT SLO (they will miss it).",
+            "Requests an upstream holds now that will miss the latency SLO whatever comes next: no first "
+            "token past the TTFT SLO, or decoding past what the ITL SLO allows for max_tokens.",
             ["upstream"],
             registry=registry,
         )
@@ -312,19 +313,28 @@ class Gate:
             self.cache.set_model_version(max(weights, key=lambda name: (weights[name], name)))
 
     def late_at_upstreams(self) -> dict[str, int]:
-        """Per upstream, the requests it holds that have no first token yet and are past the TTFT SLO.
+        """Per upstream, the requests it holds whose answer will miss the latency SLO whatever comes next:
+        no first token yet and past the TTFT SLO, or streaming for so long since the first token that the
+        mean ITL would exceed the ITL SLO even if every token still allowed (``max_tokens``) came at once.
 
         Their verdict is known before they finish: each will be an SLO-bad answer. The canary counts them
         with its candidate's answers, so an upstream too slow to answer within a step is judged in that
         step, not a step later as missing data (seen live: fp8 slowed 30x passed its 5% step and was
-        rolled back only at 25%). Empty without a latency SLO.
+        rolled back only at 25%). A candidate with a fast first token and slow decoding is seen the same
+        way. Empty without a latency SLO.
         """
         if self.stats.slo is None:
             return {}
-        deadline = self.clock() - self.stats.slo[0]
+        ttft_slo, itl_slo = self.stats.slo
+        now = self.clock()
         late: dict[str, int] = {}
-        for name, record, _ in self._at_upstream.values():
-            if record.ttft_s is None and record.arrived < deadline:
+        for name, record, streams in self._at_upstream.values():
+            if record.ttft_s is None:
+                missed = now - record.arrived > ttft_slo
+            else:  # the ITL SLO is on the mean over the answer, as GateStats.missed_slo judges it
+                decoding_s = now - record.arrived - record.ttft_s
+                missed = streams and record.max_tokens > 1 and decoding_s > itl_slo * (record.max_tokens - 1)
+            if missed:
                 late[name] = late.get(name, 0) + 1
         return late
 
@@ -409,6 +419,7 @@ class Gate:
             message = f"{self.cfg.max_wait_header}: {error}"
             return _json_error(400, message, "invalid_request_error", "bad_request")
         record = RequestRecord(line, priority.name.lower(), path, info.prompt_tokens, arrived)
+        record.max_tokens = info.max_tokens * info.choices
         est_tokens = info.prompt_tokens + info.max_tokens
         verdict = limiter.admit(est_tokens, arrived)
         if not verdict.granted:

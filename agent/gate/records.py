@@ -63,6 +63,8 @@ class RequestRecord:
     queue_wait_s: float = 0.0
     ttft_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
+    max_tokens: float = 0.0
+    """The most tokens its answer can have: ``max_tokens`` x choices (0 when it names no ``max_tokens``)."""
     sent_at: float = 0.0
     """When the gate sent it upstream (stall ejection)."""
     heard_at: float | None = None

@@ -207,8 +207,8 @@ def test_a_candidate_too_slow_to_answer_within_the_step_is_judged_on_what_it_hol
     assert state.phase == "rolled_back" and proposals[0].value == 0.0
     assert t == 16  # 3 late at t = 15 (the first failed check), the failure limit allowed one more tick
     assert state.reason == (
-        "rolled back at 5%: fp8 SLO-bad 100% of its 3 answers this step, 3 of them still waiting for a "
-        "first token (the rest 0%)"
+        "rolled back at 5%: fp8 SLO-bad 100% of its 3 answers this step, 3 of them late and still held "
+        "(the rest 0%)"
     )
 
 
@@ -218,7 +218,7 @@ def test_late_requests_everywhere_are_not_the_candidates_fault():
     # fp8 holds 3 late requests of its 8, the primary 40 of its 135: 37.5 % against 30 %, both past the
     # 5 % limit, and the candidate worse
     assert canary._candidate_worse(state, 3, 43) == (
-        "fp8 SLO-bad 38% of its 8 answers this step, 3 of them still waiting for a first token (the rest 30%)"
+        "fp8 SLO-bad 38% of its 8 answers this step, 3 of them late and still held (the rest 30%)"
     )
     # the primary holds 60 late ones of 155 (39 %): a slow period for everyone, no verdict on fp8
     assert canary._candidate_worse(state, 3, 63) is None

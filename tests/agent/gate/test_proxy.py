@@ -671,3 +671,36 @@ async def test_the_silence_of_a_hung_upstream_outlasts_clients_that_give_up_and_
     finally:
         upstream.release.set()
         await gate.stop()
+
+
+async def test_a_stream_decoding_too_slowly_for_the_itl_slo_is_late_before_it_ends(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """A candidate with a fast first token and slow decoding: its answers finish after the canary's step
+    ends. Once a stream has run so long since its first token that its mean ITL would exceed the SLO even
+    if every token its ``max_tokens`` (x ``n``) still allows came at once, it will be SLO-bad: late."""
+    now = [100.0]
+    gate = await _gate({"primary": upstream.url})
+    gate.clock = lambda: now[0]
+    gate.stats.slo = (2.0, 0.1)
+    upstream.chunked = True
+    try:
+        responses = []
+        for extra in ({}, {"n": 2}, {"max_tokens": None}):  # 3 tokens; 6; as many as the engine allows
+            resp = await _post(client, gate, _body(stream=True, **extra))
+            await asyncio.wait_for(resp.content.readuntil(b"\n\n"), TIMEOUT)  # its first token, at 100
+            responses.append(resp)
+        assert gate.late_at_upstreams() == {}
+        now[0] = 100.19  # under 0.1 s x (3 - 1) tokens: still possible
+        assert gate.late_at_upstreams() == {}
+        now[0] = 100.21
+        assert gate.late_at_upstreams() == {"primary": 1}
+        now[0] = 100.51  # 0.1 s x (6 - 1) for n = 2; no max_tokens: never certain
+        assert gate.late_at_upstreams() == {"primary": 2}
+        for _ in range(9):  # three chunks each
+            upstream.next_chunk.release()
+        for resp in responses:
+            await asyncio.wait_for(resp.read(), TIMEOUT)
+        assert gate.late_at_upstreams() == {}
+    finally:
+        await gate.stop()

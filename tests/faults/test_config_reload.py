@@ -148,7 +148,8 @@ async def test_the_standalone_gate_reloads_on_sighup_keeping_its_command_line_ov
 ) -> None:
     """``servepilot gate --config F --upstream URL``: the re-read file gets the same overrides, so only the
     edited rate is a change; an edit that needs a restart is refused and the gate serves on. Its metrics
-    port shows both reloads, and the gate's own series (the gate's port passes /metrics upstream)."""
+    port shows both reloads, and the gate's own series (the gate's port passes /metrics upstream), the
+    late-request count included."""
     gate_port, metrics_port = free_port(), free_port()
     path = tmp_path / "gate.yaml"
 
@@ -159,7 +160,8 @@ async def test_the_standalone_gate_reloads_on_sighup_keeping_its_command_line_ov
             f" lines: {{batch: {{requests_per_min: {rate}, burst_ratio: 1}}}}}}\n"
         )
 
-    async with serve(held_stream_upstream(asyncio.Event())) as upstream, aiohttp.ClientSession() as http:
+    release = asyncio.Event()
+    async with serve(held_stream_upstream(release)) as upstream, aiohttp.ClientSession() as http:
         path.write_text(config(rate=1))
         run = subprocess.Popen(
             [sys.executable, "-m", "agent.cli", "gate", "--config", str(path), "--upstream", upstream,
@@ -196,6 +198,16 @@ async def test_the_standalone_gate_reloads_on_sighup_keeping_its_command_line_ov
             assert 'servepilot_gate_requests_total{line="batch",outcome="ok",priority="normal"}' in metrics
             async with http.get(f"http://127.0.0.1:{metrics_port}/readyz") as response:
                 assert response.status == 200 and (await response.json())["healthy_upstreams"] == ["primary"]
+            # judged by the policies' SLO (0.1 s ITL): a stream held 0.3 s after its first token with
+            # max_tokens 3 will miss it, and is counted late while it is held
+            body = {"model": "m", "prompt": "hi", "max_tokens": 3, "stream": True}
+            async with http.post(f"{gate}/v1/completions", json=body, headers=LINE) as held:
+                await held.content.readuntil(b"\n\n")
+                await asyncio.sleep(0.3)  # real time: the gate is another process
+                async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as response:
+                    assert 'servepilot_gate_late_requests{upstream="primary"} 1.0' in await response.text()
+                held.close()  # the client gives up
+            release.set()  # and the upstream's handler ends, so the test server stops at once
         finally:
             code = await _terminate(run)
     output = run.stdout.read() if run.stdout else ""

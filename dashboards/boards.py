@@ -208,6 +208,24 @@ def overview() -> dashboard.Dashboard:
                 w=8,
             )
         )
+        .with_panel(
+            ts(
+                "Upstreams",
+                "short",
+                q("servepilot_gate_split_ratio{@POD}", "{{pod}} {{upstream}} split"),
+                q("servepilot_gate_upstream_up{@POD}", "{{pod}} {{upstream}} in", "B"),
+                q("servepilot_gate_late_requests{@POD}", "{{pod}} {{upstream}} late", "C"),
+                q(
+                    "increase(servepilot_gate_upstream_ejections_total{@POD}[$__rate_interval])",
+                    "{{pod}} {{upstream}} ejected as hung",
+                    "D",
+                ),
+                desc="Each upstream's share of the split (the breaker and the canary move it); whether it "
+                "is in (1: its health check passes and it is not ejected as hung); the requests it holds "
+                "that will miss the SLO whatever comes next; and its ejections as hung (docs/gate.md).",
+                w=24,
+            )
+        )
         .with_row(dashboard.Row("Forecast and findings"))
         .with_panel(
             ts(

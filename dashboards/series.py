@@ -77,6 +77,9 @@ AGENT: list[Series] = _agent(
     "servepilot_gate_in_flight",
     "servepilot_gate_queue_depth",
     "servepilot_gate_upstream_up",
+    "servepilot_gate_split_ratio",
+    "servepilot_gate_late_requests",
+    "servepilot_gate_upstream_ejections_total",
     "servepilot_config_reloads_total",
 )
 

@@ -3,6 +3,8 @@
 ``/healthz`` says the process is alive; ``/readyz`` says the loop has completed a tick recently (a stuck
 loop turns it 503, so Kubernetes restarts a wedged sidecar but not one whose engine is merely down).
 
+With the gate, ``/api/upstreams`` lists its upstreams: split, health and why one is out.
+
 ``/readyz`` is also 503 while the ``engine_stall`` detector finds the engine hung (unless
 ``agent.unready_when_engine_stalled`` is off): the engine's ``/health`` still answers then, so nothing
 else takes the pod out of its Service, and every request sent to it would wait for a 503 from the gate.
@@ -34,6 +36,7 @@ def build_app(
     *,
     clock: Callable[[], float] = time.time,
     unready_on_engine_stall: bool = True,
+    upstreams: UpstreamPool | None = None,
 ) -> web.Application:
     app = web.Application(client_max_size=64 * 1024)
     app[LOOP_KEY] = loop
@@ -65,6 +68,8 @@ def build_app(
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/api/state", state)
+    if upstreams is not None:
+        app.router.add_get("/api/upstreams", _upstreams_handler(upstreams))
     return app
 
 
@@ -85,7 +90,18 @@ def build_gate_app(registry: CollectorRegistry, pool: UpstreamPool) -> web.Appli
     app.router.add_get("/metrics", _metrics_handler(registry))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/api/upstreams", _upstreams_handler(pool))
     return app
+
+
+def _upstreams_handler(pool: UpstreamPool) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """``GET /api/upstreams``: the gate's upstreams, their split and health, and why one is out (a failed
+    health check, or ejected as hung) — what the log said when it went out, asked for at any time."""
+
+    async def upstreams(_: web.Request) -> web.Response:
+        return web.json_response(pool.describe())
+
+    return upstreams
 
 
 def _metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], Awaitable[web.Response]]:

@@ -573,7 +573,10 @@ class Sidecar:
 
         agent_cfg = self.cfg.agent
         app = build_app(
-            self.loop, self.exporter, unready_on_engine_stall=self.cfg.agent.unready_when_engine_stalled
+            self.loop,
+            self.exporter,
+            unready_on_engine_stall=self.cfg.agent.unready_when_engine_stalled,
+            upstreams=self.knobs.gate.pool if self.knobs.gate is not None else None,
         )
         admin_args = (self.knobs.actuation, self.knobs.audit, self.knobs.token, self.canary, self.loop.clock)
         admin_kwargs: dict[str, Any] = {

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
+from yarl import URL
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,20 @@ class UpstreamPool:
                 "upstream %s is %s%s", name, "up" if healthy else "down", f": {error}" if error else ""
             )
         return changed
+
+    def describe(self) -> dict[str, dict[str, object]]:
+        """Each upstream as an operator asks about it (``GET /api/upstreams``): its URL (without any
+        user and password in it), its share of the split, whether it is in, and why not."""
+        return {
+            up.name: {
+                "url": str(URL(up.url).with_user(None)),
+                "weight": round(self.weights[up.name], 6),
+                "healthy": up.healthy,
+                "reason": up.last_error,
+                "checked_at": up.checked_at,
+            }
+            for up in self.upstreams.values()
+        }
 
     def candidates(self, u: float) -> list[Upstream]:
         """Upstreams to try in order for one request, given a uniform draw ``u`` in [0, 1)."""

@@ -97,7 +97,30 @@ async def test_the_standalone_gates_port_serves_its_registry_and_is_unready_with
     pool.mark("small", False, 1.0, "health check returned HTTP 503")
     unready = await client.get("/readyz")
     assert unready.status == 503
+    upstreams = await (await client.get("/api/upstreams")).json()
+    assert upstreams["primary"] == {
+        "url": "http://127.0.0.1:9",
+        "weight": 1.0,
+        "healthy": False,
+        "reason": "stalled: 2 streaming request(s) held, no byte from it for 60 s",
+        "checked_at": 1.0,
+    }
+    assert (
+        upstreams["small"]["weight"] == 0.0
+        and upstreams["small"]["reason"] == "health check returned HTTP 503"
+    )
     assert (await unready.json())["reason"] == (
         "primary: stalled: 2 streaming request(s) held, no byte from it for 60 s; "
         "small: health check returned HTTP 503"
     )
+
+
+async def test_the_agent_lists_the_gates_upstreams_only_with_a_gate(aiohttp_client: Any) -> None:
+    """Why is an upstream out? The log said it once; ``/api/upstreams`` says it whenever asked."""
+    pool = UpstreamPool({"primary": "http://svc:s3cret@127.0.0.1:9"}, {"primary": 1})
+    loop = Loop([OneValue()], Store(10, 10), interval_s=1.0, source_timeout_s=0.5)
+    with_gate = await aiohttp_client(build_app(loop, Exporter(), upstreams=pool))
+    primary = (await (await with_gate.get("/api/upstreams")).json())["primary"]
+    assert primary["healthy"] is True and primary["url"] == "http://127.0.0.1:9"  # no credentials shown
+    without = await aiohttp_client(build_app(loop, Exporter()))
+    assert (await without.get("/api/upstreams")).status == 404

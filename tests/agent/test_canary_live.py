@@ -286,6 +286,11 @@ async def test_the_started_sidecar_serves_the_canary_routes(tmp_path: Path) -> N
             url = f"http://127.0.0.1:{cfg.agent.listen_port}/api/admin/canary"
             answer = await http.get(url, headers=AUTH)
             assert answer.status == 200 and (await answer.json())["phase"] == "idle"
+            # and, with the gate, its upstreams (why one is out: here nothing listens on port 9)
+            upstreams = await (
+                await http.get(f"http://127.0.0.1:{cfg.agent.listen_port}/api/upstreams")
+            ).json()
+            assert sorted(upstreams) == ["fp8", "primary"] and upstreams["primary"]["weight"] == 1.0
     finally:
         await sidecar.stop()
 

@@ -10,6 +10,11 @@ With the gate, ``/api/upstreams`` lists its upstreams: split, health and why one
 else takes the pod out of its Service, and every request sent to it would wait for a 503 from the gate.
 Unready, the pod gets no new requests; it is ready again at the engine's first progress (a liveness
 probe, by contrast, would restart a container, which a false verdict must never do).
+
+``/engine/livez`` is for the *engine* container's liveness probe, and off unless
+``agent.engine_restart_stall_s`` is set: 503 once the engine has been stalled that long (say 15
+minutes: no verdict lasts that long by mistake), so the kubelet restarts a hung engine without waiting
+for a person. Anything short of that evidence is 200, a wedged sidecar loop included.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ def build_app(
     clock: Callable[[], float] = time.time,
     unready_on_engine_stall: bool = True,
     upstreams: UpstreamPool | None = None,
+    engine_restart_stall_s: float = 0.0,
 ) -> web.Application:
     app = web.Application(client_max_size=64 * 1024)
     app[LOOP_KEY] = loop
@@ -61,12 +67,32 @@ def build_app(
                     )
         return web.json_response({"status": "ready", "last_tick_age_s": round(age, 3)})
 
+    async def engine_livez(_: web.Request) -> web.Response:
+        """503 once the engine has been stalled ``engine_restart_stall_s``: the engine container's
+        liveness probe asks this, so the kubelet restarts a hung engine. 200 on anything short of that
+        evidence: the setting off, no tick yet, a wedged loop (the sidecar's fault, not the engine's)."""
+        snap = loop.state.snapshot
+        if engine_restart_stall_s <= 0 or snap is None:
+            return web.json_response({"status": "alive"})
+        if clock() - snap.now > max(5.0, 5 * loop.interval_s):
+            return web.json_response({"status": "alive", "reason": "no recent tick: no verdict"})
+        for finding in loop.state.findings:
+            stalled_s = snap.now - finding.since
+            if finding.detector == ENGINE_STALL and stalled_s >= engine_restart_stall_s:
+                limit = f"agent.engine_restart_stall_s {engine_restart_stall_s:g} s"
+                why = f"{finding.summary}; restart: stalled past {limit}"
+                return web.json_response(
+                    {"status": "engine_hung", "reason": why, "stalled_s": round(stalled_s, 1)}, status=503
+                )
+        return web.json_response({"status": "alive"})
+
     async def state(_: web.Request) -> web.Response:
         return web.json_response(loop.state.to_json())
 
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/engine/livez", engine_livez)
     app.router.add_get("/api/state", state)
     if upstreams is not None:
         app.router.add_get("/api/upstreams", _upstreams_handler(upstreams))

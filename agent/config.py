@@ -56,6 +56,13 @@ class AgentConfig(_Section):
         description="reload the config file when its content changes, checked this often; 0: only on "
         "SIGHUP or POST /api/admin/reload",
     )
+    engine_restart_stall_s: float = Field(
+        0.0,
+        ge=0,
+        le=86400,
+        description="/engine/livez answers 503 once the engine has been stalled this long, for the engine "
+        "container's liveness probe (a restart); 0: never",
+    )
     unready_when_engine_stalled: bool = Field(
         True,
         description="/readyz answers 503 while the engine_stall detector finds the engine hung, so the "
@@ -70,7 +77,16 @@ class AgentConfig(_Section):
             )
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file must be set together")
+        if 0 < self.engine_restart_stall_s < MIN_ENGINE_RESTART_STALL_S:
+            raise ValueError(
+                f"engine_restart_stall_s must be 0 (never) or >= {MIN_ENGINE_RESTART_STALL_S:g} s, got "
+                f"{self.engine_restart_stall_s:g} (a restart reloads the weights)"
+            )
         return self
+
+
+MIN_ENGINE_RESTART_STALL_S = 300.0
+"""The shortest stall ``agent.engine_restart_stall_s`` may restart the engine after (5 minutes)."""
 
 
 def _is_loopback(host: str) -> bool:

@@ -577,6 +577,7 @@ class Sidecar:
             self.exporter,
             unready_on_engine_stall=self.cfg.agent.unready_when_engine_stalled,
             upstreams=self.knobs.gate.pool if self.knobs.gate is not None else None,
+            engine_restart_stall_s=agent_cfg.engine_restart_stall_s,
         )
         admin_args = (self.knobs.actuation, self.knobs.audit, self.knobs.token, self.canary, self.loop.clock)
         admin_kwargs: dict[str, Any] = {

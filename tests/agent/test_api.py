@@ -79,6 +79,39 @@ async def test_readyz_is_503_while_the_engine_is_stalled_unless_turned_off(aioht
             }
 
 
+async def test_engine_livez_fails_only_after_a_long_stall_and_only_on_fresh_evidence(
+    aiohttp_client: Any,
+) -> None:
+    """For the engine container's liveness probe: the kubelet restarts a hung engine, never a healthy one
+    whose sidecar is wedged, and nothing restarts unless ``agent.engine_restart_stall_s`` says so."""
+    for restart_after, status_at_400 in ((300.0, 503), (0.0, 200)):
+        now = [100.0]
+        app, loop = _app(now, engine_restart_stall_s=restart_after)
+        client = await aiohttp_client(app)
+        assert (await client.get("/engine/livez")).status == 200  # no tick yet: no evidence
+        await loop.tick(100.0)  # the 4 held requests' last progress (the stall detector's since)
+        now[0] = 131.0
+        await loop.tick(131.0)
+        assert (await client.get("/readyz")).status == 503  # stalled: out of the Service at once
+        assert (await client.get("/engine/livez")).status == 200  # but not restarted yet
+        now[0] = 399.0
+        await loop.tick(399.0)
+        assert (await client.get("/engine/livez")).status == 200
+        now[0] = 400.0
+        await loop.tick(400.0)
+        response = await client.get("/engine/livez")
+        assert response.status == status_at_400
+        if restart_after:
+            assert await response.json() == {
+                "status": "engine_hung",
+                "reason": "engine stalled: 4 request(s) held, no progress for 300s; restart: stalled past "
+                "agent.engine_restart_stall_s 300 s",
+                "stalled_s": 300.0,
+            }
+        now[0] = 420.0  # the sidecar's loop stopped ticking: its evidence is stale, so no verdict
+        assert (await client.get("/engine/livez")).status == 200
+
+
 async def test_the_standalone_gates_port_serves_its_registry_and_is_unready_with_no_upstream_up(
     aiohttp_client: Any,
 ) -> None:

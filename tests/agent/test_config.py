@@ -66,6 +66,11 @@ def test_examples_exist_for_demo_vllm_and_sglang() -> None:
         ({"gate": {"split": {"fp8": 1.0}}}, "gate.split names 'fp8', not one of the upstreams (primary)"),
         ({"gate": {"split": {"primary": 0.0}}}, "gate.split must give shares >= 0 with a total above 0"),
         (
+            {"agent": {"engine_restart_stall_s": 60}},
+            "agent.engine_restart_stall_s must be 0 (never) or >= 300 s, got 60 "
+            "(a restart reloads the weights)",
+        ),
+        (
             {"webhooks": {"enabled": True, "generic_url": "http://127.0.0.1:9/hook"}},
             "webhooks.secret_file is required when generic_url is set",
         ),

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from agent.config import Config, build
+from agent.engines.launcher import free_port
 from tests.deploy.conftest import ROOT
 
 KUBE = ROOT / "deploy" / "kubernetes"
@@ -186,3 +187,53 @@ def test_gpu_control_component_adds_only_sys_admin(engine: str) -> None:
     cfg = build({}, {k: v for k, v in env.items() if k.startswith("SERVEPILOT_ACTUATORS") and v})
     assert (cfg.actuators.mode, cfg.actuators.gpu) == ("act", "power_limit")
     assert "SERVEPILOT_GATE__API_KEYS" in env  # the merge kept the base's env
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_the_engines_liveness_probe_restarts_it_only_on_the_sidecars_503(engine: str) -> None:
+    """The probe script in the manifest, run as the kubelet runs it, against an engine and a sidecar on
+    loopback: it fails when /health fails or when the sidecar says the engine has been hung for
+    ``agent.engine_restart_stall_s``, and passes when the sidecar is down or does not know the route."""
+    import asyncio
+    import sys
+
+    from aiohttp import web
+
+    probe = _container(engine, engine)["livenessProbe"]["exec"]["command"]
+    assert probe[:2] == ["python3", "-c"]
+    cfg = _config(engine)
+    assert cfg.agent.engine_restart_stall_s > 0
+    engine_url, livez_url = f"http://127.0.0.1:{ENGINES[engine]}", f"http://127.0.0.1:{cfg.agent.listen_port}"
+    assert f'"{engine_url}/health"' in probe[2] and f'"{livez_url}/engine/livez"' in probe[2]
+    answers = {"health": 200, "livez": 200}
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(status=answers["health" if request.path == "/health" else "livez"])
+
+    app = web.Application()
+    app.router.add_get("/health", answer)
+    app.router.add_get("/engine/livez", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    here = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    closed = f"http://127.0.0.1:{free_port()}"
+
+    async def run(sidecar: str) -> int:
+        script = probe[2].replace(engine_url, here).replace(livez_url, sidecar)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", script, stderr=asyncio.subprocess.DEVNULL
+        )
+        return await proc.wait()
+
+    try:
+        assert await run(here) == 0
+        answers["livez"] = 503  # hung past the limit: restart
+        assert await run(here) == 1
+        assert await run(closed) == 0  # the sidecar is down: no verdict on the engine
+        answers["livez"] = 404  # a sidecar without the route
+        assert await run(here) == 0
+        answers["health"] = 500  # the engine's own /health fails, whatever the sidecar says
+        assert await run(here) != 0
+    finally:
+        await runner.cleanup()

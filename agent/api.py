@@ -8,8 +8,8 @@ With the gate, ``/api/upstreams`` lists its upstreams: split, health and why one
 ``/readyz`` is also 503 while the ``engine_stall`` detector finds the engine hung (unless
 ``agent.unready_when_engine_stalled`` is off): the engine's ``/health`` still answers then, so nothing
 else takes the pod out of its Service, and every request sent to it would wait for a 503 from the gate.
-Unready, the pod gets no new requests; it is ready again at the engine's first progress (a liveness
-probe, by contrast, would restart a container, which a false verdict must never do).
+Unready, the pod gets no new requests; it is ready again at the engine's first progress. Readiness, not
+liveness: a restart reloads the weights, which a short or mistaken verdict must never cost.
 
 ``/engine/livez`` is for the *engine* container's liveness probe, and off unless
 ``agent.engine_restart_stall_s`` is set: 503 once the engine has been stalled that long (say 15
@@ -49,12 +49,12 @@ def build_app(
     app[EXPORTER_KEY] = exporter
 
     metrics = _metrics_handler(exporter.registry)
+    stale_after = max(5.0, 5 * loop.interval_s)  # no tick for this long: the loop is stuck
 
     async def readyz(_: web.Request) -> web.Response:
         snap = loop.state.snapshot
         if snap is None:
             return web.json_response({"status": "starting", "reason": "no tick completed yet"}, status=503)
-        stale_after = max(5.0, 5 * loop.interval_s)
         age = clock() - snap.now
         if age > stale_after:
             reason = f"last tick {age:.1f} s ago (limit {stale_after:g} s)"
@@ -74,7 +74,7 @@ def build_app(
         snap = loop.state.snapshot
         if engine_restart_stall_s <= 0 or snap is None:
             return web.json_response({"status": "alive"})
-        if clock() - snap.now > max(5.0, 5 * loop.interval_s):
+        if clock() - snap.now > stale_after:
             return web.json_response({"status": "alive", "reason": "no recent tick: no verdict"})
         for finding in loop.state.findings:
             stalled_s = snap.now - finding.since

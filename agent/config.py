@@ -247,6 +247,11 @@ class GateConfig(_Section):
             "an upstream holding streams that sends nothing this long leaves the split (docs/gate.md); 0: off"
         ),
     )
+    cut_stalled_streams: bool = Field(
+        True,
+        description="end, with an error event, the started streams of an upstream found hung "
+        "(eject_stalled_s), instead of waiting read_timeout_s",
+    )
     drain_s: float = Field(
         10.0, ge=0.1, le=3600, description="on shutdown, in-flight requests get this long to finish"
     )

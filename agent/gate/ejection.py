@@ -34,6 +34,10 @@ silence. Clients that time out at once retry within a second or two: seen live, 
 that gap reset a silence that had lasted 30 s."""
 
 
+class UpstreamStalled(Exception):
+    """Raised into the relay of a stream whose upstream hung (the gate ends it with an error event)."""
+
+
 @dataclass(slots=True)
 class _Ejection:
     count: int
@@ -57,6 +61,11 @@ class StallEjector:
         self._silent_since: dict[str, float] = {}
         self._idle_since: dict[str, float] = {}  # first round that found a silent upstream holding nothing
         self._ejections: dict[str, _Ejection] = {}
+
+    def hung(self, upstream: str, now: float) -> bool:
+        """True while ``upstream`` holds streams and has been silent ``after_s`` (not merely held out)."""
+        since = self._silent_since.get(upstream)
+        return self.after_s > 0 and since is not None and now - since >= self.after_s
 
     def heard(self, upstream: str, at: float) -> None:
         """A request that ``upstream`` answered has ended; its last byte came ``at``."""

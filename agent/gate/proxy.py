@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from agent.config import GateConfig
 from agent.gate.admission import AdmissionQueue, Priority, Ticket, TicketState
 from agent.gate.cache import Entry, Fill, ResponseCache, cache_key, response_identity
-from agent.gate.ejection import StallEjector
+from agent.gate.ejection import StallEjector, UpstreamStalled
 from agent.gate.isolation import IsolationLane
 from agent.gate.openai import (
     ADMITTED_PATHS,
@@ -126,6 +126,8 @@ class Gate:
         #: requests sent to an upstream and not yet finished, by ``id`` of their record: the upstream's
         #: name, the record and whether it streams (:meth:`late_at_upstreams`, :meth:`stalled_upstreams`)
         self._at_upstream: dict[int, tuple[str, RequestRecord, bool]] = {}
+        #: the upstream responses of the streams being relayed, by the same key
+        self._relaying: dict[int, aiohttp.ClientResponse] = {}
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None  # opened on the first stale-connection retry
         self._runner: web.AppRunner | None = None
@@ -340,13 +342,29 @@ class Gate:
 
     def stalled_upstreams(self) -> dict[str, str]:
         """Upstreams to keep out of the split as hung, with why (agent/gate/ejection.py); the health loop
-        asks every round. Empty when ``eject_stalled_s`` is 0."""
+        asks every round. Empty when ``eject_stalled_s`` is 0.
+
+        With ``cut_stalled_streams``, the streams a hung upstream had started and then left without a
+        byte for ``eject_stalled_s`` are ended here, with an OpenAI-shaped error event, instead of
+        waiting for ``read_timeout_s`` (300 s): their clients learn now, and retry where it works. A
+        stream still waiting for its first token is left alone: a very long prompt can take that long."""
+        now = self.clock()
         held = (
             (name, record.sent_at, record.heard_at)
             for name, record, streams in self._at_upstream.values()
             if streams
         )
-        return self.ejector.verdicts(held, self.clock())
+        verdicts = self.ejector.verdicts(held, now)
+        if self.cfg.cut_stalled_streams and verdicts:
+            after = self.ejector.after_s
+            for key, (name, record, streams) in list(self._at_upstream.items()):
+                up, heard = self._relaying.get(key), record.heard_at
+                if not streams or up is None or heard is None or record.abandoned:
+                    continue  # not a stream, or one with no first token yet, or ended already
+                if now - heard >= after and self.ejector.hung(name, now):
+                    record.abandoned = f"{name} stalled: no byte for {now - heard:.0f} s"
+                    up.content.set_exception(UpstreamStalled(record.abandoned))
+        return verdicts
 
     def snapshot_values(self) -> dict[str, float]:
         """The gate's signals for the Snapshot (see :meth:`GateStats.values`) plus the admission state."""
@@ -536,6 +554,7 @@ class Gate:
         finally:
             if record is not None:
                 self._at_upstream.pop(id(record), None)
+                self._relaying.pop(id(record), None)
                 if record.upstream and record.heard_at is not None:
                     self.ejector.heard(record.upstream, record.heard_at)
         message = "no upstream reachable (" + "; ".join(errors) + ")" if errors else "no upstream configured"
@@ -611,6 +630,8 @@ class Gate:
         events = 0
         tail = b""
         itl = record.itl_s if record is not None else []
+        if record is not None:  # so a hung upstream's stream can be ended (:meth:`stalled_upstreams`)
+            self._relaying[id(record)] = up
         try:
             await resp.prepare(request)  # the client may have gone while the upstream was answering
             async for chunk in up.content.iter_any():
@@ -638,6 +659,18 @@ class Gate:
             if isinstance(error, asyncio.CancelledError):
                 raise
             return resp  # nobody to answer: not a server error worth a traceback in the log
+        except UpstreamStalled as stalled:  # its upstream hung mid-stream: say so, rather than hang on
+            up.close()
+            log.warning("ended a stream from a hung upstream: %s", stalled)
+            if record is not None:
+                record.outcome, record.status = "upstream_error", 504
+                record.e2e_s = clock() - record.arrived
+                self.stats.record(record, clock())
+            event = error_body(f"upstream {stalled}", "upstream_error", "upstream_stalled")
+            with contextlib.suppress(ConnectionResetError):
+                await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                await resp.write_eof()
+            return resp
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as error:
             up.close()
             log.warning("upstream stream broke: %s", error)

@@ -69,6 +69,8 @@ class RequestRecord:
     """When the gate sent it upstream (stall ejection)."""
     heard_at: float | None = None
     """When the upstream last sent a byte of its answer (each chunk); None before the first."""
+    abandoned: str = ""
+    """Why the gate ended this stream itself (its upstream hung mid-stream); empty otherwise."""
     e2e_s: float = 0.0
     outcome: str = "ok"
     status: int = 0

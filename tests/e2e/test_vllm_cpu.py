@@ -231,8 +231,10 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
     60 s of ticks (virtual time) pass with requests held; SIGCONT, and the next tick clears it.
 
     The requests go through the gate, with a simulator as the weight-0 ``small`` upstream: the gate takes
-    the hung vLLM out of the split though its /health answers, a new request is served by ``small``, and
-    vLLM is back in the split once it streams again."""
+    the hung vLLM out of the split though its /health answers, ends the frozen running streams with an
+    error event rather than leaving them to ``read_timeout_s``, a new request is served by ``small``, and
+    vLLM is back in the split after its hold once it answers again."""
+    import json
     import os
     import signal
 
@@ -297,6 +299,14 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
                 still_out = not primary.healthy
                 async with session.post(via_gate + "/v1/completions", json=completion("meanwhile", 4)) as r:
                     meanwhile = (r.status, await r.text())
+                for _ in range(200):  # the running streams are ended 3 s after their last token
+                    if sum(1 for _, rec, _ in gate._at_upstream.values() if rec.upstream == "primary") <= 2:
+                        break
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(1.0)
+                # the streams the gate ended are not progress: the engine is still found hung
+                state = await loop.tick(t + 90.0)
+                still_stalled = any(f.detector == "engine_stall" for f in state.findings)
             finally:
                 os.kill(core, signal.SIGCONT)
             assert health == 200  # what a health check sees of a hung engine
@@ -304,17 +314,27 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
             assert verdicts[:6] == [False] * 6 and verdicts[-1], verdicts
             assert ejected and still_out and why.startswith("stalled: 6 streaming request(s) held"), why
             assert meanwhile[0] == 200 and small.core.model.served_name in meanwhile[1], meanwhile
+            assert still_stalled
             results = await asyncio.wait_for(requests, 120)
             assert all(r.status == 200 for r in results)
-            assert all(r.events[-1] == "[DONE]" and r.text for r in results)  # whole, through the gate
-            await asyncio.sleep(0.5)
+            # the running streams (tokens came, then none) were ended by the gate rather than left to
+            # hang; the waiting ones (no first token: a long prompt looks the same) finished after SIGCONT
+            ends = [r.events[-1] for r in results]
+            cut = [r for r in results if r.events[-1] != "[DONE]"]
+            assert cut and all(r.events[-1] == "[DONE]" for r in results if r not in cut), ends
+            for r in cut:
+                assert json.loads(r.events[-1])["error"]["code"] == "upstream_stalled"
+                assert "choices" in json.loads(r.events[0])  # it had started: a token came first
+            await asyncio.sleep(1.0)  # vLLM drops the requests the gate let go
             state = await loop.tick(t + 100.0)
             assert not [f for f in state.findings if f.detector == "engine_stall"]
-            for _ in range(100):  # it streamed again: the next health round brings it back
+            for _ in range(200):  # out 3 s more once it held nothing, then back at a health round
                 if primary.healthy:
                     break
                 await asyncio.sleep(0.05)
             assert primary.healthy
+            async with session.post(via_gate + "/v1/completions", json=completion("after", 4)) as r:
+                assert r.status == 200 and "tiny-random-llama" in await r.text()  # vLLM answers again
         finally:
             if not requests.done():
                 requests.cancel()

@@ -535,7 +535,10 @@ async def test_a_hung_upstream_is_ejected_from_the_split_and_returns_when_it_sen
     await fallback.start()
     now = [100.0]
     gate = await _gate(
-        {"primary": upstream.url, "small": fallback.url}, split={"primary": 1.0}, health_interval_s=0.1
+        {"primary": upstream.url, "small": fallback.url},
+        split={"primary": 1.0},
+        health_interval_s=0.1,
+        cut_stalled_streams=False,  # the held stream stays, to show the upstream's return at its next byte
     )
     gate.clock = lambda: now[0]
     try:
@@ -579,7 +582,7 @@ async def test_stall_ejection_needs_silence_on_a_stream_and_from_the_whole_upstr
     """A long non-streamed answer is silent until done, and an engine with a long queue leaves some
     streams silent while it runs others: neither is a hang."""
     now = [100.0]
-    gate = await _gate({"primary": upstream.url})
+    gate = await _gate({"primary": upstream.url}, cut_stalled_streams=False)  # the verdict alone
     gate.clock = lambda: now[0]
     try:
         upstream.release.clear()  # nothing is answered yet: both requests wait for their first byte
@@ -702,5 +705,52 @@ async def test_a_stream_decoding_too_slowly_for_the_itl_slo_is_late_before_it_en
         for resp in responses:
             await asyncio.wait_for(resp.read(), TIMEOUT)
         assert gate.late_at_upstreams() == {}
+    finally:
+        await gate.stop()
+
+
+async def test_a_started_stream_of_a_hung_upstream_ends_with_an_error_event_and_a_waiting_one_is_left(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """Without this, a client whose stream froze mid-answer waited ``read_timeout_s`` (300 s) for
+    nothing. A stream still waiting for its first token is left: a very long prompt can take that long."""
+    now = [100.0]
+    gate = await _gate({"primary": upstream.url})
+    gate.clock = lambda: now[0]
+    try:
+        upstream.chunked = True
+        started = await _post(client, gate, _body(stream=True))
+        assert b"t0" in await asyncio.wait_for(started.content.readuntil(b"\n\n"), TIMEOUT)  # at 100
+        upstream.release.clear()
+        waiting = asyncio.create_task(_post(client, gate, _body(stream=True)))  # no byte yet
+        await asyncio.wait_for(_until(lambda: upstream.running == 2), TIMEOUT)
+        now[0] = 159.0
+        assert gate.stalled_upstreams() == {}
+        now[0] = 160.0
+        assert set(gate.stalled_upstreams()) == {"primary"}
+        rest = await asyncio.wait_for(started.read(), TIMEOUT)  # ended now, not at read_timeout_s
+        event = json.loads(rest.decode().removeprefix("data: ").strip())
+        assert event == {
+            "error": {
+                "message": "upstream primary stalled: no byte for 60 s",
+                "type": "upstream_error",
+                "code": "upstream_stalled",
+            }
+        }
+        assert await asyncio.wait_for(upstream.aborted, TIMEOUT)  # the engine's request was dropped
+        outcomes = {
+            s.labels["outcome"]: s.value
+            for m in gate.stats.requests.collect()
+            for s in m.samples
+            if s.name.endswith("_total")
+        }
+        assert outcomes == {"upstream_error": 1.0}
+        assert not waiting.done()  # the one without a first token is still waiting
+        now[0] = 161.0
+        upstream.release.set()  # the engine answers it after all
+        resp = await asyncio.wait_for(waiting, TIMEOUT)
+        for _ in range(3):
+            upstream.next_chunk.release()
+        assert b"[DONE]" in await asyncio.wait_for(resp.read(), TIMEOUT)
     finally:
         await gate.stop()

@@ -71,8 +71,7 @@ class Knobs:
             from agent.gate.collector import GateCollector
             from agent.gate.proxy import Gate
 
-            self.gate = Gate(cfg.gate, registry)
-            self.gate.stats.slo = (cfg.policies.ttft_slo_s, cfg.policies.itl_slo_s)
+            self.gate = Gate(cfg.gate, registry, slo=(cfg.policies.ttft_slo_s, cfg.policies.itl_slo_s))
             self.collectors.append(GateCollector(self.gate))
             self.actuation.bind(knobs.BATCH, self._gate_limit, self._set_gate_limit)
             self.actuation.bind(

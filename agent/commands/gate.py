@@ -111,9 +111,8 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     registry = CollectorRegistry()
-    gate = Gate(cfg.gate, registry)
-    # the SLO the sidecar judges answers by (policies.*_slo_s), so the late-request count works here too
-    gate.stats.slo = (cfg.policies.ttft_slo_s, cfg.policies.itl_slo_s)
+    # judged by the SLO the sidecar uses (policies.*_slo_s), so SLO-bad and late counts work here too
+    gate = Gate(cfg.gate, registry, slo=(cfg.policies.ttft_slo_s, cfg.policies.itl_slo_s))
     watch: asyncio.Task[None] | None = None
     if args.config:
         reloader = _reloader(cfg, args, gate, registry)

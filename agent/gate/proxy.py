@@ -89,8 +89,10 @@ def _json_error(
 class Gate:
     """The gate: build with a config and the agent's registry, ``await start()``, turn its knobs.
 
-    Knobs: :meth:`set_limit` (effective batch), :meth:`set_split` (traffic split). Signals:
-    :meth:`snapshot_values`. Time for latencies and windows comes from ``clock`` (monotonic).
+    ``slo``: the (TTFT, mean ITL) targets answers are judged by (``policies.*_slo_s``); without it the gate
+    counts no SLO-bad or late request. Knobs: :meth:`set_limit` (effective batch), :meth:`set_split`
+    (traffic split). Signals: :meth:`snapshot_values`. Time for latencies and windows comes from ``clock``
+    (monotonic).
     ``in_progress`` counts requests being served (queued or relaying); ``cut`` those a drain ended.
     """
 
@@ -101,6 +103,7 @@ class Gate:
         *,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        slo: tuple[float, float] | None = None,
     ) -> None:
         self.cfg = cfg
         self.clock = clock
@@ -121,6 +124,7 @@ class Gate:
         self.pool = UpstreamPool(cfg.upstreams, cfg.split)
         self._sync_cache_version()
         self.stats = GateStats(registry, LengthBuckets(cfg.length_edges), cfg.stats_window_s, start=now)
+        self.stats.slo = slo
         self._rng = rng or random.Random()
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
         #: requests sent to an upstream and not yet finished, by ``id`` of their record: the upstream's
@@ -355,13 +359,14 @@ class Gate:
             if streams
         )
         verdicts = self.ejector.verdicts(held, now)
-        if self.cfg.cut_stalled_streams and verdicts:
+        hung = {name for name in verdicts if self.ejector.hung(name, now)}  # not merely held out
+        if self.cfg.cut_stalled_streams and hung:
             after = self.ejector.after_s
-            for key, (name, record, streams) in list(self._at_upstream.items()):
+            for key, (name, record, _) in list(self._at_upstream.items()):
                 up, heard = self._relaying.get(key), record.heard_at
-                if not streams or up is None or heard is None or record.abandoned:
-                    continue  # not a stream, or one with no first token yet, or ended already
-                if now - heard >= after and self.ejector.hung(name, now):
+                if name not in hung or up is None or heard is None or record.abandoned:
+                    continue  # not a relayed stream, or one with no first token yet, or ended already
+                if now - heard >= after:
                     record.abandoned = f"{name} stalled: no byte for {now - heard:.0f} s"
                     up.content.set_exception(UpstreamStalled(record.abandoned))
         return verdicts

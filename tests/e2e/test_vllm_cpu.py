@@ -12,7 +12,8 @@ command when vLLM is not installed. One server for the module: its cold start ta
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -265,24 +266,42 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
         upstream_models={"small": small.core.model.served_name},
         eject_stalled_s=3.0,
         health_interval_s=0.5,
+        read_timeout_s=60.0,  # a stream the gate failed to end costs a minute, not five
     )
     gate = Gate(gate_cfg, CollectorRegistry())
     via_gate = f"http://127.0.0.1:{await gate.start('127.0.0.1', 0)}"
     primary = gate.pool.upstreams["primary"]
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
-        requests = asyncio.ensure_future(
-            stream_many(session, via_gate, [completion(f"stall {i}", 200) for i in range(6)])
-        )
-        try:
-            t = 900.0
-            for _ in range(100):  # until the engine holds the requests
-                t += 1.0
-                state = await loop.tick(t)
-                if state.snapshot is not None and (state.snapshot.get("engine.requests_running") or 0) > 0:
-                    break
-                await asyncio.sleep(0.05)
-            os.kill(core, signal.SIGSTOP)
+    t = 900.0
+
+    async def tick_until(ready: Callable[[Any], bool], what: str) -> None:
+        """Ticks (virtual time, 1 s apart) until ``ready(snapshot)``; fails, saying what, after 30 s."""
+        nonlocal t
+        for _ in range(300):
+            t += 1.0
+            snapshot = (await loop.tick(t)).snapshot
+            if snapshot is not None and ready(snapshot):
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"vLLM never got there: {what}")
+
+    def held(snapshot: Any, running: int, waiting: int) -> bool:
+        now = (snapshot.get("engine.requests_running"), snapshot.get("engine.requests_waiting"))
+        return now == (running, waiting)
+
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+            # four long answers fill max_num_seqs and run; two short ones wait behind them. Started in that
+            # order, whatever the machine's speed: the stop must find both kinds at the engine.
+            running = asyncio.ensure_future(
+                stream_many(session, via_gate, [completion(f"stall {i}", 1000) for i in range(4)])
+            )
+            await tick_until(lambda s: held(s, 4, 0), "4 running")
+            waiting = asyncio.ensure_future(
+                stream_many(session, via_gate, [completion(f"wait {i}", 16) for i in range(2)])
+            )
+            await tick_until(lambda s: held(s, 4, 2), "4 running, 2 waiting")
             try:
+                os.kill(core, signal.SIGSTOP)
                 await asyncio.sleep(0.5)  # a step that was running ends; nothing after it
                 verdicts = []
                 for second in range(1, 81, 10):
@@ -294,7 +313,8 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
                     if not primary.healthy:
                         break
                     await asyncio.sleep(0.05)
-                ejected, why = not primary.healthy, primary.last_error
+                assert not primary.healthy, "the gate never took the hung vLLM out"
+                why = primary.last_error
                 await asyncio.sleep(1.0)  # health rounds pass while it stays hung: it stays out
                 still_out = not primary.healthy
                 async with session.post(via_gate + "/v1/completions", json=completion("meanwhile", 4)) as r:
@@ -312,18 +332,17 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
             assert health == 200  # what a health check sees of a hung engine
             # the last progress was at the tick before the stop (t) or the first after it (t + 1)
             assert verdicts[:6] == [False] * 6 and verdicts[-1], verdicts
-            assert ejected and still_out and why.startswith("stalled: 6 streaming request(s) held"), why
+            assert still_out and why.startswith("stalled: 6 streaming request(s) held"), why
             assert meanwhile[0] == 200 and small.core.model.served_name in meanwhile[1], meanwhile
             assert still_stalled
-            results = await asyncio.wait_for(requests, 120)
-            assert all(r.status == 200 for r in results)
-            # the running streams (tokens came, then none) were ended by the gate rather than left to
-            # hang; the waiting ones (no first token: a long prompt looks the same) finished after SIGCONT
-            ends = [r.events[-1] for r in results]
-            cut = [r for r in results if r.events[-1] != "[DONE]"]
-            assert cut and all(r.events[-1] == "[DONE]" for r in results if r not in cut), ends
+            cut = await asyncio.wait_for(running, 60)
+            finished = await asyncio.wait_for(waiting, 120)
+            assert all(r.status == 200 for r in cut + finished)
+            # the running streams (tokens came, then none) were ended by the gate rather than left to hang;
+            # the waiting ones (no first token: a long prompt looks the same) finished after SIGCONT
+            assert all(r.events[-1] == "[DONE]" for r in finished), [r.events[-1] for r in finished]
             for r in cut:
-                assert json.loads(r.events[-1])["error"]["code"] == "upstream_stalled"
+                assert json.loads(r.events[-1])["error"]["code"] == "upstream_stalled", r.events[-1]
                 assert "choices" in json.loads(r.events[0])  # it had started: a token came first
             await asyncio.sleep(1.0)  # vLLM drops the requests the gate let go
             state = await loop.tick(t + 100.0)
@@ -335,9 +354,7 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
             assert primary.healthy
             async with session.post(via_gate + "/v1/completions", json=completion("after", 4)) as r:
                 assert r.status == 200 and "tiny-random-llama" in await r.text()  # vLLM answers again
-        finally:
-            if not requests.done():
-                requests.cancel()
-            await collector.close()
-            await gate.stop()
-            await small_runner.cleanup()
+    finally:  # what is still running ends with the session; the rest is ours to stop
+        await collector.close()
+        await gate.stop()
+        await small_runner.cleanup()

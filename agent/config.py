@@ -249,8 +249,9 @@ class GateConfig(_Section):
     )
     cut_stalled_streams: bool = Field(
         True,
-        description="end, with an error event, the started streams of an upstream found hung "
-        "(eject_stalled_s), instead of waiting read_timeout_s",
+        description="for an upstream found hung (eject_stalled_s): end its started streams with an "
+        "error event, and send the requests it never answered to the next upstream, instead of "
+        "waiting read_timeout_s",
     )
     drain_s: float = Field(
         10.0, ge=0.1, le=3600, description="on shutdown, in-flight requests get this long to finish"

@@ -43,7 +43,7 @@ from agent.gate.openai import (
 )
 from agent.gate.ratelimit import LineLimits, LineResolver, retry_after_header
 from agent.gate.records import GateStats, LengthBuckets, RequestRecord
-from agent.gate.upstreams import UpstreamPool, health_loop
+from agent.gate.upstreams import Upstream, UpstreamPool, health_loop
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,11 @@ def _json_error(
 ) -> web.Response:
     headers = {"Retry-After": retry_after_header(retry_after_s)} if retry_after_s is not None else None
     return web.json_response(error_body(message, kind, code), status=status, headers=headers)
+
+
+class _Unanswered(Exception):
+    """A hung upstream's answer was taken back before any of it reached the client (:meth:`Gate._forward`
+    sends the request to the next upstream)."""
 
 
 class Gate:
@@ -130,8 +135,12 @@ class Gate:
         #: requests sent to an upstream and not yet finished, by ``id`` of their record: the upstream's
         #: name, the record and whether it streams (:meth:`late_at_upstreams`, :meth:`stalled_upstreams`)
         self._at_upstream: dict[int, tuple[str, RequestRecord, bool]] = {}
-        #: the upstream responses of the streams being relayed, by the same key
+        #: the upstream responses being relayed, by the same key
         self._relaying: dict[int, aiohttp.ClientResponse] = {}
+        #: the sends still waiting for the upstream's response headers, by the same key
+        self._sending: dict[int, asyncio.Timeout] = {}
+        #: upstreams out of the split whose hang a started stream proved (:meth:`stalled_upstreams`)
+        self._proven_hung: set[str] = set()
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None  # opened on the first stale-connection retry
         self._runner: web.AppRunner | None = None
@@ -162,6 +171,13 @@ class Gate:
             registry=registry,
         )
         self.ejector = StallEjector(cfg.eject_stalled_s, on_eject=self._count_ejection)
+        self._c_resent = Counter(
+            "servepilot_gate_resent_total",
+            "Requests taken back from a hung upstream before any byte of their answer and sent to the next "
+            "upstream (gate.cut_stalled_streams), by the upstream that hung.",
+            ["upstream"],
+            registry=registry,
+        )
         self._g_late = Gauge(
             "servepilot_gate_late_requests",
             "Requests an upstream holds now that will miss the latency SLO whatever comes next: no first "
@@ -348,10 +364,16 @@ class Gate:
         """Upstreams to keep out of the split as hung, with why (agent/gate/ejection.py); the health loop
         asks every round. Empty when ``eject_stalled_s`` is 0.
 
-        With ``cut_stalled_streams``, the streams a hung upstream had started and then left without a
-        byte for ``eject_stalled_s`` are ended here, with an OpenAI-shaped error event, instead of
-        waiting for ``read_timeout_s`` (300 s): their clients learn now, and retry where it works. A
-        stream still waiting for its first token is left alone: a very long prompt can take that long."""
+        With ``cut_stalled_streams``, the requests a hung upstream holds are taken from it:
+
+        * the streams it had started and then left without a byte for ``eject_stalled_s`` end here with
+          an OpenAI-shaped error event, instead of waiting for ``read_timeout_s`` (300 s): their clients
+          have had the headers and some tokens, so an error event is the only way to tell them;
+        * once one such stream proves the hang, the requests it has not answered at all (a stream's
+          first token, a whole non-streamed answer) are sent again to a healthy upstream: their clients
+          have had nothing yet, so they do not notice. Without that proof they are left alone: a very
+          long prompt keeps a healthy engine silent as long, but it does not stop a started stream,
+          since engines interleave a prefill with the decode steps of the others (chunked prefill)."""
         now = self.clock()
         held = (
             (name, record.sent_at, record.heard_at)
@@ -359,16 +381,28 @@ class Gate:
             if streams
         )
         verdicts = self.ejector.verdicts(held, now)
+        self._proven_hung &= set(verdicts)  # back in the split: a new hang needs new proof
         hung = {name for name in verdicts if self.ejector.hung(name, now)}  # not merely held out
-        if self.cfg.cut_stalled_streams and hung:
-            after = self.ejector.after_s
-            for key, (name, record, _) in list(self._at_upstream.items()):
-                up, heard = self._relaying.get(key), record.heard_at
-                if name not in hung or up is None or heard is None or record.abandoned:
-                    continue  # not a relayed stream, or one with no first token yet, or ended already
-                if now - heard >= after:
-                    record.abandoned = f"{name} stalled: no byte for {now - heard:.0f} s"
-                    up.content.set_exception(UpstreamStalled(record.abandoned))
+        if not self.cfg.cut_stalled_streams or not (hung or self._proven_hung):
+            return verdicts
+        after = self.ejector.after_s
+        for key, (name, record, _) in list(self._at_upstream.items()):
+            up, heard = self._relaying.get(key), record.heard_at
+            if name not in hung or up is None or heard is None or record.abandoned:
+                continue  # not a relayed stream, or one with no first byte yet, or ended already
+            if now - heard >= after:
+                record.abandoned = f"{name} stalled: no byte for {now - heard:.0f} s"
+                up.content.set_exception(UpstreamStalled(record.abandoned))
+                self._proven_hung.add(name)
+        for key, (name, record, _) in list(self._at_upstream.items()):
+            if name not in self._proven_hung or record.heard_at is not None or record.abandoned:
+                continue
+            record.abandoned = f"{name} stalled: no byte for {now - record.sent_at:.0f} s"
+            up, sending = self._relaying.get(key), self._sending.get(key)
+            if up is not None:
+                up.content.set_exception(UpstreamStalled(record.abandoned))
+            elif sending is not None:  # still waiting for the response headers
+                sending.reschedule(asyncio.get_running_loop().time())
         return verdicts
 
     def snapshot_values(self) -> dict[str, float]:
@@ -530,30 +564,59 @@ class Gate:
         prefer: str | None = None,
         fill: Fill | None = None,
     ) -> web.StreamResponse:
-        """Send upstream: the split's pick first, or ``prefer`` (the long pool) first when given."""
+        """Send upstream: the split's pick first, or ``prefer`` (the long pool) first when given. The next
+        candidate gets it when an upstream refuses the connection, or when it hung before sending any of
+        its answer (:meth:`stalled_upstreams`): the client has had nothing yet."""
         assert self._session is not None, "Gate.start() was not called"
         headers = _forward_headers(request.headers)
         candidates = self.pool.candidates(self._rng.random())
         if prefer is not None:
             candidates.sort(key=lambda up: up.name != prefer)  # stable: the rest keep their order
         errors: list[str] = []
+        stalled: list[str] = []
+        tried: set[str] = set()
         try:
-            for upstream in candidates:
+            while candidates:
+                upstream = candidates.pop(0)
+                tried.add(upstream.name)
                 url = upstream.url + request.rel_url.path_qs
+                key = id(record)
                 if record is not None:
-                    record.sent_at, record.heard_at = self.clock(), None
-                    self._at_upstream[id(record)] = (upstream.name, record, info.stream)
+                    record.sent_at, record.heard_at, record.abandoned = self.clock(), None, ""
+                    self._at_upstream[key] = (upstream.name, record, info.stream)
+                    self._relaying.pop(key, None)  # the answer of the upstream it was taken back from
                 try:
                     body_for = self._body_for(upstream.name, body, info)
-                    up = await self._send(request.method, url, body_for, headers)
+                    if record is None:
+                        up = await self._send(request.method, url, body_for, headers)
+                    else:  # a hang before the response headers is taken back by expiring this at once
+                        async with asyncio.timeout(None) as taken_back:
+                            self._sending[key] = taken_back
+                            try:
+                                up = await self._send(request.method, url, body_for, headers)
+                            finally:
+                                del self._sending[key]
                 except (aiohttp.ClientConnectionError, TimeoutError, OSError) as error:
+                    if record is not None and record.abandoned:  # taken back (stalled_upstreams)
+                        stalled.append(self._resent(upstream.name, record))
+                        candidates = self._others(tried)
+                        continue
                     self.pool.mark(upstream.name, False, self.clock(), f"{type(error).__name__}: {error}")
                     errors.append(f"{upstream.name}: {type(error).__name__}")
+                    continue
+                if record is not None and record.abandoned:  # taken back as its headers came in
+                    up.close()
+                    stalled.append(self._resent(upstream.name, record))
+                    candidates = self._others(tried)
                     continue
                 if record is not None:
                     record.upstream = upstream.name
                 try:
                     return await self._relay(request, up, record, info, fill)
+                except _Unanswered:
+                    assert record is not None
+                    stalled.append(self._resent(upstream.name, record))
+                    candidates = self._others(tried)
                 finally:
                     up.release()
         finally:
@@ -562,11 +625,28 @@ class Gate:
                 self._relaying.pop(id(record), None)
                 if record.upstream and record.heard_at is not None:
                     self.ejector.heard(record.upstream, record.heard_at)
+        if stalled:  # it hung before answering, and no other upstream was left to ask
+            message = "; ".join(stalled + errors)
+            if record is not None:
+                record.outcome, record.status = "upstream_error", 504
+                record.e2e_s = self.clock() - record.arrived
+                self.stats.record(record, self.clock())
+            return _json_error(504, message, "upstream_error", "upstream_stalled")
         message = "no upstream reachable (" + "; ".join(errors) + ")" if errors else "no upstream configured"
         if record is not None:
             record.outcome, record.status, record.e2e_s = "upstream_error", 502, self.clock() - record.arrived
             self.stats.record(record, self.clock())
         return _json_error(502, message, "upstream_error", "bad_gateway")
+
+    def _resent(self, upstream: str, record: RequestRecord) -> str:
+        """Note a request taken back from a hung ``upstream`` before any of its answer; returns why."""
+        log.warning("took a request back, before any of its answer, from upstream %s", record.abandoned)
+        self._c_resent.labels(upstream).inc()
+        return f"upstream {record.abandoned}"
+
+    def _others(self, tried: set[str]) -> list[Upstream]:
+        """The upstreams still to try for a request taken back from a hung one, in the split's order."""
+        return [up for up in self.pool.candidates(self._rng.random()) if up.name not in tried]
 
     def _body_for(self, upstream: str, body: bytes, info: RequestInfo) -> bytes:
         """The body as ``upstream`` should get it: with its own model name (``gate.upstream_models``) in
@@ -612,8 +692,14 @@ class Gate:
     ) -> web.StreamResponse:
         clock = self.clock
         streaming = up.headers.get("Content-Type", "").startswith("text/event-stream")
+        if record is not None:  # so a hung upstream's answer can be taken back (:meth:`stalled_upstreams`)
+            self._relaying[id(record)] = up
         if not streaming:
-            payload = await up.read()
+            try:
+                payload = await up.read()
+            except UpstreamStalled:  # nothing of it reached the client: another upstream may answer
+                up.close()
+                raise _Unanswered from None
             if record is not None:
                 now = record.heard_at = clock()
                 record.status, record.e2e_s = up.status, now - record.arrived
@@ -635,13 +721,12 @@ class Gate:
         events = 0
         tail = b""
         itl = record.itl_s if record is not None else []
-        if record is not None:  # so a hung upstream's stream can be ended (:meth:`stalled_upstreams`)
-            self._relaying[id(record)] = up
         try:
-            await resp.prepare(request)  # the client may have gone while the upstream was answering
             async for chunk in up.content.iter_any():
                 now = clock()
                 if last is None:
+                    # the headers go with the first byte: until then, a hang can still be taken back
+                    await resp.prepare(request)  # the client may have gone while the upstream was busy
                     if record is not None:
                         record.ttft_s = now - record.arrived
                 else:
@@ -654,6 +739,8 @@ class Gate:
                 if fill is not None:
                     fill.feed(chunk)
                 await resp.write(chunk)
+            if not resp.prepared:  # an empty stream
+                await resp.prepare(request)
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError) as error:
             up.close()  # the client is gone: drop the upstream connection so the engine aborts
@@ -666,6 +753,8 @@ class Gate:
             return resp  # nobody to answer: not a server error worth a traceback in the log
         except UpstreamStalled as stalled:  # its upstream hung mid-stream: say so, rather than hang on
             up.close()
+            if not resp.prepared:  # before its first byte: the client has had nothing, ask another
+                raise _Unanswered from None
             log.warning("ended a stream from a hung upstream: %s", stalled)
             if record is not None:
                 record.outcome, record.status = "upstream_error", 504
@@ -679,10 +768,14 @@ class Gate:
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as error:
             up.close()
             log.warning("upstream stream broke: %s", error)
+            status = up.status if resp.prepared else 502
             if record is not None:
-                record.outcome, record.status = "upstream_error", up.status
+                record.outcome, record.status = "upstream_error", status
                 record.e2e_s = clock() - record.arrived
                 self.stats.record(record, clock())
+            if not resp.prepared:  # nothing sent yet: a clear error rather than an empty 200
+                message = f"the upstream's stream broke before its first byte: {error}"
+                return _json_error(502, message, "upstream_error", "bad_gateway")
             with contextlib.suppress(ConnectionResetError):
                 await resp.write_eof()
             return resp

@@ -233,8 +233,9 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
 
     The requests go through the gate, with a simulator as the weight-0 ``small`` upstream: the gate takes
     the hung vLLM out of the split though its /health answers, ends the frozen running streams with an
-    error event rather than leaving them to ``read_timeout_s``, a new request is served by ``small``, and
-    vLLM is back in the split after its hold once it answers again."""
+    error event rather than leaving them to ``read_timeout_s``, sends the waiting ones (no byte yet) to
+    ``small``, which answers them and a new request, and vLLM is back in the split after its hold once
+    it answers again."""
     import json
     import os
     import signal
@@ -319,8 +320,8 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
                 still_out = not primary.healthy
                 async with session.post(via_gate + "/v1/completions", json=completion("meanwhile", 4)) as r:
                     meanwhile = (r.status, await r.text())
-                for _ in range(200):  # the running streams are ended 3 s after their last token
-                    if sum(1 for _, rec, _ in gate._at_upstream.values() if rec.upstream == "primary") <= 2:
+                for _ in range(200):  # ended or sent elsewhere 3 s after the engine's last byte
+                    if all(name != "primary" for name, _, _ in gate._at_upstream.values()):
                         break
                     await asyncio.sleep(0.05)
                 await asyncio.sleep(1.0)
@@ -339,8 +340,10 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
             finished = await asyncio.wait_for(waiting, 120)
             assert all(r.status == 200 for r in cut + finished)
             # the running streams (tokens came, then none) were ended by the gate rather than left to hang;
-            # the waiting ones (no first token: a long prompt looks the same) finished after SIGCONT
+            # the waiting ones (no byte yet) were answered by ``small``, their clients none the wiser
             assert all(r.events[-1] == "[DONE]" for r in finished), [r.events[-1] for r in finished]
+            served = {json.loads(r.events[0])["model"] for r in finished}
+            assert served == {small.core.model.served_name}, served
             for r in cut:
                 assert json.loads(r.events[-1])["error"]["code"] == "upstream_stalled", r.events[-1]
                 assert "choices" in json.loads(r.events[0])  # it had started: a token came first

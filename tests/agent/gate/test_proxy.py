@@ -31,6 +31,7 @@ class Upstream:
         self.release.set()
         self.next_chunk = asyncio.Semaphore(0)
         self.chunked = False
+        self.headers_early = False  # streams: the headers before the wait for ``release`` (as vLLM does)
         self.running = 0
         self.peak = 0
         self.seen = 0
@@ -44,12 +45,15 @@ class Upstream:
         self.running += 1
         self.peak = max(self.peak, self.running)
         try:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            if self.headers_early and body.get("stream"):
+                await resp.prepare(request)
             await self.release.wait()
             if not body.get("stream"):
                 usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
                 return web.json_response({"choices": [{"text": "abc"}], "usage": usage})
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await resp.prepare(request)
+            if not resp.prepared:
+                await resp.prepare(request)
             for i in range(3):
                 await resp.write(f'data: {{"choices":[{{"text":"t{i}"}}]}}\n\n'.encode())
                 if self.chunked:
@@ -709,11 +713,12 @@ async def test_a_stream_decoding_too_slowly_for_the_itl_slo_is_late_before_it_en
         await gate.stop()
 
 
-async def test_a_started_stream_of_a_hung_upstream_ends_with_an_error_event_and_a_waiting_one_is_left(
+async def test_a_started_stream_of_a_hung_upstream_ends_with_an_error_event_and_a_waiting_one_is_retried(
     upstream: Upstream, client: aiohttp.ClientSession
 ) -> None:
     """Without this, a client whose stream froze mid-answer waited ``read_timeout_s`` (300 s) for
-    nothing. A stream still waiting for its first token is left: a very long prompt can take that long."""
+    nothing. The frozen stream proves the hang, so a request that had no byte yet is taken back too:
+    with no other upstream to ask, it gets a 504 at once instead of waiting 300 s."""
     now = [100.0]
     gate = await _gate({"primary": upstream.url})
     gate.clock = lambda: now[0]
@@ -737,7 +742,138 @@ async def test_a_started_stream_of_a_hung_upstream_ends_with_an_error_event_and_
                 "code": "upstream_stalled",
             }
         }
-        assert await asyncio.wait_for(upstream.aborted, TIMEOUT)  # the engine's request was dropped
+        resp = await asyncio.wait_for(waiting, TIMEOUT)
+        assert resp.status == 504
+        assert await resp.json() == {
+            "error": {
+                "message": "upstream primary stalled: no byte for 60 s",
+                "type": "upstream_error",
+                "code": "upstream_stalled",
+            }
+        }
+        await asyncio.wait_for(_until(lambda: upstream.running == 0), TIMEOUT)  # both dropped upstream
+        outcomes = {
+            s.labels["outcome"]: s.value
+            for m in gate.stats.requests.collect()
+            for s in m.samples
+            if s.name.endswith("_total")
+        }
+        assert outcomes == {"upstream_error": 2.0}
+        resent = [s.value for m in gate._c_resent.collect() for s in m.samples if s.name.endswith("_total")]
+        assert resent == [1.0]
+    finally:
+        await gate.stop()
+
+
+@pytest.mark.parametrize("stream, headers_early", [(True, True), (True, False), (False, False)])
+async def test_requests_a_hung_upstream_never_answered_go_to_the_next_one_unnoticed(
+    upstream: Upstream, client: aiohttp.ClientSession, stream: bool, headers_early: bool
+) -> None:
+    """Requests sent to an engine in the minute before it was found hung waited ``read_timeout_s``
+    (seen in CI: 300 s) while the streams it had started were ended at once. Once a started stream proves
+    the hang, each request it has not answered at all goes to the next upstream; its client has had
+    nothing (the gate sends the response headers with the first byte, not when vLLM sends them), so it
+    just gets its answer. Whatever the engine was doing: its headers sent or not, a stream or not."""
+    spare = Upstream()
+    await spare.start()
+    now = [100.0]
+    gate = await _gate({"primary": upstream.url, "small": spare.url}, split={"primary": 1.0})
+    gate.clock = lambda: now[0]
+    try:
+        upstream.chunked = True
+        started = await _post(client, gate, _body(stream=True))
+        assert b"t0" in await asyncio.wait_for(started.content.readuntil(b"\n\n"), TIMEOUT)
+        upstream.release.clear()
+        upstream.headers_early = headers_early
+        waiting = asyncio.create_task(_post(client, gate, _body(stream=stream)))
+        await asyncio.wait_for(_until(lambda: upstream.running == 2), TIMEOUT)
+        now[0] = 160.0
+        assert set(gate.stalled_upstreams()) == {"primary"}  # a health round
+        resp = await asyncio.wait_for(waiting, TIMEOUT)
+        assert resp.status == 200
+        answer = await asyncio.wait_for(resp.read(), TIMEOUT)
+        assert answer.endswith(b"data: [DONE]\n\n") if stream else b'"abc"' in answer
+        assert spare.seen == 1 and upstream.seen == 2
+        assert b"upstream_stalled" in await asyncio.wait_for(started.read(), TIMEOUT)
+        await asyncio.wait_for(_until(lambda: upstream.running == 0), TIMEOUT)  # the engine's copy dropped
+        resent = {
+            s.labels["upstream"]: s.value
+            for m in gate._c_resent.collect()
+            for s in m.samples
+            if s.name.endswith("_total")
+        }
+        assert resent == {"primary": 1.0}
+        outcomes = {
+            s.labels["outcome"]: s.value
+            for m in gate.stats.requests.collect()
+            for s in m.samples
+            if s.name.endswith("_total")
+        }
+        assert outcomes == {"upstream_error": 1.0, "ok": 1.0}  # the frozen stream; the one resent
+    finally:
+        upstream.release.set()
+        await gate.stop()
+        assert spare.runner is not None
+        await spare.runner.cleanup()
+
+
+async def test_without_a_frozen_stream_a_silent_upstream_keeps_the_requests_it_holds(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """An upstream holding only requests with no byte yet may be busy with a very long prompt: it leaves
+    the split (new requests go elsewhere), but what it holds is not taken back; it answers them."""
+    spare = Upstream()
+    await spare.start()
+    now = [100.0]
+    gate = await _gate({"primary": upstream.url, "small": spare.url}, split={"primary": 1.0})
+    gate.clock = lambda: now[0]
+    try:
+        upstream.release.clear()
+        upstream.headers_early = True
+        waiting = [asyncio.create_task(_post(client, gate, _body(stream=s))) for s in (True, False)]
+        await asyncio.wait_for(_until(lambda: upstream.running == 2), TIMEOUT)
+        now[0] = 1000.0
+        assert set(gate.stalled_upstreams()) == {"primary"}
+        assert set(gate.stalled_upstreams()) == {"primary"}
+        await asyncio.sleep(0.1)
+        assert not any(task.done() for task in waiting) and spare.seen == 0
+        upstream.release.set()
+        for task in waiting:
+            resp = await asyncio.wait_for(task, TIMEOUT)
+            assert resp.status == 200
+            await asyncio.wait_for(resp.read(), TIMEOUT)
+        assert spare.seen == 0
+    finally:
+        await gate.stop()
+        assert spare.runner is not None
+        await spare.runner.cleanup()
+
+
+async def test_a_stream_that_breaks_before_its_first_byte_is_a_502_not_an_empty_200(
+    client: aiohttp.ClientSession,
+) -> None:
+    """An engine that sends the stream's headers and dies before any event (a crash in its first step)
+    used to leave the client with a 200 and an empty body, which OpenAI clients take as an empty answer.
+    The gate holds the headers until the first byte, so it can still say what happened."""
+
+    async def dies(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        assert request.transport is not None
+        request.transport.close()  # gone before the first event
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", dies)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    gate = await _gate({"primary": f"http://127.0.0.1:{runner.addresses[0][1]}"})
+    try:
+        resp = await _post(client, gate, _body(stream=True))
+        assert resp.status == 502
+        error = (await resp.json())["error"]
+        assert error["code"] == "bad_gateway" and "before its first byte" in error["message"], error
         outcomes = {
             s.labels["outcome"]: s.value
             for m in gate.stats.requests.collect()
@@ -745,12 +881,6 @@ async def test_a_started_stream_of_a_hung_upstream_ends_with_an_error_event_and_
             if s.name.endswith("_total")
         }
         assert outcomes == {"upstream_error": 1.0}
-        assert not waiting.done()  # the one without a first token is still waiting
-        now[0] = 161.0
-        upstream.release.set()  # the engine answers it after all
-        resp = await asyncio.wait_for(waiting, TIMEOUT)
-        for _ in range(3):
-            upstream.next_chunk.release()
-        assert b"[DONE]" in await asyncio.wait_for(resp.read(), TIMEOUT)
     finally:
         await gate.stop()
+        await runner.cleanup()

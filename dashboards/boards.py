@@ -220,9 +220,15 @@ def overview() -> dashboard.Dashboard:
                     "{{pod}} {{upstream}} ejected as hung",
                     "D",
                 ),
+                q(
+                    "increase(servepilot_gate_resent_total{@POD}[$__rate_interval])",
+                    "{{pod}} {{upstream}} requests taken back",
+                    "E",
+                ),
                 desc="Each upstream's share of the split (the breaker and the canary move it); whether it "
                 "is in (1: its health check passes and it is not ejected as hung); the requests it holds "
-                "that will miss the SLO whatever comes next; and its ejections as hung (docs/gate.md).",
+                "that will miss the SLO whatever comes next; its ejections as hung; and the requests it "
+                "hung on before any byte, sent to another upstream instead (docs/gate.md).",
                 w=24,
             )
         )

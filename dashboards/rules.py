@@ -154,7 +154,9 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
             "engine in {{ $labels.pod }} holds requests and makes no progress",
             "The engine has held requests for more than 2 minutes without a token, a finished request or a "
             "change in its step-loop gauges, while its HTTP server answers; it is hung and will not recover "
-            "by itself. New requests are answered 503 by the gate or wait at the engine.",
+            "by itself. The pod is unready, so the Service sends new requests to other replicas; a gate with "
+            "another upstream (fp8, small) takes this one out of its split and answers from there. With "
+            "agent.engine_restart_stall_s set, the engine's liveness probe restarts it.",
         ),
         _alert(
             "ServepilotGateUpstreamOut",

@@ -193,6 +193,7 @@ class Gate:
             self._g_split.labels(name).set_function(functools.partial(self._split_of, name))
             self._g_late.labels(name).set_function(functools.partial(self._late_at, name))
             self._c_ejected.labels(name)
+            self._c_resent.labels(name)
         self.app = web.Application(client_max_size=cfg.max_body_bytes)
         self.app.router.add_route("*", "/{tail:.*}", self._handle)
 

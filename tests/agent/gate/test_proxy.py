@@ -802,7 +802,7 @@ async def test_requests_a_hung_upstream_never_answered_go_to_the_next_one_unnoti
             for s in m.samples
             if s.name.endswith("_total")
         }
-        assert resent == {"primary": 1.0}
+        assert resent == {"primary": 1.0, "small": 0.0}
         outcomes = {
             s.labels["outcome"]: s.value
             for m in gate.stats.requests.collect()

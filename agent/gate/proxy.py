@@ -139,8 +139,8 @@ class Gate:
         self._relaying: dict[int, aiohttp.ClientResponse] = {}
         #: the sends still waiting for the upstream's response headers, by the same key
         self._sending: dict[int, asyncio.Timeout] = {}
-        #: upstreams out of the split whose hang a started stream proved (:meth:`stalled_upstreams`)
-        self._proven_hung: set[str] = set()
+        #: upstreams out of the split whose hang a started stream proved, and when (:meth:`stalled_upstreams`)
+        self._proven_hung: dict[str, float] = {}
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None  # opened on the first stale-connection retry
         self._runner: web.AppRunner | None = None
@@ -382,7 +382,8 @@ class Gate:
             if streams
         )
         verdicts = self.ejector.verdicts(held, now)
-        self._proven_hung &= set(verdicts)  # back in the split: a new hang needs new proof
+        for name in set(self._proven_hung) - set(verdicts):  # back in the split: a new hang needs new proof
+            del self._proven_hung[name]
         hung = {name for name in verdicts if self.ejector.hung(name, now)}  # not merely held out
         if not self.cfg.cut_stalled_streams or not (hung or self._proven_hung):
             return verdicts
@@ -394,9 +395,14 @@ class Gate:
             if now - heard >= after:
                 record.abandoned = f"{name} stalled: no byte for {now - heard:.0f} s"
                 up.content.set_exception(UpstreamStalled(record.abandoned))
-                self._proven_hung.add(name)
+                self._proven_hung.setdefault(name, now)
         for key, (name, record, _) in list(self._at_upstream.items()):
-            if name not in self._proven_hung or record.heard_at is not None or record.abandoned:
+            proven = self._proven_hung.get(name)
+            if proven is None or record.heard_at is not None or record.abandoned:
+                continue
+            if record.sent_at > proven and now - record.sent_at < after:
+                # sent after the proof (the only upstream, tried anyway): it may have recovered, and this
+                # one may be a long prompt; it is judged as the upstream was, after eject_stalled_s
                 continue
             record.abandoned = f"{name} stalled: no byte for {now - record.sent_at:.0f} s"
             up, sending = self._relaying.get(key), self._sending.get(key)

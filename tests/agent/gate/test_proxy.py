@@ -884,3 +884,46 @@ async def test_a_stream_that_breaks_before_its_first_byte_is_a_502_not_an_empty_
     finally:
         await gate.stop()
         await runner.cleanup()
+
+
+async def test_a_request_sent_to_a_proven_hung_only_upstream_gets_the_time_the_upstream_got(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """With one upstream, an ejected one is still tried. A request sent there after the proof is not taken
+    back at the next round: the engine may have recovered and this may be a long prompt. It gets
+    ``eject_stalled_s`` without a byte, as the upstream did, before a 504."""
+    now = [100.0]
+    gate = await _gate({"primary": upstream.url})
+    gate.clock = lambda: now[0]
+    try:
+        upstream.chunked = True
+        started = await _post(client, gate, _body(stream=True))
+        await asyncio.wait_for(started.content.readuntil(b"\n\n"), TIMEOUT)
+        upstream.release.clear()
+        now[0] = 160.0
+        assert set(gate.stalled_upstreams()) == {"primary"}  # the frozen stream proves the hang
+        assert b"upstream_stalled" in await asyncio.wait_for(started.read(), TIMEOUT)
+        now[0] = 161.0
+        late = [asyncio.create_task(_post(client, gate, _body())) for _ in range(2)]
+        await asyncio.wait_for(_until(lambda: upstream.running == 2), TIMEOUT)
+        now[0] = 165.0
+        assert set(gate.stalled_upstreams()) == {"primary"}
+        await asyncio.sleep(0.1)
+        assert not any(task.done() for task in late)  # 4 s without a byte: not yet
+        now[0] = 221.0
+        assert set(gate.stalled_upstreams()) == {"primary"}  # still out (until 225)
+        for task in late:
+            resp = await asyncio.wait_for(task, TIMEOUT)
+            assert resp.status == 504 and (await resp.json())["error"]["code"] == "upstream_stalled"
+        now[0] = 222.0
+        recovered = asyncio.create_task(_post(client, gate, _body()))
+        await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
+        now[0] = 224.0
+        assert set(gate.stalled_upstreams()) == {"primary"}
+        await asyncio.sleep(0.1)
+        assert not recovered.done()
+        upstream.release.set()  # it answers after all
+        assert (await asyncio.wait_for(recovered, TIMEOUT)).status == 200
+    finally:
+        upstream.release.set()
+        await gate.stop()

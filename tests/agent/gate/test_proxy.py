@@ -84,14 +84,25 @@ class Upstream:
         return self.url
 
 
-@pytest.fixture
-async def upstream() -> AsyncIterator[Upstream]:
+async def _running_upstream() -> AsyncIterator[Upstream]:
     up = Upstream()
     await up.start()
     yield up
     up.release.set()  # a failed test must not leave handlers parked through cleanup
     assert up.runner is not None
     await up.runner.cleanup()
+
+
+upstream = pytest.fixture(_running_upstream)
+spare = pytest.fixture(_running_upstream)
+"""A second upstream, for failover."""
+
+
+def _totals(counter: Any, label: str) -> dict[str, float]:
+    """A labelled counter's ``_total`` samples by the value of ``label``."""
+    return {
+        s.labels[label]: s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total")
+    }
 
 
 async def _gate(upstreams: dict[str, str], **overrides: Any) -> Gate:
@@ -752,30 +763,22 @@ async def test_a_started_stream_of_a_hung_upstream_ends_with_an_error_event_and_
             }
         }
         await asyncio.wait_for(_until(lambda: upstream.running == 0), TIMEOUT)  # both dropped upstream
-        outcomes = {
-            s.labels["outcome"]: s.value
-            for m in gate.stats.requests.collect()
-            for s in m.samples
-            if s.name.endswith("_total")
-        }
+        outcomes = _totals(gate.stats.requests, "outcome")
         assert outcomes == {"upstream_error": 2.0}
-        resent = [s.value for m in gate._c_resent.collect() for s in m.samples if s.name.endswith("_total")]
-        assert resent == [1.0]
+        assert _totals(gate._c_resent, "upstream") == {"primary": 1.0}
     finally:
         await gate.stop()
 
 
 @pytest.mark.parametrize("stream, headers_early", [(True, True), (True, False), (False, False)])
 async def test_requests_a_hung_upstream_never_answered_go_to_the_next_one_unnoticed(
-    upstream: Upstream, client: aiohttp.ClientSession, stream: bool, headers_early: bool
+    upstream: Upstream, spare: Upstream, client: aiohttp.ClientSession, stream: bool, headers_early: bool
 ) -> None:
     """Requests sent to an engine in the minute before it was found hung waited ``read_timeout_s``
     (seen in CI: 300 s) while the streams it had started were ended at once. Once a started stream proves
     the hang, each request it has not answered at all goes to the next upstream; its client has had
     nothing (the gate sends the response headers with the first byte, not when vLLM sends them), so it
     just gets its answer. Whatever the engine was doing: its headers sent or not, a stream or not."""
-    spare = Upstream()
-    await spare.start()
     now = [100.0]
     gate = await _gate({"primary": upstream.url, "small": spare.url}, split={"primary": 1.0})
     gate.clock = lambda: now[0]
@@ -796,34 +799,19 @@ async def test_requests_a_hung_upstream_never_answered_go_to_the_next_one_unnoti
         assert spare.seen == 1 and upstream.seen == 2
         assert b"upstream_stalled" in await asyncio.wait_for(started.read(), TIMEOUT)
         await asyncio.wait_for(_until(lambda: upstream.running == 0), TIMEOUT)  # the engine's copy dropped
-        resent = {
-            s.labels["upstream"]: s.value
-            for m in gate._c_resent.collect()
-            for s in m.samples
-            if s.name.endswith("_total")
-        }
-        assert resent == {"primary": 1.0, "small": 0.0}
-        outcomes = {
-            s.labels["outcome"]: s.value
-            for m in gate.stats.requests.collect()
-            for s in m.samples
-            if s.name.endswith("_total")
-        }
+        assert _totals(gate._c_resent, "upstream") == {"primary": 1.0, "small": 0.0}
+        outcomes = _totals(gate.stats.requests, "outcome")
         assert outcomes == {"upstream_error": 1.0, "ok": 1.0}  # the frozen stream; the one resent
     finally:
         upstream.release.set()
         await gate.stop()
-        assert spare.runner is not None
-        await spare.runner.cleanup()
 
 
 async def test_without_a_frozen_stream_a_silent_upstream_keeps_the_requests_it_holds(
-    upstream: Upstream, client: aiohttp.ClientSession
+    upstream: Upstream, spare: Upstream, client: aiohttp.ClientSession
 ) -> None:
     """An upstream holding only requests with no byte yet may be busy with a very long prompt: it leaves
     the split (new requests go elsewhere), but what it holds is not taken back; it answers them."""
-    spare = Upstream()
-    await spare.start()
     now = [100.0]
     gate = await _gate({"primary": upstream.url, "small": spare.url}, split={"primary": 1.0})
     gate.clock = lambda: now[0]
@@ -845,8 +833,6 @@ async def test_without_a_frozen_stream_a_silent_upstream_keeps_the_requests_it_h
         assert spare.seen == 0
     finally:
         await gate.stop()
-        assert spare.runner is not None
-        await spare.runner.cleanup()
 
 
 async def test_a_stream_that_breaks_before_its_first_byte_is_a_502_not_an_empty_200(
@@ -874,12 +860,7 @@ async def test_a_stream_that_breaks_before_its_first_byte_is_a_502_not_an_empty_
         assert resp.status == 502
         error = (await resp.json())["error"]
         assert error["code"] == "bad_gateway" and "before its first byte" in error["message"], error
-        outcomes = {
-            s.labels["outcome"]: s.value
-            for m in gate.stats.requests.collect()
-            for s in m.samples
-            if s.name.endswith("_total")
-        }
+        outcomes = _totals(gate.stats.requests, "outcome")
         assert outcomes == {"upstream_error": 1.0}
     finally:
         await gate.stop()

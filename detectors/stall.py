@@ -23,6 +23,16 @@ while it decodes; a hung engine freezes it. Each signal is judged only where the
 The gate's answers are not progress: they may come from another upstream (a canary's fp8, a fallback)
 while this engine hangs.
 
+**What the GPUs read** during the stall says where to look first, so the finding carries it (evidence
+``gpus_busy`` / ``gpus_idle``, and a hint chosen by it):
+
+* every GPU busy (utilisation >= 90%) while nothing progresses: kernels that never finish, typically a
+  collective (NCCL) waiting for a rank that is gone, whose spin kernels keep the GPUs "busy" at low
+  power; or a stuck kernel;
+* every GPU idle (<= 5%): nothing was launched, so the host side is stuck (the scheduler, a Python
+  deadlock, a blocking CPU-side call);
+* some busy, some idle: the busy ranks wait in a collective for the idle ones, which are the suspects.
+
 A tick without the engine's reading (a failed scrape) neither starts nor ends a stall: that is
 ``ServepilotEngineDown``'s case. No warm-up, no learning: a stall is a fact, not an anomaly score, and
 ``stall_s`` (60 s by default) is far longer than any step of a healthy engine, a long prompt's prefill
@@ -48,12 +58,27 @@ PROGRESS_GAUGES = (
     "engine.reported_generation_tokens_per_second",
 )
 HELD = ("engine.requests_running", "engine.requests_waiting")
-HINT = (
-    "The engine holds requests and makes no progress while its HTTP server answers: a hung collective "
-    "(NCCL; one tensor-parallel rank lost), a stuck kernel or a deadlocked scheduler. Take a stack dump "
-    "(py-spy dump --pid <engine pid>), check the kernel log for GPU Xid errors (dmesg), then restart the "
-    "engine: a hung engine does not recover by itself. Meanwhile the sidecar's /readyz answers 503, so "
-    "the Service sends new requests to other replicas."
+BUSY_RATIO = 0.9
+"""A GPU at or above this utilisation has a kernel resident all the time."""
+IDLE_RATIO = 0.05
+"""A GPU at or below this utilisation runs nothing."""
+MAX_GPUS = 64
+CAUSE = {
+    "busy": "Its GPUs read busy while nothing progresses: kernels that never finish, typically a "
+    "collective (NCCL) waiting for a rank that is gone, or a stuck kernel. Look for NCCL watchdog "
+    "timeouts in the engine log and GPU Xid errors in the node's kernel log (dmesg).",
+    "idle": "Its GPUs are idle: nothing was launched, so the host side is stuck (the scheduler, a Python "
+    "deadlock, a blocking CPU-side call). A stack dump (py-spy dump --pid <engine pid>) shows where "
+    "it waits.",
+    "mixed": "GPU(s) {busy} read busy while GPU(s) {idle} are idle: the busy ranks wait in a collective for the "
+    "idle ones. Look at the idle GPUs first: their rank's process, and Xid errors for them (dmesg).",
+    "unknown": "A hung collective (NCCL; one tensor-parallel rank lost), a stuck kernel or a deadlocked "
+    "scheduler. Take a stack dump (py-spy dump --pid <engine pid>) and check the kernel log for GPU Xid "
+    "errors (dmesg).",
+}
+AFTER = (
+    " Then restart the engine: a hung engine does not recover by itself. Meanwhile the sidecar's /readyz "
+    "answers 503, so the Service sends new requests to other replicas."
 )
 
 
@@ -83,6 +108,9 @@ class EngineStallDetector:
         still = snapshot.now - self.last_progress_
         if still < self.stall_s:
             return []
+        evidence: dict[str, float | str] = {"requests_held": held, "seconds_without_progress": still}
+        cause = gpu_picture(snapshot, evidence)
+        busy, idle = evidence.get("gpus_busy", ""), evidence.get("gpus_idle", "")
         return [
             Finding(
                 detector=self.name,
@@ -91,8 +119,10 @@ class EngineStallDetector:
                 score=1.0,
                 summary=f"engine stalled: {held:.0f} request(s) held, no progress for {still:.0f}s",
                 since=self.last_progress_,  # the episode began at the last progress seen
-                evidence={"requests_held": held, "seconds_without_progress": still},
-                hint=HINT,
+                evidence=evidence,
+                hint="The engine holds requests and makes no progress while its HTTP server answers. "
+                + CAUSE[cause].format(busy=busy, idle=idle)
+                + AFTER,
             )
         ]
 
@@ -107,3 +137,29 @@ class EngineStallDetector:
                 moved = True
             self.gauges_[name] = value
         return moved
+
+
+def gpu_picture(snapshot: Snapshot, evidence: dict[str, float | str]) -> str:
+    """``busy``, ``idle``, ``mixed`` or ``unknown`` (no GPU reading, or utilisations in between), from this
+    tick's mean utilisation of each GPU; adds the busy and idle GPU indices to ``evidence``."""
+    busy: list[str] = []
+    idle: list[str] = []
+    seen = 0
+    for i in range(MAX_GPUS):
+        util = snapshot.get(f"nvml.gpu{i}.utilization_ratio.mean")
+        if util is None:
+            continue
+        seen += 1
+        if util >= BUSY_RATIO:
+            busy.append(str(i))
+        elif util <= IDLE_RATIO:
+            idle.append(str(i))
+    if busy:
+        evidence["gpus_busy"] = ",".join(busy)
+    if idle:
+        evidence["gpus_idle"] = ",".join(idle)
+    if not seen or len(busy) + len(idle) < seen:
+        return "unknown"
+    if busy and idle:
+        return "mixed"
+    return "busy" if busy else "idle"

@@ -241,13 +241,19 @@ class EngineCore:
         if dt <= 0:
             return
         g = self.gpu_counters
-        idle = self.power.idle_power
-        g.energy_j += idle * dt
+        if self.faults.stalled and self.faults.stalled_gpu == "busy":
+            # a hung collective: spin kernels on a few SMs keep the GPU busy at its clock, at low power
+            clock = self.settings.sm_clock_mhz
+            power = self.power.spin_power(clock)
+            g.busy_s += dt
+        else:
+            clock, power = self.gpu.clock_min_mhz, self.power.idle_power
+        g.energy_j += power * dt
         g.time_s = now
-        g.power_w = idle
-        g.clock_mhz = self.gpu.clock_min_mhz
+        g.power_w = power
+        g.clock_mhz = clock
         g.activation_bytes = 0.0
-        self.thermal.advance(idle, dt, self.faults.ambient_c)
+        self.thermal.advance(power, dt, self.faults.ambient_c)
         self._t = now
 
     def idle_until(self, now: float) -> None:

@@ -28,6 +28,10 @@ _BOUNDS: dict[str, tuple[float, float]] = {
 ERROR_STATUSES = (500, 503)
 
 
+STALLED_GPU = ("busy", "idle")
+"""What a stalled engine's GPUs read: a collective spinning, or nothing launched."""
+
+
 class FaultError(ValueError):
     """A fault switch with a bad value; the message names the field and its range."""
 
@@ -42,7 +46,10 @@ class FaultSwitches:
     ``ambient_c`` overrides the inlet temperature (a cooling failure, to provoke thermal slowdown);
     ``stalled`` hangs the engine: requests are taken and held, no step runs, while ``/health``,
     ``/metrics`` and the control API answer as before (a collective that never returns, a stuck kernel).
-    The live server honours it; a replay does not (its workload loop would never end).
+    The live server honours it; a replay does not (its workload loop would never end). ``stalled_gpu``
+    is what the simulated NVML reads meanwhile: ``busy`` (the default: a collective's spin kernels keep
+    the GPU busy at its top clock, near idle power, as a real NCCL hang reads) or ``idle`` (the host
+    side is stuck and launches nothing).
     """
 
     metrics_delay_s: float = 0.0
@@ -54,6 +61,7 @@ class FaultSwitches:
     latency_factor: float = 1.0
     ambient_c: float | None = None
     stalled: bool = False
+    stalled_gpu: str = "busy"
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -77,6 +85,10 @@ def _check(name: str, raw: Any) -> Any:
     if name == "stalled":
         if not isinstance(raw, bool):
             raise FaultError(f"stalled must be true or false, got {raw!r}")
+        return raw
+    if name == "stalled_gpu":
+        if raw not in STALLED_GPU:
+            raise FaultError(f"stalled_gpu must be one of {list(STALLED_GPU)}, got {raw!r}")
         return raw
     if name == "error_status":
         if raw not in ERROR_STATUSES or isinstance(raw, bool):

@@ -23,6 +23,8 @@ import math
 from simulator.hardware import GpuProfile
 
 V_MIN = 0.7
+SPIN_ACTIVITY = 0.2
+"""A hung collective's spin kernels, as a share of the core's full dynamic power (a step's floor is 0.45)."""
 #: NVML clocks-event (throttle) reason bits.
 REASON_GPU_IDLE = 0x1
 REASON_APPLICATIONS_CLOCKS = 0x2
@@ -52,6 +54,14 @@ class PowerModel:
         activity = 0.45 + 0.55 * compute_share
         gpu = self.gpu
         return gpu.idle_power_w + gpu.core_dynamic_w * activity * x * v * v + gpu.memory_dynamic_w * mem_share
+
+    def spin_power(self, clock_mhz: float) -> float:
+        """Watts drawn by a hung collective's spin kernels: a few SMs polling memory keep the GPU "busy"
+        at ``clock_mhz``, a fraction of a step's dynamic power above idle (an NCCL hang on an H100
+        reads 100% utilisation at 150-200 W)."""
+        x = clock_mhz / self._fmax
+        v = self.voltage(clock_mhz)
+        return self.gpu.idle_power_w + self.gpu.core_dynamic_w * SPIN_ACTIVITY * x * v * v
 
     @property
     def idle_power(self) -> float:

@@ -51,6 +51,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     faults.add_argument(
         "--fault-stalled", action="store_true", help="hang the engine: hold requests, emit no token"
     )
+    faults.add_argument(
+        "--fault-stalled-gpu",
+        choices=("busy", "idle"),
+        default="busy",
+        help="what NVML reads while stalled: busy (a collective spinning, as NCCL hangs read) or idle",
+    )
     parser.set_defaults(func=run)
 
 
@@ -86,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
                 "fragmentation_ratio": args.fault_fragmentation_ratio,
                 "latency_factor": args.fault_latency_factor,
                 "stalled": args.fault_stalled,
+                "stalled_gpu": args.fault_stalled_gpu,
             }
         )
     except (ValueError, FaultError) as error:

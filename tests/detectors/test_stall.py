@@ -112,3 +112,45 @@ def test_a_tick_without_the_engine_neither_starts_nor_ends_a_stall() -> None:
 def test_stall_s_must_be_positive() -> None:
     with pytest.raises(ValueError, match="stall_s must be > 0, got 0"):
         EngineStallDetector(stall_s=0)
+
+
+def _stalled_with_gpus(utils: list[float]) -> Finding:
+    """A 61 s stall whose last tick has NVML readings with these per-GPU utilisations."""
+    detector = EngineStallDetector()
+    for t in range(61):
+        detector.update(_snap(t, requests_running=2, generation_tokens_per_second=0))
+    flat = {f"nvml.gpu{i}.utilization_ratio.mean": u for i, u in enumerate(utils)}
+    snapshot = Snapshot.from_readings(
+        61,
+        {
+            "engine": Reading("engine", 61, SourceStatus.OK, {"engine.requests_running": 2}),
+            "nvml": Reading("nvml", 61, SourceStatus.OK, flat),
+        },
+    )
+    [finding] = detector.update(snapshot)
+    return finding
+
+
+@pytest.mark.parametrize(
+    "utils, evidence, says",
+    [
+        ([1.0, 0.97], {"gpus_busy": "0,1"}, "Its GPUs read busy while nothing progresses"),
+        ([0.0, 0.01], {"gpus_idle": "0,1"}, "Its GPUs are idle: nothing was launched"),
+        (
+            [1.0, 0.0, 1.0, 1.0],
+            {"gpus_busy": "0,2,3", "gpus_idle": "1"},
+            "GPU(s) 0,2,3 read busy while GPU(s) 1 are idle",
+        ),
+        ([1.0, 0.5], {"gpus_busy": "0"}, "A hung collective (NCCL; one tensor-parallel rank lost)"),
+        ([], {}, "A hung collective (NCCL; one tensor-parallel rank lost)"),
+    ],
+)
+def test_what_the_gpus_read_during_a_stall_picks_the_hint(
+    utils: list[float], evidence: dict[str, str], says: str
+) -> None:
+    """The first question in a hang: a collective spinning on a lost rank (GPUs busy, the lost one idle)
+    or a stuck host (GPUs idle). The finding says which the GPUs show, and names the suspects."""
+    finding = _stalled_with_gpus(utils)
+    assert {k: v for k, v in finding.evidence.items() if k.startswith("gpus_")} == evidence
+    assert says in finding.hint, finding.hint
+    assert finding.hint.endswith("the Service sends new requests to other replicas.")

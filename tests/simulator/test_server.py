@@ -213,3 +213,11 @@ async def test_stalled_must_be_a_boolean(sim: Any) -> None:
     response = await sim.post("/sim/faults", json={"stalled": "yes"})
     assert response.status == 422
     assert (await response.json())["error"]["message"] == "stalled must be true or false, got 'yes'"
+
+
+async def test_stalled_gpu_must_be_busy_or_idle(sim: Any) -> None:
+    response = await sim.post("/sim/faults", json={"stalled_gpu": "spinning"})
+    assert response.status == 422
+    assert (await response.json())["error"]["message"] == (
+        "stalled_gpu must be one of ['busy', 'idle'], got 'spinning'"
+    )

@@ -56,3 +56,22 @@ def test_fragmentation_fault_lowers_allocated_over_reserved() -> None:
     assert memory_state(core, 0.0).fragmentation_ratio < 0.05
     core.set_faults(FaultSwitches(fragmentation_ratio=0.3), now=0.0)
     assert memory_state(core, 0.0).fragmentation_ratio == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("stalled_gpu", ["busy", "idle"])
+def test_a_stalled_engine_reads_as_a_spinning_collective_or_an_idle_gpu(stalled_gpu: str) -> None:
+    """A real NCCL hang reads 100% utilisation at the top clock, near idle power (spin kernels); a stuck
+    host reads idle. The stall detector's hint tells the two apart, so the simulator shows both."""
+    core = make_core("h100-sxm")
+    view = NvmlView(core)
+    view.read(now=0.0)
+    core.set_faults(FaultSwitches(stalled=True, stalled_gpu=stalled_gpu), 0.0)
+    gpu = view.read(now=5.0)["gpus"][0]
+    if stalled_gpu == "busy":
+        assert gpu["utilization_gpu_ratio"] == pytest.approx(1.0)
+        assert gpu["sm_clock_mhz"] == core.settings.sm_clock_mhz == core.gpu.clock_max_mhz
+        assert core.gpu.idle_power_w < gpu["power_w"] < 0.25 * core.settings.power_limit_w
+        assert gpu["throttle_reasons"] & 0x1 == 0  # not idle
+    else:
+        assert gpu["utilization_gpu_ratio"] == 0.0 and gpu["throttle_reasons"] == 0x1
+        assert gpu["power_w"] == pytest.approx(core.gpu.idle_power_w)

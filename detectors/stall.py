@@ -70,8 +70,8 @@ CAUSE = {
     "idle": "Its GPUs are idle: nothing was launched, so the host side is stuck (the scheduler, a Python "
     "deadlock, a blocking CPU-side call). A stack dump (py-spy dump --pid <engine pid>) shows where "
     "it waits.",
-    "mixed": "GPU(s) {busy} read busy while GPU(s) {idle} are idle: the busy ranks wait in a collective for the "
-    "idle ones. Look at the idle GPUs first: their rank's process, and Xid errors for them (dmesg).",
+    "mixed": "GPU(s) {busy} read busy while GPU(s) {idle} are idle: the busy ranks wait in a collective "
+    "for the idle ones. Look at the idle GPUs first: their rank's process, and Xid errors for them (dmesg).",
     "unknown": "A hung collective (NCCL; one tensor-parallel rank lost), a stuck kernel or a deadlocked "
     "scheduler. Take a stack dump (py-spy dump --pid <engine pid>) and check the kernel log for GPU Xid "
     "errors (dmesg).",

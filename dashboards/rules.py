@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from dashboards import inhibit
+
 RULES_FILE = Path(__file__).resolve().parent / "rules" / "servepilot.rules.yaml"
 OPERATOR_FILE = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / "prometheusrule.yaml"
 RUNBOOK = "https://github.com/servepilot/servepilot/blob/main/docs/alerts.md"
@@ -311,12 +313,19 @@ def render_operator(p: Profile = PRODUCTION) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write (or check) servepilot's Prometheus rules file.")
+    parser = argparse.ArgumentParser(
+        description="Write (or check) servepilot's Prometheus rules and Alertmanager inhibition rules."
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 if the committed file is stale")
     parser.add_argument("--output", type=Path, default=RULES_FILE)
     parser.add_argument("--operator-output", type=Path, default=OPERATOR_FILE)
     args = parser.parse_args(argv)
-    outputs = {args.output: render(), args.operator_output: render_operator()}
+    outputs = {
+        args.output: render(),
+        args.operator_output: render_operator(),
+        inhibit.FRAGMENT_FILE: inhibit.render_fragment(),
+        inhibit.OPERATOR_FILE: inhibit.render_operator(),
+    }
     if args.check:
         stale = [
             str(path)

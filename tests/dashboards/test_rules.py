@@ -79,3 +79,20 @@ def test_fast_profile_only_shortens_durations() -> None:
     fast = rules.alerts(rules.FAST)
     assert [a["alert"] for a in fast] == [a["alert"] for a in ALERTS]
     assert all(f["for"].endswith("s") for f in fast)
+
+
+def test_inhibition_names_only_alerts_we_define_and_mutes_none_of_the_causes() -> None:
+    """A renamed alert would silently stop muting (or being muted): each name must be one we define. The
+    alerts that may be the cause of an incident, or are about the sidecar itself, are never muted."""
+    from dashboards import inhibit
+
+    defined = {a["alert"] for a in ALERTS}
+    muted = {name for targets in inhibit.MUTES.values() for name, _ in targets}
+    assert set(inhibit.MUTES) <= defined and muted <= defined, (set(inhibit.MUTES) | muted) - defined
+    never = {"ServepilotAgentDown", "ServepilotEngineDown", "ServepilotMemoryLeak", "ServepilotFragmentation"}
+    assert not muted & never
+    resource = yaml.safe_load(inhibit.OPERATOR_FILE.read_text(encoding="utf-8"))
+    assert resource["kind"] == "AlertmanagerConfig"
+    assert len(resource["spec"]["inhibitRules"]) == len(inhibit.inhibit_rules())
+    fragment = yaml.safe_load(inhibit.FRAGMENT_FILE.read_text(encoding="utf-8"))
+    assert fragment == {"inhibit_rules": inhibit.inhibit_rules()}

@@ -25,17 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shutil
-import signal
-import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -48,10 +43,11 @@ from agent.sidecar import Sidecar
 from agent.webhooks.dispatcher import WebhookDispatcher
 from agent.webhooks.receiver import build_receiver_app
 from agent.webhooks.signing import decode_secret
-from dashboards import generate, queries, rules, series
+from dashboards import generate, inhibit, queries, rules, series
 from simulator.engine import make_core
 from simulator.server import SimServer
 from tests.dashboards.forecast_seed import minute_rates, write_forecast_state
+from tests.e2e.processes import binaries, process, until
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "whsec_c2VydmVwaWxvdC1lMmUtc2VjcmV0LWtleS0zMmJ5dGVzIQ=="
@@ -59,50 +55,6 @@ RATE_WINDOW = "15s"
 #: Queries allowed to be empty, beyond those naming planned series: (substring, why). None today: the
 #: demo drives knobs, raises a finding and restores forecasts (see the module docstring).
 QUIET: dict[str, str] = {}
-
-
-def _binaries() -> tuple[str, str]:
-    prom, am = (
-        shutil.which("prometheus"),
-        shutil.which("prometheus-alertmanager") or shutil.which("alertmanager"),
-    )
-    if prom is None or am is None:
-        message = (
-            "prometheus / prometheus-alertmanager not installed "
-            "(apt-get install -y prometheus prometheus-alertmanager)"
-        )
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return prom, am
-
-
-async def _until(check: Callable[[], Awaitable[Any]], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        with contextlib.suppress(aiohttp.ClientError, OSError, KeyError, IndexError):
-            last = await check()
-            if last:
-                return last
-        await asyncio.sleep(0.5)  # polling real processes; the test's own logic never sleeps on time
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what} (last: {last!r})")
-
-
-@contextlib.contextmanager
-def _process(cmd: list[str], log: Path) -> Any:
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 @contextlib.asynccontextmanager
@@ -153,6 +105,7 @@ def _alertmanager_config(tmp: Path, receiver_port: int) -> Path:
                 "webhook_configs": [{"url": f"http://127.0.0.1:{receiver_port}/am", "send_resolved": True}],
             }
         ],
+        "inhibit_rules": inhibit.inhibit_rules(),  # what we ship: it must load in the real Alertmanager
     }
     path = tmp / "alertmanager.yml"
     path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
@@ -236,7 +189,7 @@ async def _dashboard_results(
 async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertmanager(
     tmp_path: Path,
 ) -> None:
-    prom_bin, am_bin = _binaries()
+    prom_bin, am_bin = binaries()
     agent_port, engine_port, prom_port, am_port, am_hook_port, hook_port, gate_port = (
         _free_port() for _ in range(7)
     )
@@ -285,8 +238,8 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
     prom_url, am_url = f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{am_port}"
     try:
         with (
-            _process(prom_args, tmp_path / "prometheus.log"),
-            _process(am_args, tmp_path / "alertmanager.log"),
+            process(prom_args, tmp_path / "prometheus.log"),
+            process(am_args, tmp_path / "alertmanager.log"),
         ):
             async with _site(am_app, am_hook_port), aiohttp.ClientSession() as http:
 
@@ -299,9 +252,9 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
                 # -- 1. every dashboard query returns data ------------------------------------------
                 # The load starts once Prometheus has the knobs' starting values: the auto policy raises
                 # the gate's limit within seconds of the first queue, and Prometheus must see the change.
-                await _until(lambda: instant("servepilot_knob_value"), 30, "knob values in Prometheus")
+                await until(lambda: instant("servepilot_knob_value"), 30, "knob values in Prometheus")
                 load = asyncio.create_task(gen.run(stop_load))
-                await _until(
+                await until(
                     lambda: instant("rate(vllm:generation_tokens_total[15s]) > 0"), 60, "tokens in Prometheus"
                 )
                 # Fragmentation in the engine's allocator: the detector raises a finding.
@@ -309,20 +262,20 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
                     f"http://127.0.0.1:{engine_port}/sim/faults", json={"fragmentation_ratio": 0.5}
                 ) as r:
                     assert r.status == 200
-                await _until(
+                await until(
                     lambda: instant("namespace_pod:servepilot_energy_joules_per_token:ratio_rate5m"),
                     30,
                     "energy per token",
                 )
-                await _until(lambda: instant("servepilot_finding_score"), 30, "a finding")
-                await _until(lambda: instant("increase(servepilot_actions_total[2m]) > 0"), 30, "actions")
-                await _until(lambda: instant("changes(servepilot_knob_value[2m]) > 0"), 30, "a knob change")
+                await until(lambda: instant("servepilot_finding_score"), 30, "a finding")
+                await until(lambda: instant("increase(servepilot_actions_total[2m]) > 0"), 30, "actions")
+                await until(lambda: instant("changes(servepilot_knob_value[2m]) > 0"), 30, "a knob change")
                 # An operator raises the default line's rate: a reload applies it without a restart.
                 edited = yaml.safe_load((tmp_path / "servepilot.yaml").read_text(encoding="utf-8"))
                 edited["gate"]["default_requests_per_min"] = 2e6
                 (tmp_path / "servepilot.yaml").write_text(yaml.safe_dump(edited), encoding="utf-8")
                 assert sidecar.reload("e2e").result == "applied"
-                await _until(
+                await until(
                     lambda: instant('increase(servepilot_config_reloads_total{result="applied"}[2m]) > 0'),
                     30,
                     "a config reload",
@@ -337,7 +290,7 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
                     f"http://127.0.0.1:{engine_port}/sim/faults", json={"metrics_delay_s": 5}
                 ) as r:
                     assert r.status == 200
-                await _until(
+                await until(
                     lambda: instant('ALERTS{alertname="ServepilotEngineDown", alertstate="firing"}'),
                     30,
                     "alert firing",
@@ -348,8 +301,8 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
                         alerts = await r.json()
                     return any(a["labels"].get("alertname") == "ServepilotEngineDown" for a in alerts)
 
-                await _until(in_alertmanager, 20, "alert in Alertmanager")
-                delivered = await _until(
+                await until(in_alertmanager, 20, "alert in Alertmanager")
+                delivered = await until(
                     lambda: asyncio.sleep(
                         0,
                         [
@@ -366,7 +319,7 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
                 assert delivered[0]["labels"]["pod"] == "demo-0"
 
                 # -- 3. the agent's own signed webhook survives a receiver outage -------------------
-                await _until(
+                await until(
                     lambda: asyncio.sleep(
                         0,
                         hooks.outbox.pending("generic") > 0
@@ -378,7 +331,7 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
                     20,
                     "queued agent webhook for the engine outage",
                 )
-                await _until(
+                await until(
                     lambda: asyncio.sleep(
                         0, hooks.metrics.deliveries.labels("generic", "retry")._value.get() >= 2
                     ),
@@ -396,7 +349,7 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
                     ]
 
                 async with _site(hook_app, hook_port):
-                    firing = await _until(
+                    firing = await until(
                         lambda: asyncio.sleep(0, source_down("firing")), 20, "agent webhook after the outage"
                     )
                     alert = next(
@@ -407,7 +360,7 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
                         f"http://127.0.0.1:{engine_port}/sim/faults", json={"metrics_delay_s": 0}
                     ) as r:
                         assert r.status == 200
-                    await _until(lambda: asyncio.sleep(0, source_down("resolved")), 30, "resolution webhook")
+                    await until(lambda: asyncio.sleep(0, source_down("resolved")), 30, "resolution webhook")
                 assert hook_log.rejected == []
                 assert hook_log.messages.index(source_down("firing")[0]) < hook_log.messages.index(
                     source_down("resolved")[0]

@@ -1,0 +1,105 @@
+"""The shipped inhibition rules (dashboards/inhibit.py) in a real Alertmanager: alerts posted to its API
+as Prometheus would send them, then read back with what mutes each.
+
+A hung engine in pod llm-0 fires its stall alert, its TTFT burn alerts, its breaker level and its gate's
+``primary`` upstream out; pod llm-1 burns its budget for its own reason. Only llm-0's consequences are
+muted, and the stall alert, another upstream out and llm-1's burn stay visible.
+"""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from agent.engines.launcher import free_port
+from dashboards import inhibit
+from tests.e2e.processes import binaries, process, until
+
+MUTED = {
+    ("ServepilotTTFTBudgetBurnFast", "llm-0", ""),
+    ("ServepilotTTFTBudgetBurnSlow", "llm-0", ""),
+    ("ServepilotBreakerDegraded", "llm-0", ""),
+    ("ServepilotGateUpstreamOut", "llm-0", "primary"),
+    ("ServepilotTTFTBudgetBurnSlow", "llm-1", ""),  # its own fast burn pages instead
+}
+"""What the rules must mute: everything else posted stays visible (the stall alert itself, the fp8
+upstream out, the memory leak, llm-1's fast burn)."""
+
+
+def _alert(name: str, pod: str, **labels: str) -> dict[str, Any]:
+    now = datetime.datetime.now(datetime.UTC)
+    return {
+        "labels": {"alertname": name, "namespace": "ml", "pod": pod, "severity": "warning", **labels},
+        "annotations": {"summary": name},
+        "startsAt": now.isoformat(),
+        "endsAt": (now + datetime.timedelta(minutes=10)).isoformat(),
+    }
+
+
+async def test_a_hung_engine_pages_once_and_the_rest_of_its_pod_is_muted(tmp_path: Path) -> None:
+    _, am_bin = binaries()
+    cfg = {
+        "route": {"receiver": "null", "group_wait": "1s"},
+        "receivers": [{"name": "null"}],
+        "inhibit_rules": inhibit.inhibit_rules(),
+    }
+    config_path = tmp_path / "alertmanager.yml"
+    config_path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    amtool = Path(am_bin).with_name("amtool")  # Debian's prometheus-alertmanager ships it beside
+    check = subprocess.run([str(amtool), "check-config", str(config_path)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    port = free_port()
+    args = [
+        am_bin,
+        f"--config.file={config_path}",
+        f"--storage.path={tmp_path / 'am'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--cluster.listen-address=",
+    ]
+    url = f"http://127.0.0.1:{port}/api/v2/alerts"
+    hung = [
+        _alert("ServepilotEngineStalled", "llm-0", severity="critical"),
+        _alert("ServepilotTTFTBudgetBurnFast", "llm-0", severity="critical"),
+        _alert("ServepilotTTFTBudgetBurnSlow", "llm-0"),
+        _alert("ServepilotBreakerDegraded", "llm-0"),
+        _alert("ServepilotGateUpstreamOut", "llm-0", upstream="primary"),
+        _alert("ServepilotGateUpstreamOut", "llm-0", upstream="fp8"),
+        _alert("ServepilotMemoryLeak", "llm-0", signal="engine.gpu_memory"),
+    ]
+    other = [
+        _alert("ServepilotTTFTBudgetBurnFast", "llm-1", severity="critical"),
+        _alert("ServepilotTTFTBudgetBurnSlow", "llm-1"),
+    ]
+    with process(args, tmp_path / "alertmanager.log"):
+        async with aiohttp.ClientSession() as http:
+
+            async def post() -> bool:
+                async with http.post(url, json=hung + other) as response:
+                    return response.status == 200
+
+            await until(post, 20, "Alertmanager to take the alerts")
+
+            seen: dict[tuple[str, str, str], list[str]] = {}
+
+            async def muted_as_expected() -> bool:
+                """Inhibition is worked out apart from the API: read until the muted set is the expected one
+                (``seen`` holds the last read, for the failure message)."""
+                async with http.get(url) as response:
+                    alerts = await response.json()
+                seen.clear()
+                for a in alerts:
+                    labels = a["labels"]
+                    seen[labels["alertname"], labels["pod"], labels.get("upstream", "")] = a["status"][
+                        "inhibitedBy"
+                    ]
+                return len(seen) == len(hung + other) and {key for key, by in seen.items() if by} == MUTED
+
+            try:
+                await until(muted_as_expected, 20, "the expected alerts muted")
+            except AssertionError as error:
+                raise AssertionError(f"{error}; last read: {seen}") from None

@@ -604,18 +604,18 @@ class Gate:
                             finally:
                                 del self._sending[key]
                 except (aiohttp.ClientConnectionError, TimeoutError, OSError) as error:
-                    if record is not None and record.abandoned:  # taken back (stalled_upstreams)
-                        stalled.append(self._resent(upstream.name, record))
-                        candidates = self._others(tried)
+                    if record is None or not record.abandoned:  # not taken back: the upstream failed
+                        self.pool.mark(upstream.name, False, self.clock(), f"{type(error).__name__}: {error}")
+                        errors.append(f"{upstream.name}: {type(error).__name__}")
                         continue
-                    self.pool.mark(upstream.name, False, self.clock(), f"{type(error).__name__}: {error}")
-                    errors.append(f"{upstream.name}: {type(error).__name__}")
-                    continue
-                if record is not None and record.abandoned:  # taken back as its headers came in
-                    up.close()
+                    up = None
+                if record is not None and record.abandoned:  # taken back before or as its headers came
+                    if up is not None:
+                        up.close()
                     stalled.append(self._resent(upstream.name, record))
                     candidates = self._others(tried)
                     continue
+                assert up is not None
                 if record is not None:
                     record.upstream = upstream.name
                 try:

@@ -18,12 +18,21 @@ waits for ``gate.read_timeout_s``. :class:`StallEjector` judges an upstream by w
   outlier detection does, it stays out for ``after_s`` times the number of consecutive ejections (at most
   ``max_out_s``) after it holds no more streams, then returns on probation: silent again, it is out again,
   for longer. Any byte from it, at any time, ends the ejection and resets the count.
+* **Blind spots.** Silence is heard by the gate, so it counts only while the gate runs. When the gate
+  itself goes unscheduled (its event loop blocked, or the whole node stalled), bytes the engine sent
+  wait unread, and an engine stalled with the node sends none: either looks like a hang when the gate
+  wakes. :class:`BlindWatch` notices such a stretch (``BLIND_AFTER_S`` or more) and every silence
+  restarts when it ends. Seen on a 2-core VM running vLLM's CPU backend: the whole machine stopped
+  scheduling for up to 5.9 s at a time (a separate process's 10 ms sleeps overslept as long), and each
+  time every stream went silent for as long, plus up to 2.8 s.
 
-Pure: the gate passes in what it holds and the time; the health loop acts on the verdicts.
+Pure but for :class:`BlindWatch`'s beat: the gate passes in what it holds and the time; the health loop
+acts on the verdicts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -32,6 +41,49 @@ PAUSE_SHARE = 0.25
 """A pause in an upstream's work (no stream held) shorter than this share of ``after_s`` does not end its
 silence. Clients that time out at once retry within a second or two: seen live, a health round landing in
 that gap reset a silence that had lasted 30 s."""
+
+
+BLIND_AFTER_S = 1.0
+"""The gate unscheduled this long or longer is blind: a blocked event loop or a stalled node, not a beat
+late. Far above a healthy loop's lag (milliseconds; 107 ms was the worst, a full garbage collection at
+256 streams, docs/gate.md) and far below any sane ``eject_stalled_s``."""
+
+BEAT_S = 0.1
+"""How often :meth:`BlindWatch.run` beats."""
+
+
+class BlindWatch:
+    """When the gate last woke from a blind spot, in the gate's clock.
+
+    The beat runs on the event loop's own clock (``loop.time()``), so a test that moves the gate's clock
+    by hand is not blind; the result is in the gate's clock, as the silences are. :meth:`awake_since`
+    also checks the beat, so the health round that runs first after a blind spot (before the beat) does
+    not judge across it."""
+
+    def __init__(
+        self, on_blind: Callable[[float], None] | None = None, after_s: float = BLIND_AFTER_S
+    ) -> None:
+        self.after_s = after_s
+        self._on_blind = on_blind
+        self._beat: float | None = None  # loop.time() of the last beat or check
+        self._awake_since = -math.inf
+
+    def awake_since(self, loop_now: float, clock_now: float) -> float:
+        """The gate-clock time silences may count from: the end of the last blind spot (``-inf``: none).
+        ``loop_now`` is ``loop.time()``, ``clock_now`` the gate's clock, both read now."""
+        if self._beat is not None and loop_now - self._beat >= self.after_s:
+            self._awake_since = clock_now
+            if self._on_blind is not None:
+                self._on_blind(loop_now - self._beat)
+        self._beat = loop_now
+        return self._awake_since
+
+    async def run(self, clock: Callable[[], float], beat_s: float = BEAT_S) -> None:
+        """Beat every ``beat_s`` until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            self.awake_since(loop.time(), clock())
+            await asyncio.sleep(beat_s)
 
 
 class UpstreamStalled(Exception):
@@ -72,9 +124,13 @@ class StallEjector:
         if at > self._heard.get(upstream, -math.inf):
             self._heard[upstream] = at
 
-    def verdicts(self, held: Iterable[tuple[str, float, float | None]], now: float) -> dict[str, str]:
+    def verdicts(
+        self, held: Iterable[tuple[str, float, float | None]], now: float, awake_since: float = -math.inf
+    ) -> dict[str, str]:
         """Upstreams to keep out now, with why. ``held``: one ``(upstream, sent_at, heard_at)`` per
-        streaming request held, ``heard_at`` its last byte (None before its first). Empty when off."""
+        streaming request held, ``heard_at`` its last byte (None before its first). ``awake_since``: the
+        end of the gate's last blind spot (:class:`BlindWatch`); no silence counts from before it.
+        Empty when off."""
         if self.after_s <= 0:
             self._silent_since.clear()
             self._idle_since.clear()
@@ -102,8 +158,8 @@ class StallEjector:
         out: dict[str, str] = {}
         for name, (count, heard, quiet) in streams.items():
             since = self._silent_since.get(name)
-            if since is None or heard > since:  # a new silence, or a byte ended the last one
-                since = self._silent_since[name] = max(heard, quiet)
+            if since is None or heard > since or awake_since > since:  # new, ended by a byte, or unseen
+                since = self._silent_since[name] = max(heard, quiet, awake_since)
             if now - since < self.after_s:
                 continue
             ejection = self._ejections.get(name)

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from agent.config import GateConfig
 from agent.gate.admission import AdmissionQueue, Priority, Ticket, TicketState
 from agent.gate.cache import Entry, Fill, ResponseCache, cache_key, response_identity
-from agent.gate.ejection import StallEjector, UpstreamStalled
+from agent.gate.ejection import BlindWatch, StallEjector, UpstreamStalled
 from agent.gate.isolation import IsolationLane
 from agent.gate.openai import (
     ADMITTED_PATHS,
@@ -171,6 +171,14 @@ class Gate:
             registry=registry,
         )
         self.ejector = StallEjector(cfg.eject_stalled_s, on_eject=self._count_ejection)
+        self._c_blind = Counter(
+            "servepilot_gate_blind_seconds",
+            "Seconds the gate went unscheduled, a second or more at a time (its event loop blocked, or the "
+            "node stalled). An upstream's silence across them is not taken as a hang.",
+            registry=registry,
+        )
+        self.blind = BlindWatch(on_blind=self._went_blind)
+        self._blind_task: asyncio.Task[None] | None = None
         self._c_resent = Counter(
             "servepilot_gate_resent_total",
             "Requests taken back from a hung upstream before any byte of their answer and sent to the next "
@@ -202,6 +210,14 @@ class Gate:
 
     def _count_ejection(self, name: str) -> None:
         self._c_ejected.labels(name).inc()
+
+    def _went_blind(self, seconds: float) -> None:
+        self._c_blind.inc(seconds)
+        log.warning(
+            "the gate was not scheduled for %.1f s (its event loop blocked, or the node stalled): upstream "
+            "silences count again from now",
+            seconds,
+        )
 
     def _late_at(self, name: str) -> float:
         return float(self.late_at_upstreams().get(name, 0))
@@ -237,6 +253,10 @@ class Gate:
             stalled=self.stalled_upstreams,
         )
         self._health_task = asyncio.create_task(checker, name="servepilot-gate-health")
+        # self.clock read at each beat: tests replace it after the start
+        self._blind_task = asyncio.create_task(
+            self.blind.run(lambda: self.clock()), name="servepilot-gate-blind"
+        )
         log.info(
             "gate on http://%s:%s -> %s", host or self.cfg.listen_host, self.port, dict(self.cfg.upstreams)
         )
@@ -265,6 +285,10 @@ class Gate:
     async def stop(self) -> None:
         """Drain (see :meth:`drain`), then close the upstream session and the cache; idempotent."""
         self._health_stop.set()
+        if self._blind_task is not None:
+            self._blind_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._blind_task
         if self._health_task is not None:
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 await asyncio.wait_for(self._health_task, timeout=2.0)
@@ -376,12 +400,13 @@ class Gate:
           long prompt keeps a healthy engine silent as long, but it does not stop a started stream,
           since engines interleave a prefill with the decode steps of the others (chunked prefill)."""
         now = self.clock()
+        awake = self.blind.awake_since(asyncio.get_running_loop().time(), now)  # no silence before it
         held = (
             (name, record.sent_at, record.heard_at)
             for name, record, streams in self._at_upstream.values()
             if streams
         )
-        verdicts = self.ejector.verdicts(held, now)
+        verdicts = self.ejector.verdicts(held, now, awake)
         for name in set(self._proven_hung) - set(verdicts):  # back in the split: a new hang needs new proof
             del self._proven_hung[name]
         hung = {name for name in verdicts if self.ejector.hung(name, now)}  # not merely held out
@@ -392,7 +417,7 @@ class Gate:
             up, heard = self._relaying.get(key), record.heard_at
             if name not in hung or up is None or heard is None or record.abandoned:
                 continue  # not a relayed stream, or one with no first byte yet, or ended already
-            if now - heard >= after:
+            if now - max(heard, awake) >= after:
                 record.abandoned = f"{name} stalled: no byte for {now - heard:.0f} s"
                 up.content.set_exception(UpstreamStalled(record.abandoned))
                 self._proven_hung.setdefault(name, now)
@@ -400,7 +425,7 @@ class Gate:
             proven = self._proven_hung.get(name)
             if proven is None or record.heard_at is not None or record.abandoned:
                 continue
-            if record.sent_at > proven and now - record.sent_at < after:
+            if record.sent_at > proven and now - max(record.sent_at, awake) < after:
                 # sent after the proof (the only upstream, tried anyway): it may have recovered, and this
                 # one may be a long prompt; it is judged as the upstream was, after eject_stalled_s
                 continue

@@ -3,7 +3,9 @@ brings it back (agent/gate/ejection.py). The gate around it is tested in test_pr
 
 from __future__ import annotations
 
-from agent.gate.ejection import StallEjector
+import math
+
+from agent.gate.ejection import BLIND_AFTER_S, BlindWatch, StallEjector
 
 
 def test_silence_is_judged_on_held_streams_and_ended_by_any_byte() -> None:
@@ -66,3 +68,29 @@ def test_a_short_pause_between_requests_does_not_end_the_silence_and_a_long_one_
     assert fresh.verdicts([], 46.0) == {}  # holding nothing for 15 s: that silence is over
     assert fresh.verdicts([("a", 50.0, None)], 100.0) == {}  # silent since 50 only
     assert "a" in fresh.verdicts([("a", 50.0, None)], 110.0)
+
+
+def test_no_silence_counts_from_before_the_gate_woke_from_a_blind_spot() -> None:
+    """Silent 59 s, then the gate itself was unscheduled and woke at 1059: the last 59 s are not the
+    upstream's for sure (bytes may wait unread, or the engine stalled with the node), so it restarts."""
+    ejector = StallEjector(60.0)
+    assert ejector.verdicts([("a", 1000.0, None)], 1059.0) == {}
+    assert ejector.verdicts([("a", 1000.0, None)], 1060.0, awake_since=1059.0) == {}
+    assert ejector.verdicts([("a", 1000.0, None)], 1118.0, awake_since=1059.0) == {}
+    verdict = ejector.verdicts([("a", 1000.0, None)], 1119.0, awake_since=1059.0)
+    assert verdict == {"a": "stalled: 1 streaming request(s) held, no byte from it for 60 s"}
+    fresh = StallEjector(60.0)  # a blind spot before the silence began changes nothing
+    assert "a" in fresh.verdicts([("a", 1000.0, 1001.0)], 1061.0, awake_since=500.0)
+
+
+def test_the_blind_watch_reports_a_gap_in_its_beat_in_the_gates_clock() -> None:
+    """Beats on the loop's clock; what it returns is in the gate's clock, which a test may move by hand
+    without the gate going blind."""
+    blind: list[float] = []
+    watch = BlindWatch(on_blind=blind.append)
+    assert watch.awake_since(10.0, 500.0) == -math.inf  # the first beat
+    assert watch.awake_since(10.1, 900.0) == -math.inf  # the gate's clock jumped; the loop's did not
+    assert watch.awake_since(10.1 + BLIND_AFTER_S - 0.01, 901.0) == -math.inf  # late, not blind
+    assert watch.awake_since(15.0, 906.0) == 906.0  # 3.9 s unscheduled
+    assert watch.awake_since(15.1, 906.1) == 906.0
+    assert len(blind) == 1 and math.isclose(blind[0], 15.0 - (10.1 + BLIND_AFTER_S - 0.01))

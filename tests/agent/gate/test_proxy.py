@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -688,6 +689,41 @@ async def test_the_silence_of_a_hung_upstream_outlasts_clients_that_give_up_and_
         assert [s.value for m in ejected for s in m.samples if s.name.endswith("_total")] == [1.0]
     finally:
         upstream.release.set()
+        await gate.stop()
+
+
+async def test_silence_across_the_gates_own_blind_spot_is_not_a_hang(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """When the gate is not scheduled (its event loop blocked here; on a stalled node the engine stops
+    too), the engine's bytes wait unread and its silence is the gate's: seen on a 2-core VM under vLLM's
+    CPU backend, stalls of up to 5.9 s made a 3 s ``eject_stalled_s`` cut healthy streams. The silence
+    restarts when the gate wakes; a real hang is still found ``eject_stalled_s`` later."""
+    from agent.gate.ejection import BLIND_AFTER_S
+
+    now = [100.0]
+    gate = await _gate({"primary": upstream.url})
+    gate.clock = lambda: now[0]
+    try:
+        upstream.chunked = True  # the first token comes, then nothing
+        resp = await _post(client, gate, _body(stream=True))
+        assert b"t0" in await asyncio.wait_for(resp.content.readuntil(b"\n\n"), TIMEOUT)
+        now[0] = 159.0
+        assert gate.stalled_upstreams() == {}
+        time.sleep(BLIND_AFTER_S + 0.2)  # the event loop blocked: the gate hears nothing
+        now[0] = 160.0  # 60 s since the last byte, the last second of it unheard
+        assert gate.stalled_upstreams() == {}
+        assert gate._c_blind._value.get() >= BLIND_AFTER_S  # servepilot_gate_blind_seconds_total
+        now[0] = 219.0
+        assert gate.stalled_upstreams() == {}
+        now[0] = 220.0  # 60 s heard since the gate woke
+        assert gate.stalled_upstreams() == {
+            "primary": "stalled: 1 streaming request(s) held, no byte from it for 60 s"
+        }
+        tail = await asyncio.wait_for(resp.read(), TIMEOUT)
+        assert b"upstream primary stalled: no byte for 120 s" in tail  # cut once 60 s were heard
+    finally:
+        upstream.next_chunk.release()
         await gate.stop()
 
 

@@ -211,6 +211,9 @@ class Gate:
     def _count_ejection(self, name: str) -> None:
         self._c_ejected.labels(name).inc()
 
+    def _awake_since(self) -> float:
+        return self.blind.awake_since(asyncio.get_running_loop().time(), self.clock())
+
     def _went_blind(self, seconds: float) -> None:
         self._c_blind.inc(seconds)
         log.warning(
@@ -251,6 +254,7 @@ class Gate:
             self.clock,
             self._health_stop,
             stalled=self.stalled_upstreams,
+            awake_since=self._awake_since,
         )
         self._health_task = asyncio.create_task(checker, name="servepilot-gate-health")
         # self.clock read at each beat: tests replace it after the start
@@ -400,7 +404,7 @@ class Gate:
           long prompt keeps a healthy engine silent as long, but it does not stop a started stream,
           since engines interleave a prefill with the decode steps of the others (chunked prefill)."""
         now = self.clock()
-        awake = self.blind.awake_since(asyncio.get_running_loop().time(), now)  # no silence before it
+        awake = self._awake_since()  # no silence counts from before it
         held = (
             (name, record.sent_at, record.heard_at)
             for name, record, streams in self._at_upstream.values()

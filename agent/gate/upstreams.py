@@ -127,14 +127,21 @@ async def health_loop(
     stop: asyncio.Event,
     timeout_s: float = 2.0,
     stalled: Callable[[], Mapping[str, str]] | None = None,
+    awake_since: Callable[[], float] | None = None,
 ) -> None:
     """Probe every upstream's ``path`` each ``interval_s`` until ``stop`` is set; 2xx means healthy.
 
     ``stalled`` names the upstreams to keep down this round, with why: a hung engine's health endpoint
-    still answers 2xx, so probing it would bring it back into the split."""
+    still answers 2xx, so probing it would bring it back into the split. ``awake_since`` gives when the
+    gate last woke from a blind spot (agent/gate/ejection.py, :class:`BlindWatch`): a probe that failed
+    across one marks nothing, as its timeout ran while the gate could not read the answer."""
 
     async def probe(up: Upstream) -> None:
+        started = clock()
         ok, problem = await probe_health(session, up.url + path, timeout_s)
+        if not ok and awake_since is not None and awake_since() > started:
+            log.info("health check of upstream %s failed across the gate's blind spot: ignored", up.name)
+            return
         pool.mark(up.name, ok, clock(), problem)
 
     while not stop.is_set():

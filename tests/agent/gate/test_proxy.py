@@ -33,6 +33,7 @@ class Upstream:
         self.next_chunk = asyncio.Semaphore(0)
         self.chunked = False
         self.headers_early = False  # streams: the headers before the wait for ``release`` (as vLLM does)
+        self.health_block_s = 0.0  # the next health check blocks the event loop this long
         self.running = 0
         self.peak = 0
         self.seen = 0
@@ -72,11 +73,17 @@ class Upstream:
     async def models(self, _: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "m"}]})
 
+    async def health(self, request: web.Request) -> web.Response:
+        if self.health_block_s:
+            time.sleep(self.health_block_s)  # the whole process stops, the gate with it
+            self.health_block_s = 0.0
+        return await self.models(request)
+
     async def start(self) -> str:
         app = web.Application()
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/health", self.models)
+        app.router.add_get("/health", self.health)
         self.runner = web.AppRunner(app, handler_cancellation=True)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -724,6 +731,33 @@ async def test_silence_across_the_gates_own_blind_spot_is_not_a_hang(
         assert b"upstream primary stalled: no byte for 120 s" in tail  # cut once 60 s were heard
     finally:
         upstream.next_chunk.release()
+        await gate.stop()
+
+
+async def test_a_health_check_that_timed_out_across_the_gates_blind_spot_marks_nothing(
+    upstream: Upstream,
+) -> None:
+    """A probe's 2 s timeout that runs out while the gate is not scheduled says nothing of the upstream:
+    its answer may be waiting unread. Before, it marked the upstream down until the next round, and its
+    traffic went to the others."""
+    gate = await _gate({"primary": upstream.url}, health_interval_s=0.1)
+    marks: list[tuple[str, bool]] = []
+    mark = gate.pool.mark
+
+    def recorded(name: str, healthy: bool, now: float, error: str = "") -> bool:
+        marks.append((name, healthy))
+        return mark(name, healthy, now, error)
+
+    gate.pool.mark = recorded  # type: ignore[method-assign]
+    try:
+        await asyncio.wait_for(_until(lambda: len(marks) >= 2), TIMEOUT)
+        upstream.health_block_s = 2.5  # past the probe's 2 s timeout
+        await asyncio.wait_for(_until(lambda: upstream.health_block_s == 0.0), TIMEOUT)
+        seen = len(marks)
+        await asyncio.wait_for(_until(lambda: len(marks) >= seen + 2), TIMEOUT)  # rounds after it
+        assert all(healthy for _, healthy in marks), marks
+        assert gate._c_blind._value.get() >= 2.0
+    finally:
         await gate.stop()
 
 

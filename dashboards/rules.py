@@ -172,6 +172,16 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
             "no new request, so a canary or breaker level that relies on it is not served as set.",
         ),
         _alert(
+            "ServepilotGateStarved",
+            f"sum by ({BY}) (increase(servepilot_gate_blind_seconds_total[{p.w('30m')}])) > 20",
+            p.for_(300),
+            "warning",
+            "the gate in {{ $labels.pod }} went unscheduled {{ $value | humanize }} s in 30 minutes",
+            "The gate in front of the engine stopped, a second or more at a time, for over 20 s in 30 "
+            "minutes: its event loop blocked, or its container or node was starved of CPU. Every request "
+            "through it paused as long, and its hang detection waits until it wakes.",
+        ),
+        _alert(
             "ServepilotTTFTBudgetBurnFast",
             f"namespace_pod:engine_ttft_slo_miss:ratio_rate1h > {fast:g}\n"
             f"and namespace_pod:engine_ttft_slo_miss:ratio_rate5m > {fast:g}",

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from agent.canary_live import LiveCanary
     from agent.forecasting import LiveForecaster
     from agent.reload import Reloader, ReloadResult
+    from agent.state import AgentState
     from agent.webhooks import WebhookDispatcher
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,21 @@ def _without_pinned_partners(proposals: Sequence[Proposal], pins: Mapping[str, A
     return [p for p in proposals if p.knob not in held]
 
 
+def engine_upstream(cfg: Config) -> str | None:
+    """The gate upstream that is this pod's engine (its URL is ``engine.url``), or None: where the
+    ``engine_stall`` detector's finding applies (:meth:`agent.gate.proxy.Gate.set_engine_stalled`)."""
+    from yarl import URL
+
+    if not cfg.gate.enabled:
+        return None
+    engine = URL(cfg.engine.url)
+    for name, url in cfg.gate.upstreams.items():
+        upstream = URL(url)
+        if (upstream.scheme, upstream.host, upstream.port) == (engine.scheme, engine.host, engine.port):
+            return name
+    return None
+
+
 def normal_route(cfg: Config) -> str:
     """Where the breaker routes at L0 and L1: the one upstream the configured split sends everything to,
     or ``default`` (the configured split itself) when it spreads traffic over several."""
@@ -242,6 +258,7 @@ class Sidecar:
         self.evidence = LeakEvidence()
         self._evidence_task: asyncio.Task[None] | None = None
         self.loop.subscribe(self._refits.release)
+        self.loop.subscribe(self._tell_gate_of_a_stall)
         self.loop.subscribe(self.exporter.publish)
         if self.forecaster is not None:
             self.loop.subscribe(self.forecaster.on_state)
@@ -488,6 +505,15 @@ class Sidecar:
             signal,
             p.sleep_below_rps,
         )
+
+    def _tell_gate_of_a_stall(self, state: AgentState) -> None:
+        """The engine_stall finding, or its end, to the gate's upstream that is this engine: a hang the
+        gate cannot see when the engine holds no stream (non-streamed requests, prompts only)."""
+        gate, upstream = self.knobs.gate, engine_upstream(self.cfg)
+        if gate is None or upstream is None or upstream not in gate.pool.upstreams:
+            return
+        stall = next((f for f in state.findings if f.detector == "engine_stall"), None)
+        gate.set_engine_stalled(upstream, stall.summary if stall is not None else None)
 
     async def _leak_evidence(self, findings: tuple[Finding, ...], snapshot: Snapshot) -> tuple[Finding, ...]:
         """When the leak detector fires, ask the probe (in the background) to record allocator history."""

@@ -168,8 +168,9 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
             "gate upstream {{ $labels.upstream }} in {{ $labels.pod }} is out of the split",
             "The gate has had upstream {{ $labels.upstream }} marked down for 5 minutes: its health check "
             "fails, or it holds streams that get no byte while its health check passes (a hung engine, "
-            "counted in servepilot_gate_upstream_ejections_total). While another upstream is healthy it gets "
-            "no new request, so a canary or breaker level that relies on it is not served as set.",
+            "counted in servepilot_gate_upstream_ejections_total), or the sidecar finds its engine stalled. "
+            "While another upstream is healthy it gets no new request, so a canary or breaker level that "
+            "relies on it is not served as set.",
         ),
         _alert(
             "ServepilotGateStarved",

@@ -141,6 +141,8 @@ class Gate:
         self._sending: dict[int, asyncio.Timeout] = {}
         #: upstreams out of the split whose hang a started stream proved, and when (:meth:`stalled_upstreams`)
         self._proven_hung: dict[str, float] = {}
+        #: upstreams the engine_stall detector finds hung, and its summary (:meth:`set_engine_stalled`)
+        self._engine_stalled: dict[str, str] = {}
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None  # opened on the first stale-connection retry
         self._runner: web.AppRunner | None = None
@@ -389,6 +391,23 @@ class Gate:
                 late[name] = late.get(name, 0) + 1
         return late
 
+    def set_engine_stalled(self, upstream: str, why: str | None) -> None:
+        """What the sidecar's ``engine_stall`` detector says of the engine behind ``upstream`` (this pod's
+        own): ``why``, its summary, while it finds the engine hung; None once it does not.
+
+        Its finding is proof of a hang that needs no stream: the engine holds requests and no token,
+        step or engine gauge has moved for 60 s while its HTTP server answers. The gate's own proof is a
+        frozen stream, so an engine hung while holding only non-streamed requests, or only prompts, was
+        left in the split and each of its requests waited ``read_timeout_s``. While the finding stands,
+        the upstream is out of the split (``eject_stalled_s`` > 0) and, with ``cut_stalled_streams``,
+        proven hung: see :meth:`stalled_upstreams`."""
+        if upstream not in self.pool.upstreams:
+            raise ValueError(f"unknown upstream {upstream!r}; known: {', '.join(self.pool.upstreams)}")
+        if why is None:
+            self._engine_stalled.pop(upstream, None)
+        else:
+            self._engine_stalled[upstream] = why
+
     def stalled_upstreams(self) -> dict[str, str]:
         """Upstreams to keep out of the split as hung, with why (agent/gate/ejection.py); the health loop
         asks every round. Empty when ``eject_stalled_s`` is 0.
@@ -402,7 +421,9 @@ class Gate:
           first token, a whole non-streamed answer) are sent again to a healthy upstream: their clients
           have had nothing yet, so they do not notice. Without that proof they are left alone: a very
           long prompt keeps a healthy engine silent as long, but it does not stop a started stream,
-          since engines interleave a prefill with the decode steps of the others (chunked prefill)."""
+          since engines interleave a prefill with the decode steps of the others (chunked prefill).
+          The sidecar's ``engine_stall`` finding on the upstream's engine is proof too
+          (:meth:`set_engine_stalled`)."""
         now = self.clock()
         awake = self._awake_since()  # no silence counts from before it
         held = (
@@ -411,11 +432,16 @@ class Gate:
             if streams
         )
         verdicts = self.ejector.verdicts(held, now, awake)
+        stalled = self._engine_stalled if self.ejector.after_s > 0 else {}
+        for name, why in stalled.items():
+            verdicts.setdefault(name, f"{why} (the sidecar's engine_stall detector)")
         for name in set(self._proven_hung) - set(verdicts):  # back in the split: a new hang needs new proof
             del self._proven_hung[name]
-        hung = {name for name in verdicts if self.ejector.hung(name, now)}  # not merely held out
+        hung = {name for name in verdicts if self.ejector.hung(name, now)} | set(stalled)  # not merely out
         if not self.cfg.cut_stalled_streams or not (hung or self._proven_hung):
             return verdicts
+        for name in stalled:  # the detector's finding is the proof
+            self._proven_hung.setdefault(name, now)
         after = self.ejector.after_s
         for key, (name, record, _) in list(self._at_upstream.items()):
             up, heard = self._relaying.get(key), record.heard_at

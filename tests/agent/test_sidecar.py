@@ -10,10 +10,11 @@ from typing import Any
 import aiohttp
 import pytest
 import trustme
+from aiohttp import web
 
 from agent import config
 from agent.engines.launcher import free_port as _free_port
-from agent.sidecar import Sidecar, breaker_levels, build_policies, normal_route
+from agent.sidecar import Sidecar, breaker_levels, build_policies, engine_upstream, normal_route
 from detectors.snapshot import Reading, Snapshot, SourceStatus
 from policies.base import Proposal
 
@@ -641,3 +642,82 @@ def test_an_outbox_that_cannot_be_opened_is_a_config_error_not_a_traceback(tmp_p
     )
     with pytest.raises(config.ConfigError, match=r"^webhooks\.queue_path cannot open webhook outbox"):
         Sidecar(cfg, collectors=[OneValue()])
+
+
+async def _app(completions: Any) -> tuple[web.AppRunner, str]:
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)  # the hung handlers are not waited for
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+async def test_the_engine_stall_finding_sends_what_the_hung_engine_holds_to_the_next_upstream(
+    tmp_path: Path,
+) -> None:
+    """The gate proves a hang by a frozen stream; an engine hung while it holds only non-streamed requests
+    gives it none. The sidecar's engine_stall detector (2 requests held, nothing moving for 60 s) tells
+    the gate upstream that is this engine (its URL is ``engine.url``), which sends them to ``small``."""
+
+    async def hangs(request: web.Request) -> web.Response:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def answers(request: web.Request) -> web.Response:
+        return web.json_response({"choices": [{"text": "from small"}]})
+
+    (hung, hung_url), (small, small_url) = await _app(hangs), await _app(answers)
+    cfg = config.build(
+        {
+            "agent": {"listen_port": _free_port(), "admin_listen_port": None},
+            "engine": {"url": hung_url + "/"},  # the same engine, written another way
+            "gate": {
+                "enabled": True,
+                "listen_port": _free_port(),
+                "upstreams": {"primary": hung_url, "small": small_url},
+                "split": {"primary": 1.0},
+                "health_interval_s": 0.1,
+            },
+            "audit": {"path": str(tmp_path / "audit.jsonl")},
+            "probe": {"enabled": False},
+            "forecast": {"enabled": False},
+        }
+    )
+    sidecar = Sidecar(cfg, collectors=[OneValue()])  # 2 requests running, no token ever
+    await sidecar.knobs.start()
+    gate = f"http://127.0.0.1:{cfg.gate.listen_port}/v1/completions"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+            body = {"model": "m", "prompt": "p", "max_tokens": 4}
+            held = [asyncio.create_task(http.post(gate, json=body)) for _ in range(2)]
+            for t in range(1, 60):
+                await sidecar.loop.tick(float(t))
+            await asyncio.sleep(0.3)  # health rounds: nothing streams, so nothing is judged
+            assert not any(task.done() for task in held)
+            state = await sidecar.loop.tick(62.0)
+            assert [f.detector for f in state.findings if f.detector == "engine_stall"] == ["engine_stall"]
+            for task in held:
+                resp = await asyncio.wait_for(task, 10)
+                assert resp.status == 200 and "from small" in await resp.text()
+            assert not sidecar.knobs.gate.pool.upstreams["primary"].healthy
+    finally:
+        await sidecar.stop()
+        await hung.cleanup()
+        await small.cleanup()
+
+
+def test_the_engine_upstream_is_the_one_whose_url_is_the_engines() -> None:
+    def cfg(engine: str, gate: dict[str, Any]) -> config.Config:
+        return config.build({"engine": {"url": engine}, "gate": gate})
+
+    upstreams = {"fp8": "http://127.0.0.1:8001", "primary": "http://127.0.0.1:8000/"}
+    assert (
+        engine_upstream(cfg("http://127.0.0.1:8000", {"enabled": True, "upstreams": upstreams})) == "primary"
+    )
+    assert engine_upstream(cfg("http://127.0.0.1:9000", {"enabled": True, "upstreams": upstreams})) is None
+    assert engine_upstream(cfg("http://127.0.0.1:8000", {"enabled": False, "upstreams": upstreams})) is None

@@ -905,6 +905,41 @@ async def test_without_a_frozen_stream_a_silent_upstream_keeps_the_requests_it_h
         await gate.stop()
 
 
+async def test_the_sidecars_stall_finding_proves_a_hang_that_holds_no_stream(
+    upstream: Upstream, spare: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """An engine hung while it holds only non-streamed requests gives the gate no frozen stream to prove
+    it (the test above), so they waited ``read_timeout_s``. The sidecar's ``engine_stall`` detector reads
+    the engine's own counters, not streams: while its finding stands, the upstream is out and what it
+    never answered goes to the next one; once it clears, the upstream is judged by its streams again."""
+    now = [100.0]
+    gate = await _gate({"primary": upstream.url, "small": spare.url}, split={"primary": 1.0})
+    gate.clock = lambda: now[0]
+    try:
+        upstream.release.clear()
+        upstream.headers_early = True
+        waiting = [asyncio.create_task(_post(client, gate, _body())) for _ in range(2)]
+        await asyncio.wait_for(_until(lambda: upstream.running == 2), TIMEOUT)
+        now[0] = 1000.0
+        assert gate.stalled_upstreams() == {}  # nothing streams: the gate alone sees no hang
+        why = "engine stalled: 2 request(s) held, no progress for 61s"
+        gate.set_engine_stalled("primary", why)
+        assert gate.stalled_upstreams() == {"primary": f"{why} (the sidecar's engine_stall detector)"}
+        for task in waiting:
+            resp = await asyncio.wait_for(task, TIMEOUT)
+            assert resp.status == 200 and b'"abc"' in await asyncio.wait_for(resp.read(), TIMEOUT)
+        assert spare.seen == 2 and upstream.seen == 2
+        await asyncio.wait_for(_until(lambda: upstream.running == 0), TIMEOUT)  # the engine's copies dropped
+        assert _totals(gate._c_resent, "upstream") == {"primary": 2.0, "small": 0.0}
+        gate.set_engine_stalled("primary", None)  # it moves again
+        assert gate.stalled_upstreams() == {}
+        with pytest.raises(ValueError, match="unknown upstream 'fp8'; known: primary, small"):
+            gate.set_engine_stalled("fp8", why)
+    finally:
+        upstream.release.set()
+        await gate.stop()
+
+
 async def test_a_stream_that_breaks_before_its_first_byte_is_a_502_not_an_empty_200(
     client: aiohttp.ClientSession,
 ) -> None:

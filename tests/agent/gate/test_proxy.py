@@ -877,19 +877,33 @@ async def test_requests_a_hung_upstream_never_answered_go_to_the_next_one_unnoti
         await gate.stop()
 
 
+async def _holding(
+    upstream: Upstream, spare: Upstream, client: aiohttp.ClientSession, streams: tuple[bool, ...]
+) -> tuple[Gate, list[float], list[asyncio.Task[aiohttp.ClientResponse]]]:
+    """A gate over ``primary`` (all the split) and ``small`` on a virtual clock (``now[0]``, at 100 s), with
+    ``primary`` holding one request per entry of ``streams`` (streamed or not), its headers sent and no
+    byte of an answer yet."""
+    now = [100.0]
+    gate = await _gate({"primary": upstream.url, "small": spare.url}, split={"primary": 1.0})
+    gate.clock = lambda: now[0]
+    upstream.release.clear()
+    upstream.headers_early = True
+    waiting = [asyncio.create_task(_post(client, gate, _body(stream=stream))) for stream in streams]
+    try:
+        await asyncio.wait_for(_until(lambda: upstream.running == len(streams)), TIMEOUT)
+    except BaseException:
+        await gate.stop()
+        raise
+    return gate, now, waiting
+
+
 async def test_without_a_frozen_stream_a_silent_upstream_keeps_the_requests_it_holds(
     upstream: Upstream, spare: Upstream, client: aiohttp.ClientSession
 ) -> None:
     """An upstream holding only requests with no byte yet may be busy with a very long prompt: it leaves
     the split (new requests go elsewhere), but what it holds is not taken back; it answers them."""
-    now = [100.0]
-    gate = await _gate({"primary": upstream.url, "small": spare.url}, split={"primary": 1.0})
-    gate.clock = lambda: now[0]
+    gate, now, waiting = await _holding(upstream, spare, client, streams=(True, False))
     try:
-        upstream.release.clear()
-        upstream.headers_early = True
-        waiting = [asyncio.create_task(_post(client, gate, _body(stream=s))) for s in (True, False)]
-        await asyncio.wait_for(_until(lambda: upstream.running == 2), TIMEOUT)
         now[0] = 1000.0
         assert set(gate.stalled_upstreams()) == {"primary"}
         assert set(gate.stalled_upstreams()) == {"primary"}
@@ -912,14 +926,8 @@ async def test_the_sidecars_stall_finding_proves_a_hang_that_holds_no_stream(
     it (the test above), so they waited ``read_timeout_s``. The sidecar's ``engine_stall`` detector reads
     the engine's own counters, not streams: while its finding stands, the upstream is out and what it
     never answered goes to the next one; once it clears, the upstream is judged by its streams again."""
-    now = [100.0]
-    gate = await _gate({"primary": upstream.url, "small": spare.url}, split={"primary": 1.0})
-    gate.clock = lambda: now[0]
+    gate, now, waiting = await _holding(upstream, spare, client, streams=(False, False))
     try:
-        upstream.release.clear()
-        upstream.headers_early = True
-        waiting = [asyncio.create_task(_post(client, gate, _body())) for _ in range(2)]
-        await asyncio.wait_for(_until(lambda: upstream.running == 2), TIMEOUT)
         now[0] = 1000.0
         assert gate.stalled_upstreams() == {}  # nothing streams: the gate alone sees no hang
         why = "engine stalled: 2 request(s) held, no progress for 61s"

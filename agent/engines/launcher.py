@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -73,8 +74,34 @@ ENGINES: dict[str, EngineSpec] = {
 }
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS says is free now (port 0), so parallel runs do not collide."""
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+FREE_PORTS = range(20000, 32768)
+"""Where :func:`free_port` looks: below Linux's default ephemeral range (32768-60999)."""
+
+
+def free_port(host: str = "127.0.0.1", rng: random.Random | None = None) -> int:
+    """A port free now, for a server the caller starts next, outside the kernel's ephemeral range.
+
+    Port 0 hands out a port from the ephemeral range, where every outgoing connection also takes its
+    local port: one made between this call and the caller's bind (the sidecar's own clients, anything on
+    the machine) can take it, and the bind fails "address already in use" (seen in CI on
+    ``tests/agent/test_sidecar.py``). Ports outside that range are never taken that way; a random one,
+    checked by binding it as aiohttp does (``SO_REUSEADDR``), keeps parallel runs apart. Port 0 is the
+    fallback when no such port is free or the range cannot be read."""
+    rng = rng or random.Random()
+    try:
+        low, high = (int(part) for part in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    ports = [p for p in (rng.choice(FREE_PORTS) for _ in range(64)) if not low <= p <= high]
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

@@ -58,3 +58,19 @@ def test_vllm_runs_the_api_server_module_offline_in_dev_mode() -> None:
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_SERVER_DEV_MODE"] == "1"
     _, plain = command(ENGINES["vllm"], Path("/m"), 8124, LaunchOptions(dev_mode=False))
     assert "VLLM_SERVER_DEV_MODE" not in plain
+
+
+def test_a_free_port_is_outside_the_ephemeral_range_and_skips_one_in_use() -> None:
+    """Port 0's ports are the ones outgoing connections take too; one taken between the pick and the
+    server's bind failed a CI run with "address already in use"."""
+    import random
+    import socket
+
+    low, high = (int(part) for part in launcher.EPHEMERAL_RANGE_FILE.read_text().split())
+    ports = [launcher.free_port() for _ in range(20)]
+    assert all(port in launcher.FREE_PORTS and not low <= port <= high for port in ports), ports
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", launcher.free_port(rng=random.Random(7))))
+        taken.listen()
+        # the same draws: the first is the port now listened on, so another is returned
+        assert launcher.free_port(rng=random.Random(7)) != taken.getsockname()[1]

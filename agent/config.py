@@ -244,7 +244,8 @@ class GateConfig(_Section):
         ge=0,
         le=86400,
         description=(
-            "an upstream holding streams that sends nothing this long leaves the split (docs/gate.md); 0: off"
+            "an upstream holding streams that sends nothing this long leaves the split, as does this pod's "
+            "engine while the engine_stall detector finds it hung (docs/gate.md); 0: off"
         ),
     )
     cut_stalled_streams: bool = Field(

@@ -9,7 +9,8 @@ wins and lower ones are recorded as overruled. The winner then passes, in order:
 3. **max step**: the move is cut to ``max_step`` (relative) of the current value;
 4. **rate of change and cooldown**: no change within ``cooldown_s`` of the previous one, unless the
    winner is the breaker (safety overrides comfort);
-5. **clamp again** at the end, every time.
+5. **clamp again** at the end, every time: a value in force outside the bounds (a config reload
+   narrowed them) reaches the nearest bound in one move, whatever the step limit.
 
 Categorical knobs (``route.upstream``) skip 2-3. Every decision carries the reason chain, so an operator
 can read why a value was chosen or refused. Pure: ``decide(proposals, actual, state, now)``.
@@ -176,7 +177,10 @@ class Arbiter:
                 step = rule.max_step * max(abs(base), 1.0)
                 if abs(target - base) > step:
                     target = base + step if target > base else base - step
-                    reason += f"; step limited to {rule.max_step:.0%}"
+                    if rule.lower <= target <= rule.upper:
+                        reason += f"; step limited to {rule.max_step:.0%}"
+                    else:  # the value in force lies outside the bounds (narrowed by a reload): they win
+                        reason += f"; outside [{rule.lower:g}, {rule.upper:g}]: to the nearest bound at once"
         target = clamp(target, rule.lower, rule.upper)
         value = round(target) if rule.integer else target  # an int: audited and advised as 4096, not 4096.0
         if current is not None and value == float(current):

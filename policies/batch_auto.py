@@ -15,6 +15,7 @@ differs is the target: not a learned no-load latency but the operator's SLO, wit
       g_itl > ai_margin and kv_usage < kv_target and no preemption this tick
                                  ->  L = max(L + max(1, sqrt(L)),        room to grow: additive increase,
                                              L * min(2, sqrt(g_itl / ai_margin)))   or faster far below target
+    L outside [lower, upper]     ->  L                                    brought back inside (below)
     otherwise                    ->  hold
     L = min(upper, max(lower, L))
 
@@ -134,6 +135,11 @@ class AutoBatch:
             # outgrows the additive step: the operating point is reached in a few ticks, not dozens
             new = max(limit + max(1.0, math.sqrt(limit)), limit * min(2.0, math.sqrt(g_itl / self.ai_margin)))
             why = f"{waiting:.0f} queued, ITL {itl or 0:.3f}s and KV {kv:.0%} leave room"
+        elif not self.lower <= limit <= self.upper:
+            # set outside the bounds (the gate's configured start, or bounds narrowed by a config reload):
+            # holding would keep it there for as long as no other branch fires
+            new = limit
+            why = f"limit {limit:g} outside the policy's bounds [{self.lower:g}, {self.upper:g}]"
         else:
             return AutoState(limit, rate, now), []
         new = min(self.upper, max(self.lower, new))

@@ -37,6 +37,19 @@ def test_step_is_limited_for_comfort_changes():
     assert d.value == 96
 
 
+ARBITER_NARROW = Arbiter({knobs.BATCH: KnobRule(8, 32, max_step=0.5, integer=True)})
+
+
+def test_a_value_in_force_outside_the_bounds_reaches_the_nearest_bound_in_one_move():
+    """Bounds narrowed by a config reload: the step limit would stop at 128, still outside [8, 32]."""
+    _, [down] = ARBITER_NARROW.decide([_p("auto", 16, "throughput")], {knobs.BATCH: 256}, None, 0)
+    assert down.value == 32 and down.reason.endswith("; outside [8, 32]: to the nearest bound at once")
+    _, [up] = ARBITER_NARROW.decide([_p("auto", 30, "throughput")], {knobs.BATCH: 4}, None, 0)
+    assert up.value == 8 and "step limited" not in up.reason
+    _, [inside] = ARBITER_NARROW.decide([_p("auto", 8, "throughput")], {knobs.BATCH: 30}, None, 0)
+    assert inside.value == 15 and inside.reason.endswith("; step limited to 50%")
+
+
 def test_change_within_hysteresis_is_dropped():
     assert ARBITER.decide([_p("auto", 66, "throughput")], {knobs.BATCH: 64}, None, 0)[1] == []
 

@@ -169,6 +169,21 @@ def test_clamps_to_upper_bound():
     assert proposals[0].value == 70
 
 
+def test_a_limit_outside_the_bounds_is_brought_back_where_it_would_otherwise_hold():
+    """The gate may start above ``upper`` (its own ``max_in_flight``), and a config reload may narrow the
+    bounds below the limit in force: an idle engine, where the controller holds, must not keep it there."""
+    policy = AutoBatch(10.0, 0.1, lower=8.0, upper=32.0, initial=16.0)
+    idle = {"engine__requests_running": 2, "engine__itl_seconds__mean": 0.01}
+    for limit, expected in ((64, 32), (4, 8)):
+        state, [proposal] = policy.decide(make_snapshot(gate__limit=limit, **idle), [], None, 0.0)
+        assert (proposal.value, state.limit) == (expected, expected)
+        assert f"limit {limit} outside the policy's bounds [8, 32]" == proposal.reason
+    assert policy.decide(make_snapshot(gate__limit=20, **idle), [], None, 0.0)[1] == []  # inside: holds
+    # without a gate the limit is the controller's own, carried in its state
+    _, [proposal] = policy.decide(make_snapshot(**idle), [], AutoState(limit=100.0), 0.0)
+    assert proposal.value == 32
+
+
 def test_rejects_a_zero_slo():
     with pytest.raises(ValueError, match="SLO"):
         AutoBatch(0.0, 0.1)

@@ -300,6 +300,10 @@ class Exporter:
             registry=self.registry,
         )
 
+    def set_slo(self, slo: Mapping[str, float]) -> None:
+        """The targets ``servepilot_slo_<name>_seconds`` export from the next scrape on (a config reload)."""
+        self.state_collector.slo = dict(slo)
+
     def publish(self, state: AgentState) -> None:
         self.state_collector.update(state)
         self.tick_duration.observe(state.stats.last_duration_s)

@@ -2,9 +2,11 @@
 own when the file changes (``agent.config_watch_s``).
 
 A restart is not free here: with the gate in the sidecar it takes the pod's data path down, and the
-detectors' baselines start over. What operators change while traffic runs is who may send how much:
-business lines and their rates, API keys. Those fields (:data:`HOT`) are applied in place; the gate's
-buckets keep their levels, so a reload hands no line a fresh burst.
+detectors' baselines start over. What operators change while traffic runs is who may send how much
+(business lines and their rates, API keys) and what the policies aim for (the latency SLO, the batch
+bounds, the peak schedule). Those fields (:data:`HOT`) are applied in place: the gate's buckets keep
+their levels, so a reload hands no line a fresh burst, and each policy keeps its state, so a controller
+carries on from the batch it stands at rather than from its start value.
 
 A reload is all or nothing, as Prometheus and Alertmanager do it: a file that does not validate, or
 that changes any other field (those need a restart), is refused with one line naming the field, and the
@@ -27,7 +29,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from agent.audit import Action, AuditLog
-from agent.config import Config, ConfigError, GateConfig, load
+from agent.config import Config, ConfigError, GateConfig, PolicyConfig, load
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,12 @@ HOT = (
     "gate.line_header",
     "gate.priority_header",
     "gate.max_body_bytes",
+    "policies.ttft_slo_s",
+    "policies.itl_slo_s",
+    "policies.batch_min",
+    "policies.batch_max",
+    "policies.initial_batch",  # where a controller starts: the running one carries on, held to its bounds
+    "policies.schedule",
 )
 #: Fields whose values are secrets: a change is reported by count, never by value.
 SECRET = ("gate.api_keys",)
@@ -70,6 +78,10 @@ def changed_fields(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
 
 def _under(path: str, prefixes: tuple[str, ...]) -> bool:
     return any(path == p or path.startswith(p + ".") for p in prefixes)
+
+
+def _touches(changes: Mapping[str, Any], section: str) -> bool:
+    return any(_under(path, (section,)) for path in changes)
 
 
 def needs_restart(changes: Mapping[str, Any]) -> list[str]:
@@ -107,8 +119,10 @@ class ReloadResult:
 class Reloader:
     """Re-reads ``path`` (with the same environment overrides) and applies the :data:`HOT` fields.
 
-    ``apply_gate`` takes the new gate section (None without a gate). ``current`` is the config in force;
-    after an applied reload it is the new one, so the next reload diffs against what runs. ``read``
+    ``apply_gate`` takes the new gate section (None without a gate); ``apply_policies`` the new policies
+    section, and raises ValueError, having changed nothing, when a value does not fit a running policy
+    (the reload is then refused as invalid, before the gate's part is applied). ``current`` is the config
+    in force; after an applied reload it is the new one, so the next reload diffs against what runs. ``read``
     turns the file into a config when the running one is more than the file (``servepilot gate`` adds its
     command-line overrides); by default the file and the environment overrides alone.
     """
@@ -122,6 +136,7 @@ class Reloader:
         audit: AuditLog,
         *,
         apply_gate: Callable[[GateConfig], None] | None = None,
+        apply_policies: Callable[[PolicyConfig], None] | None = None,
         read: Callable[[Path, Mapping[str, str]], Config] = load,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -131,6 +146,7 @@ class Reloader:
         self.current = current
         self.audit = audit
         self.apply_gate = apply_gate
+        self.apply_policies = apply_policies
         self.clock = clock
         self._successful = Gauge(
             "servepilot_config_last_reload_successful",
@@ -193,6 +209,12 @@ class Reloader:
                 f"(applied without one: {', '.join(HOT)})",
                 shown_changes,
             )
+        if self.apply_policies is not None and _touches(changes, "policies"):
+            try:
+                self.apply_policies(new.policies)
+            except ValueError as error:
+                message = f"the policies do not take the new values: {error}; the running config is unchanged"
+                return ReloadResult("invalid", message, shown_changes)
         if self.apply_gate is not None:
             self.apply_gate(new.gate)
         self.current = new

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from agent.api import build_app
 from agent.collectors.base import Collector
-from agent.config import Config, ConfigError
+from agent.config import Config, ConfigError, PolicyConfig
 from agent.exporter import Exporter
 from agent.knobs import Knobs
 from agent.loop import Loop
@@ -286,6 +286,7 @@ class Sidecar:
                 self.exporter.registry,
                 self.knobs.audit,
                 apply_gate=gate.set_admission_rules if gate is not None else None,
+                apply_policies=self._retune_policies,
             )
         self._runner: web.AppRunner | None = None
         self._admin_runner: web.AppRunner | None = None
@@ -305,6 +306,30 @@ class Sidecar:
         if result.result == "applied":
             self.cfg = self.reloader.current
         return result
+
+    def _retune_policies(self, p: PolicyConfig) -> None:
+        """A reload's SLO targets, batch bounds and peak schedule (agent/reload.py): each running policy
+        is retuned and keeps its state; the arbiter's batch bounds (which an operator's pin is held to
+        as well), the gate's SLO verdicts and the exported ``servepilot_slo_*_seconds`` follow. Everything
+        is built before anything is swapped, so a ValueError leaves the running brain as it was."""
+        from policies.registry import retune, with_batch_bounds
+        from policies.schedule import Schedule
+
+        bounds = (float(p.batch_min), float(p.batch_max))
+        schedule = Schedule.from_data(p.schedule) if p.schedule else None
+        retuned = [
+            retune(
+                policy, ttft_slo_s=p.ttft_slo_s, itl_slo_s=p.itl_slo_s, batch_bounds=bounds, schedule=schedule
+            )
+            for policy in self.loop.policies
+        ]
+        arbiter = with_batch_bounds(self.arbiter, bounds)
+        self.loop.policies[:] = retuned
+        self.arbiter = arbiter
+        self.knobs.actuation.bounds = arbiter.check
+        self.exporter.set_slo({"ttft": p.ttft_slo_s, "itl": p.itl_slo_s})
+        if self.knobs.gate is not None:
+            self.knobs.gate.set_slo(p.ttft_slo_s, p.itl_slo_s)
 
     async def save_state(self) -> None:
         """Write the brain state (agent/persist.py) when ``agent.state_path`` is set: captured here, between

@@ -130,3 +130,44 @@ def default_arbiter(
             QUEUE_WAIT: KnobRule(0.1, 3600.0, max_step=0.5, cooldown_s=2.0),
         }
     )
+
+
+def retune(
+    policy: Policy,
+    *,
+    ttft_slo_s: float,
+    itl_slo_s: float,
+    batch_bounds: tuple[float, float],
+    schedule: Schedule | None,
+) -> Policy:
+    """``policy`` with a reloaded config's SLO targets, batch bounds and peak schedule, every other
+    parameter as it was: what :func:`build_set` would have given it, less what was learnt at start-up
+    (the batch it started from, the engine's token budget). Its state is the loop's, kept under its name,
+    so the controller carries on from where it stands rather than from its start value.
+
+    The seed rule keeps its published [8, 32]; a policy without these parameters comes back as it is.
+    Raises ValueError when the new values do not fit the policy (the caller then changes nothing)."""
+    lower, upper = batch_bounds
+    if isinstance(policy, AutoBatch):
+        start = min(upper, max(lower, policy.initial))
+        return replace(
+            policy, ttft_slo_s=ttft_slo_s, itl_slo_s=itl_slo_s, lower=lower, upper=upper, initial=start
+        )
+    if isinstance(policy, TokenBudget):
+        return replace(policy, ttft_slo_s=ttft_slo_s, itl_slo_s=itl_slo_s)
+    if isinstance(policy, Energy):
+        return replace(policy, ttft_slo_s=ttft_slo_s, itl_slo_s=itl_slo_s, schedule=schedule)
+    if isinstance(policy, QueueDeadline):
+        return replace(policy, ttft_slo_s=ttft_slo_s)
+    if isinstance(policy, Breaker) and policy.itl_slo_s is not None:
+        return replace(policy, itl_slo_s=itl_slo_s)
+    return policy
+
+
+def with_batch_bounds(arbiter: Arbiter, batch_bounds: tuple[float, float]) -> Arbiter:
+    """``arbiter`` with the batch knob held to ``batch_bounds`` (a reload), its other rules as they were."""
+    rule = arbiter.rules.get(BATCH)
+    if rule is None:
+        return arbiter
+    lower, upper = batch_bounds
+    return replace(arbiter, rules={**arbiter.rules, BATCH: replace(rule, lower=lower, upper=upper)})

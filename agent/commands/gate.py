@@ -177,6 +177,8 @@ def _reloader(cfg: Config, args: argparse.Namespace, gate: Gate, registry: Colle
         registry,
         AuditLog(cfg.audit, registry),
         apply_gate=gate.set_admission_rules,
+        # no policies run here: of that section only the SLO counts, for the gate's verdicts
+        apply_policies=lambda p: gate.set_slo(p.ttft_slo_s, p.itl_slo_s),
         read=read,
     )
 

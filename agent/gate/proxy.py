@@ -350,6 +350,11 @@ class Gate:
         self.resolver = LineResolver(cfg)
         self.cfg = cfg
 
+    def set_slo(self, ttft_slo_s: float, itl_slo_s: float) -> None:
+        """Judge answers by these (TTFT, mean ITL) targets from now on (a config reload). Answers already
+        counted stay as they were judged: ``servepilot_gate_slo_bad_total`` is a counter."""
+        self.stats.slo = (ttft_slo_s, itl_slo_s)
+
     def set_split(self, split: Mapping[str, float]) -> None:
         """Set the traffic split (absolute weights per upstream name); ValueError on a bad split.
 

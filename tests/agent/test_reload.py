@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from agent import config
 from agent.audit import AuditLog
-from agent.config import AuditConfig, GateConfig
+from agent.config import AuditConfig, GateConfig, PolicyConfig
 from agent.reload import Reloader, changed_fields
 
 BASE = """\
@@ -22,6 +22,7 @@ gate:
   upstreams: {primary: "http://127.0.0.1:9"}
   lines: {batch: {requests_per_min: 60}}
   api_keys: {sk-old-key-0123456789: batch}
+policies: {set: auto, ttft_slo_s: 2.0, itl_slo_s: 0.1, batch_max: 512}
 """
 
 
@@ -34,9 +35,22 @@ class Setup:
         self.registry = CollectorRegistry()
         self.audit = AuditLog(AuditConfig(path=None), self.registry)
         self.applied: list[GateConfig] = []
+        self.retuned: list[PolicyConfig] = []
+        self.refuse_policies: str | None = None  # a ValueError that apply_policies raises, as a policy would
         self.reloader = Reloader(
-            self.path, self.environ, self.cfg, self.registry, self.audit, apply_gate=self.applied.append
+            self.path,
+            self.environ,
+            self.cfg,
+            self.registry,
+            self.audit,
+            apply_gate=self.applied.append,
+            apply_policies=self._retune,
         )
+
+    def _retune(self, policies: PolicyConfig) -> None:
+        if self.refuse_policies is not None:
+            raise ValueError(self.refuse_policies)
+        self.retuned.append(policies)
 
     def metric(self, name: str, **labels: str) -> float | None:
         return self.registry.get_sample_value(name, labels)
@@ -164,3 +178,45 @@ def test_file_changed_sees_an_edit_once_and_a_refused_file_is_not_retried(setup:
     assert setup.reloader.file_changed()
     setup.path.unlink()
     assert setup.reloader.file_changed()  # a file that disappears is a change (reported as invalid)
+
+
+def test_slo_targets_and_batch_bounds_are_applied_to_the_policies_and_audited(setup: Setup) -> None:
+    setup.edit(
+        "ttft_slo_s: 2.0, itl_slo_s: 0.1, batch_max: 512", "ttft_slo_s: 1.5, itl_slo_s: 0.1, batch_max: 96"
+    )
+    result = setup.reloader.reload("SIGHUP")
+    assert result.result == "applied", result.message
+    assert result.changed == {"policies.batch_max": (512, 96), "policies.ttft_slo_s": (2.0, 1.5)}
+    assert [(p.ttft_slo_s, p.batch_max) for p in setup.retuned] == [(1.5, 96)]
+    assert setup.applied[0] == setup.cfg.gate  # the gate's part is applied too (unchanged here)
+    (action,) = setup.audit.recent()
+    assert action["to"] == {"policies.batch_max": 96, "policies.ttft_slo_s": 1.5}
+
+
+def test_a_gate_only_change_does_not_retune_the_policies(setup: Setup) -> None:
+    setup.edit("requests_per_min: 60", "requests_per_min: 600")
+    assert setup.reloader.reload("SIGHUP").result == "applied"
+    assert setup.retuned == []  # the controllers' parameters are rebuilt only when they changed
+
+
+def test_a_value_the_running_policies_refuse_applies_nothing(setup: Setup) -> None:
+    setup.edit("ttft_slo_s: 2.0", "ttft_slo_s: 1.5")
+    setup.edit("requests_per_min: 60", "requests_per_min: 600")
+    setup.refuse_policies = "bounds must satisfy 0 < lower <= initial <= upper"
+    result = setup.reloader.reload("admin API")
+    assert result.result == "invalid"
+    assert result.message == (
+        "the policies do not take the new values: bounds must satisfy 0 < lower <= initial <= upper; "
+        "the running config is unchanged"
+    )
+    assert setup.applied == [] and setup.reloader.current is setup.cfg  # nor the gate's line rate
+    assert setup.audit.recent() == []
+    assert setup.metric("servepilot_config_last_reload_successful") == 0
+
+
+def test_the_policy_set_itself_still_needs_a_restart(setup: Setup) -> None:
+    setup.edit("set: auto", "set: seed")
+    result = setup.reloader.reload("SIGHUP")
+    assert result.result == "refused"
+    assert result.message.startswith("policies.set changed, which needs a restart")
+    assert setup.retuned == []

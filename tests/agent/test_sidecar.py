@@ -721,3 +721,58 @@ def test_the_engine_upstream_is_the_one_whose_url_is_the_engines() -> None:
     )
     assert engine_upstream(cfg("http://127.0.0.1:9000", {"enabled": True, "upstreams": upstreams})) is None
     assert engine_upstream(cfg("http://127.0.0.1:8000", {"enabled": False, "upstreams": upstreams})) is None
+
+
+async def test_a_reload_retunes_the_running_policies_and_the_knob_follows_the_new_bounds(
+    tmp_path: Path,
+) -> None:
+    """SLO targets and batch bounds reach the policies, the arbiter, the gate's verdicts and the exported
+    SLO without a restart (agent/reload.py); each policy keeps its state, and a limit left outside the
+    narrowed bounds is brought inside at the next tick (the arbiter clamps to the bounds after its step
+    limit), once."""
+    import yaml
+
+    raw: dict[str, Any] = {
+        "agent": {"listen_port": _free_port(), "admin_listen_port": None},
+        "gate": {
+            "enabled": True,
+            "listen_port": _free_port(),
+            "upstreams": {"primary": "http://127.0.0.1:9"},
+            "max_in_flight": 64,
+        },
+        "actuators": {"mode": "act"},
+        "audit": {"path": str(tmp_path / "audit.jsonl")},
+        "probe": {"enabled": False},
+        "forecast": {"enabled": False},
+        "policies": {"set": "auto", "ttft_slo_s": 2.0, "itl_slo_s": 0.1, "batch_max": 512},
+    }
+    path = tmp_path / "servepilot.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    sidecar = Sidecar(config.load(path, {}), collectors=[OneValue()], config_path=str(path))
+    await sidecar.knobs.start()
+    gate = sidecar.knobs.gate
+    try:
+        await sidecar.loop.tick(1.0)
+        assert gate.limit == 64  # two running, nothing queued: the controller holds
+        breaker_state = sidecar.loop.policy_state("breaker")
+        raw["policies"].update(ttft_slo_s=1.0, batch_max=16, initial_batch=16)
+        path.write_text(yaml.safe_dump(raw))
+        result = sidecar.reload("SIGHUP")
+        assert result.result == "applied", result.message
+        assert sidecar.cfg.policies.batch_max == 16
+        [auto] = [p for p in sidecar.loop.policies if p.name == "batch_auto"]
+        assert (auto.ttft_slo_s, auto.upper, auto.initial) == (1.0, 16.0, 16.0)
+        assert sidecar.loop.policy_state("breaker") is breaker_state  # state carried over, not reset
+        assert gate.stats.slo == (1.0, 0.1)
+        assert sidecar.exporter.registry.get_sample_value("servepilot_slo_ttft_seconds") == 1.0
+        assert sidecar.knobs.actuation.bounds("batch.max_in_flight", 32) is not None  # pins: held there too
+        limits = []
+        for now in (2.0, 3.0, 4.0):
+            await sidecar.loop.tick(now)
+            limits.append(gate.limit)
+        assert limits == [16, 16, 16]
+        moves = [a for a in sidecar.knobs.audit.recent(10) if a["knob"] == "batch.max_in_flight"]
+        assert [(a["from"], a["to"]) for a in moves] == [(64, 16)]
+        assert "outside the policy's bounds [8, 16]" in moves[0]["reason"]
+    finally:
+        await sidecar.stop()

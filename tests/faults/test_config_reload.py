@@ -25,7 +25,14 @@ LINE = {"x-servepilot-line": "batch"}
 
 
 def _config(
-    upstream: str, agent_port: int, gate_port: int, *, rate: int, interval: int = 1, watch_s: float = 0
+    upstream: str,
+    agent_port: int,
+    gate_port: int,
+    *,
+    rate: int,
+    interval: int = 1,
+    watch_s: float = 0,
+    ttft_slo_s: float = 2.0,
 ) -> str:
     return (
         f"agent: {{listen_port: {agent_port}, interval_s: {interval}, config_watch_s: {watch_s}}}\n"
@@ -34,6 +41,7 @@ def _config(
         f"gate: {{enabled: true, listen_port: {gate_port}, health_interval_s: 600,"
         f" upstreams: {{primary: '{upstream}'}},"
         f" lines: {{batch: {{requests_per_min: {rate}, burst_ratio: 1}}}}}}\n"
+        f"policies: {{ttft_slo_s: {ttft_slo_s}}}\n"
     )
 
 
@@ -135,10 +143,14 @@ async def test_with_config_watch_an_edited_file_is_applied_without_a_signal(tmp_
         try:
             await _until(http, metrics, "servepilot_config_last_reload_successful", 1.0)
             assert [await _status(http, gate) for _ in range(2)] == [200, 429]
-            path.write_text(_config(upstream, agent_port, gate_port, rate=6000, watch_s=0.1))
+            assert await _metric(http, metrics, "servepilot_slo_ttft_seconds") == 2.0
+            edited = _config(upstream, agent_port, gate_port, rate=6000, watch_s=0.1, ttft_slo_s=1.5)
+            path.write_text(edited)
             await _until(http, metrics, "servepilot_config_reloads_total", 1.0, result="applied")
             await asyncio.sleep(0.05)  # 100 requests/s refill
             assert await _status(http, gate) == 200
+            # the SLO target too: what the alert rules and panels compare against follows the file
+            assert await _metric(http, metrics, "servepilot_slo_ttft_seconds") == 1.5
         finally:
             assert await _terminate(run) == 0
 

@@ -37,6 +37,15 @@ A tick without the engine's reading (a failed scrape) neither starts nor ends a 
 ``ServepilotEngineDown``'s case. No warm-up, no learning: a stall is a fact, not an anomaly score, and
 ``stall_s`` (60 s by default) is far longer than any step of a healthy engine, a long prompt's prefill
 included (chunked prefill emits decode tokens in between).
+
+**Only watched stillness counts.** When no tick at all came for a while (the sidecar was not scheduled:
+a node that stalled, a VM paused for a live migration, a blocked event loop), the count starts again at
+the next tick: what happened in the gap was not seen, and an engine on the same node was paused with it,
+so it made no progress either. Seen on a 2-core VM: the whole machine unscheduled for up to 5.9 s. A gap
+is blind when it is longer than ``stall_s / 2`` and 2.5 times the shortest gap between ticks seen (so a
+60 s tick interval is not blind in itself): at the usual 1 s tick, a verdict rests on at least
+``stall_s / 2`` of watched stillness. A restart of the sidecar starts the count afresh as well. The
+gate counts an upstream's silence the same way (agent/gate/ejection.py).
 """
 
 from __future__ import annotations
@@ -63,6 +72,8 @@ BUSY_RATIO = 0.9
 IDLE_RATIO = 0.05
 """A GPU at or below this utilisation runs nothing."""
 MAX_GPUS = 64
+BLIND_TICKS = 2.5
+"""A gap between ticks this many times the usual one (and over half of ``stall_s``) was not watched."""
 CAUSE = {
     "busy": "Its GPUs read busy while nothing progresses: kernels that never finish, typically a "
     "collective (NCCL) waiting for a rank that is gone, or a stuck kernel. Look for NCCL watchdog "
@@ -93,9 +104,23 @@ class EngineStallDetector:
         self.stall_s = stall_s
         self.last_progress_: float | None = None
         self.gauges_: dict[str, float] = {}
+        self.last_tick_: float | None = None
+        #: The shortest gap between two ticks seen: about the loop's interval.
+        self.tick_s_: float | None = None
+
+    def _blind(self, now: float) -> bool:
+        """True when no tick came for longer than the loop could have been watching (see the module)."""
+        last, self.last_tick_ = self.last_tick_, now
+        if last is None or now <= last:
+            return False
+        gap = now - last
+        shortest = self.tick_s_ = gap if self.tick_s_ is None else min(self.tick_s_, gap)
+        return gap > max(self.stall_s / 2, BLIND_TICKS * shortest)
 
     def update(self, snapshot: Snapshot) -> list[Finding]:
         """Progress this tick moves the mark; an idle engine moves it too; a stall is time since the mark."""
+        if self._blind(snapshot.now):
+            self.last_progress_ = snapshot.now  # nothing before the blind gap counts
         held_parts = [v for v in (snapshot.get(name) for name in HELD) if v is not None]
         if not held_parts:  # no reading from the engine this tick: no verdict either way
             return []

@@ -154,3 +154,34 @@ def test_what_the_gpus_read_during_a_stall_picks_the_hint(
     assert {k: v for k, v in finding.evidence.items() if k.startswith("gpus_")} == evidence
     assert says in finding.hint, finding.hint
     assert finding.hint.endswith("the Service sends new requests to other replicas.")
+
+
+def test_a_gap_with_no_tick_at_all_restarts_the_count() -> None:
+    """The sidecar unscheduled for 71 s (a node stall, a paused VM) saw nothing in the gap, and the engine
+    on the same node was paused with it: the first frozen reading after it is not 71 s of stillness."""
+    detector = EngineStallDetector()
+    before = [_snap(t, requests_running=2, generation_tokens_per_second=0) for t in range(0, 40)]
+    after = [_snap(t, requests_running=2, generation_tokens_per_second=0) for t in range(110, 180)]
+    ticks = before + after
+    found = _run(detector, ticks)
+    first = next(i for i, f in enumerate(found) if f)
+    assert ticks[first].now == 170  # 60 watched seconds after the first tick past the gap
+    assert found[first][0].since == 110.0
+
+
+def test_a_short_gap_inside_a_stall_does_not_hide_it() -> None:
+    """A gap under half of ``stall_s`` is not blind: the stall under way is found when it is due."""
+    detector = EngineStallDetector()
+    hung = [_snap(t, requests_running=2, generation_tokens_per_second=0) for t in (*range(0, 40), 60)]
+    found = _run(detector, hung)
+    [finding] = found[-1]
+    assert finding.since == 0.0 and finding.evidence["seconds_without_progress"] == 60.0
+
+
+def test_a_long_tick_interval_is_not_a_blind_gap() -> None:
+    """With ``agent.interval_s`` at 60 s every gap is a minute: the usual gap, so still a stall."""
+    detector = EngineStallDetector()
+    found = _run(detector, [_snap(t, requests_running=2) for t in (0, 60, 120, 180)])
+    assert [bool(f) for f in found] == [False, True, True, True]
+    # and a gap far beyond the usual minute is blind again
+    assert detector.update(_snap(600, requests_running=2)) == []

@@ -309,9 +309,10 @@ class Sidecar:
 
     def _retune_policies(self, p: PolicyConfig) -> None:
         """A reload's SLO targets, batch bounds and peak schedule (agent/reload.py): each running policy
-        is retuned and keeps its state; the arbiter's batch bounds (which an operator's pin is held to
-        as well), the gate's SLO verdicts and the exported ``servepilot_slo_*_seconds`` follow. Everything
-        is built before anything is swapped, so a ValueError leaves the running brain as it was."""
+        is retuned and keeps its state; the arbiter's batch bounds, the gate's SLO verdicts and the
+        exported ``servepilot_slo_*_seconds`` follow, and an operator's pin outside the new bounds is
+        dropped with a warning (as a restart drops it: agent/persist.py). Everything is built before
+        anything is swapped, so a ValueError leaves the running brain as it was."""
         from policies.registry import retune, with_batch_bounds
         from policies.schedule import Schedule
 
@@ -330,6 +331,12 @@ class Sidecar:
         self.exporter.set_slo({"ttft": p.ttft_slo_s, "itl": p.itl_slo_s})
         if self.knobs.gate is not None:
             self.knobs.gate.set_slo(p.ttft_slo_s, p.itl_slo_s)
+        pins = self.knobs.actuation.pins
+        for knob, value in list(pins.items()):  # a pin bypasses the policies, not the bounds: as at a restart
+            why = arbiter.check(knob, value)
+            if why is not None:
+                del pins[knob]
+                log.warning("pin %s=%r dropped by the reload: %s", knob, value, why)
 
     async def save_state(self) -> None:
         """Write the brain state (agent/persist.py) when ``agent.state_path`` is set: captured here, between

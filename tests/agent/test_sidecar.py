@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from pathlib import Path
 from typing import Any
@@ -724,7 +725,7 @@ def test_the_engine_upstream_is_the_one_whose_url_is_the_engines() -> None:
 
 
 async def test_a_reload_retunes_the_running_policies_and_the_knob_follows_the_new_bounds(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """SLO targets and batch bounds reach the policies, the arbiter, the gate's verdicts and the exported
     SLO without a restart (agent/reload.py); each policy keeps its state, and a limit left outside the
@@ -755,9 +756,11 @@ async def test_a_reload_retunes_the_running_policies_and_the_knob_follows_the_ne
         await sidecar.loop.tick(1.0)
         assert gate.limit == 64  # two running, nothing queued: the controller holds
         breaker_state = sidecar.loop.policy_state("breaker")
+        sidecar.knobs.actuation.pins["batch.max_in_flight"] = 64  # an operator's, inside [8, 512]
         raw["policies"].update(ttft_slo_s=1.0, batch_max=16, initial_batch=16)
         path.write_text(yaml.safe_dump(raw))
-        result = sidecar.reload("SIGHUP")
+        with caplog.at_level(logging.WARNING, logger="agent.sidecar"):
+            result = sidecar.reload("SIGHUP")
         assert result.result == "applied", result.message
         assert sidecar.cfg.policies.batch_max == 16
         [auto] = [p for p in sidecar.loop.policies if p.name == "batch_auto"]
@@ -765,7 +768,9 @@ async def test_a_reload_retunes_the_running_policies_and_the_knob_follows_the_ne
         assert sidecar.loop.policy_state("breaker") is breaker_state  # state carried over, not reset
         assert gate.stats.slo == (1.0, 0.1)
         assert sidecar.exporter.registry.get_sample_value("servepilot_slo_ttft_seconds") == 1.0
-        assert sidecar.knobs.actuation.bounds("batch.max_in_flight", 32) is not None  # pins: held there too
+        assert sidecar.knobs.actuation.bounds("batch.max_in_flight", 32) is not None  # a new pin: refused
+        assert sidecar.knobs.actuation.pins == {}  # one outside the new bounds is dropped, as at a restart
+        assert "pin batch.max_in_flight=64 dropped by the reload: " in caplog.text
         limits = []
         for now in (2.0, 3.0, 4.0):
             await sidecar.loop.tick(now)

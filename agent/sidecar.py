@@ -142,19 +142,31 @@ def _without_pinned_partners(proposals: Sequence[Proposal], pins: Mapping[str, A
     return [p for p in proposals if p.knob not in held]
 
 
-def engine_upstream(cfg: Config) -> str | None:
-    """The gate upstream that is this pod's engine (its URL is ``engine.url``), or None: where the
-    ``engine_stall`` detector's finding applies (:meth:`agent.gate.proxy.Gate.set_engine_stalled`)."""
+def _endpoint(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of ``url``, every loopback name one host: ``localhost``, ``127.0.0.1`` and
+    ``::1`` are the same engine in a pod, and a config may well use one for the engine and another for
+    the gate's upstream."""
+    import ipaddress
+
     from yarl import URL
 
+    parsed = URL(url)
+    host = (parsed.host or "").lower()
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name, not an address
+        loopback = False
+    return parsed.scheme, "loopback" if loopback else host, parsed.port
+
+
+def engine_upstream(cfg: Config) -> str | None:
+    """The gate upstream that is this pod's engine (its URL is ``engine.url``: the same scheme, host and
+    port, loopback names alike), or None: where the ``engine_stall`` detector's finding applies
+    (:meth:`agent.gate.proxy.Gate.set_engine_stalled`)."""
     if not cfg.gate.enabled:
         return None
-    engine = URL(cfg.engine.url)
-    for name, url in cfg.gate.upstreams.items():
-        upstream = URL(url)
-        if (upstream.scheme, upstream.host, upstream.port) == (engine.scheme, engine.host, engine.port):
-            return name
-    return None
+    engine = _endpoint(cfg.engine.url)
+    return next((name for name, url in cfg.gate.upstreams.items() if _endpoint(url) == engine), None)
 
 
 def normal_route(cfg: Config) -> str:
@@ -213,6 +225,12 @@ class Sidecar:
         self.exporter = Exporter(slo={"ttft": cfg.policies.ttft_slo_s, "itl": cfg.policies.itl_slo_s})
         self.knobs = Knobs(cfg, self.exporter.registry)
         self.collectors.extend(self.knobs.collectors)
+        if cfg.gate.enabled and cfg.gate.eject_stalled_s > 0 and engine_upstream(cfg) is None:
+            log.warning(
+                "no gate upstream has engine.url (%s): the engine_stall finding cannot take this engine out "
+                "of the split; give its upstream the same URL (docs/gate.md)",
+                cfg.engine.url,
+            )
         self.forecaster: LiveForecaster | None = None
         if cfg.forecast.enabled:
             from agent.forecasting import LiveForecaster

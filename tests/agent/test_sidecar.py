@@ -721,7 +721,27 @@ def test_the_engine_upstream_is_the_one_whose_url_is_the_engines() -> None:
         engine_upstream(cfg("http://127.0.0.1:8000", {"enabled": True, "upstreams": upstreams})) == "primary"
     )
     assert engine_upstream(cfg("http://127.0.0.1:9000", {"enabled": True, "upstreams": upstreams})) is None
+    # loopback by any name is the same engine; another host with the same port is not
+    for engine in ("http://localhost:8000", "http://[::1]:8000", "http://127.0.0.2:8000/v1"):
+        assert engine_upstream(cfg(engine, {"enabled": True, "upstreams": upstreams})) == "primary", engine
+    assert engine_upstream(cfg("http://10.0.0.5:8000", {"enabled": True, "upstreams": upstreams})) is None
+    assert engine_upstream(cfg("https://127.0.0.1:8000", {"enabled": True, "upstreams": upstreams})) is None
     assert engine_upstream(cfg("http://127.0.0.1:8000", {"enabled": False, "upstreams": upstreams})) is None
+
+
+async def test_a_gate_with_no_upstream_at_the_engines_url_is_said_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The stall finding reaches the gate only through that URL: without a match it silently could not."""
+    cfg = _act_cfg(tmp_path)  # upstreams on port 9, the engine on 8000
+    with caplog.at_level(logging.WARNING, logger="agent.sidecar"):
+        Sidecar(cfg, collectors=[])
+    assert "no gate upstream has engine.url (http://127.0.0.1:8000)" in caplog.text
+    caplog.clear()
+    engine = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"url": "http://localhost:9"})})
+    with caplog.at_level(logging.WARNING, logger="agent.sidecar"):
+        Sidecar(engine, collectors=[])
+    assert "no gate upstream" not in caplog.text
 
 
 async def test_a_reload_retunes_the_running_policies_and_the_knob_follows_the_new_bounds(

@@ -233,6 +233,12 @@ class GateConfig(_Section):
         description="header with the client's own queue deadline in ms (the shorter wins; 0: never wait)",
     )
     api_keys: dict[str, str] = Field(default_factory=dict, description="bearer API key -> business line")
+    api_keys_file: str | None = Field(
+        None,
+        description="file of more API keys (a YAML mapping: key -> business line), merged into api_keys; "
+        "re-read at every reload and watched with agent.config_watch_s, so keys from a mounted Secret "
+        "rotate without a restart",
+    )
     default_line: str = Field("default", description="line of requests that name none (or an unknown one)")
     lines: dict[str, GateLineConfig] = Field(default_factory=dict, description="per-line limits")
     default_requests_per_min: float = Field(1000.0, gt=0, le=1e7, description="rate of lines not listed")
@@ -281,6 +287,26 @@ class GateConfig(_Section):
     )
     cache_bloom_error_rate: float = Field(0.01, gt=0, lt=0.5, description="Bloom false-positive target")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _keys_from_file(cls, data: Any) -> Any:
+        """``api_keys_file``'s keys merged into ``api_keys``: one set of keys for the gate, and a change of
+        the file is a change of ``api_keys`` to a reload. No message names a key."""
+        if not isinstance(data, Mapping) or not data.get("api_keys_file"):
+            return data
+        path = str(data["api_keys_file"])
+        keys = read_api_keys(path)
+        inline = data.get("api_keys") or {}
+        if not isinstance(inline, Mapping):
+            return data  # the field's own check says what is wrong with it
+        clash = sum(1 for key, line in keys.items() if key in inline and inline[key] != line)
+        if clash:
+            raise ValueError(
+                f"api_keys_file {path!r}: {clash} of its keys also in api_keys for another business line "
+                "(keys are never shown)"
+            )
+        return {**data, "api_keys": {**inline, **keys}}
+
     @field_validator("upstreams")
     @classmethod
     def _upstream_urls(cls, value: dict[str, str]) -> dict[str, str]:
@@ -324,6 +350,28 @@ class GateConfig(_Section):
         if not value or value[0] <= 0 or list(value) != sorted(set(value)):
             raise ValueError("must be positive and strictly increasing")
         return value
+
+
+def read_api_keys(path: str) -> dict[str, str]:
+    """The API keys in ``path``: a YAML (or JSON) mapping of key -> business line. ValueError, in one line
+    that names the file and never a key, when it cannot be read or is not such a mapping."""
+    where = f"api_keys_file {path!r}"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        why = getattr(error, "strerror", None) or type(error).__name__
+        raise ValueError(f"{where}: cannot read it: {why}") from None
+    try:
+        keys = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ValueError(f"{where}: is not valid YAML") from None
+    if keys is None:
+        return {}  # an empty file: no keys (all revoked)
+    if not isinstance(keys, Mapping) or not all(
+        isinstance(k, str) and k.strip() and isinstance(v, str) and v.strip() for k, v in keys.items()
+    ):
+        raise ValueError(f"{where}: must be a mapping of API key -> business line, both non-empty strings")
+    return dict(keys)
 
 
 class ControlConfig(_Section):

@@ -38,6 +38,7 @@ HOT = (
     "gate.lines",
     "gate.default_requests_per_min",
     "gate.api_keys",
+    "gate.api_keys_file",
     "gate.default_line",
     "gate.line_header",
     "gate.priority_header",
@@ -168,14 +169,21 @@ class Reloader:
         self._seen = self._digest()
 
     def _digest(self) -> str | None:
-        try:
-            return hashlib.sha256(self.path.read_bytes()).hexdigest()
-        except OSError:
-            return None
+        """Of the config file and the files whose content is part of the config (``gate.api_keys_file``)."""
+        digest = hashlib.sha256()
+        keys = self.current.gate.api_keys_file
+        for path in (self.path, *([Path(keys)] if keys else [])):
+            try:
+                digest.update(path.read_bytes())
+            except OSError:
+                digest.update(b"\0unreadable")
+            digest.update(b"\0")
+        return digest.hexdigest()
 
     def file_changed(self) -> bool:
-        """True when the file's content differs from the last one read (start or reload). A Kubernetes
-        ConfigMap volume swaps the whole file at once, so a change is seen whole, never half-written."""
+        """True when the file's content, or that of the API keys file it names, differs from the last one
+        read (start or reload). A Kubernetes ConfigMap or Secret volume swaps the whole file at once, so a
+        change is seen whole, never half-written."""
         return self._digest() != self._seen
 
     def reload(self, trigger: str) -> ReloadResult:
@@ -218,6 +226,7 @@ class Reloader:
         if self.apply_gate is not None:
             self.apply_gate(new.gate)
         self.current = new
+        self._seen = self._digest()  # the keys file it reads now, should the reload have named another
         self.audit.record(
             Action(
                 self.clock(),

@@ -46,10 +46,22 @@ def run(args: argparse.Namespace) -> int:
     if args.quiet:
         return 0
     if args.json:
-        print(json.dumps(cfg.model_dump(mode="json"), indent=2, sort_keys=True))
+        print(json.dumps(_without_secrets(cfg.model_dump(mode="json")), indent=2, sort_keys=True))
     else:
         print(f"{args.file}: ok")
     return 0
+
+
+def _without_secrets(dump: dict[str, Any]) -> dict[str, Any]:
+    """The effective config with each secret (agent/reload.py ``SECRET``: the gate's API keys, which may
+    come from the environment or a mounted file) shown as the reload shows it: how many, never what."""
+    from agent.reload import SECRET, shown
+
+    for path in SECRET:
+        section, _, name = path.partition(".")
+        if name in dump.get(section, {}):
+            dump[section][name] = shown(path, dump[section][name])
+    return dump
 
 
 def _against(running: Any, new: Any, args: argparse.Namespace) -> int:

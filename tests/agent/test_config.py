@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,44 @@ def test_validate_config_missing_file_exits_2(tmp_path: Path, capsys: pytest.Cap
 def test_validate_config_prints_effective_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate-config", "--json", str(EXAMPLES[0])]) == 0
     assert '"interval_s"' in capsys.readouterr().out
+
+
+def test_validate_config_json_never_prints_an_api_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keys = tmp_path / "api-keys.yaml"
+    keys.write_text("sk-from-file-0123456789: batch\n")
+    path = tmp_path / "servepilot.yaml"
+    path.write_text(f"gate: {{api_keys: {{sk-inline-0123456789: chat}}, api_keys_file: '{keys}'}}\n")
+    assert main(["validate-config", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out)["gate"]["api_keys"] == "<2 keys>" and "sk-" not in out
+
+
+def test_api_keys_file_is_merged_and_every_problem_names_the_file_never_a_key(tmp_path: Path) -> None:
+    keys = tmp_path / "api-keys.yaml"
+    keys.write_text("sk-from-file-0123456789: batch\n")
+    gate = {"api_keys": {"sk-inline-0123456789": "chat"}, "api_keys_file": str(keys)}
+    cfg = config.build({"gate": gate})
+    assert cfg.gate.api_keys == {"sk-inline-0123456789": "chat", "sk-from-file-0123456789": "batch"}
+    assert config.build(
+        {"gate": {**gate, "api_keys": {"sk-from-file-0123456789": "batch"}}}
+    )  # same line: fine
+    keys.write_text("")
+    assert config.build({"gate": gate}).gate.api_keys == {"sk-inline-0123456789": "chat"}  # all revoked
+    problems = {
+        "sk-from-file-0123456789: chat\n": "1 of its keys also in api_keys for another business line",
+        "[sk-from-file-0123456789]\n": "must be a mapping of API key -> business line",
+        "sk-from-file-0123456789: ''\n": "must be a mapping of API key -> business line",
+        "sk-from-file-0123456789: [\n": "is not valid YAML",
+    }
+    for text, expected in problems.items():
+        keys.write_text(text)
+        inline = {"sk-from-file-0123456789": "batch"} if "chat" in text else {}
+        with pytest.raises(config.ConfigError) as raised:
+            config.build({"gate": {"api_keys": inline, "api_keys_file": str(keys)}})
+        assert str(raised.value).startswith(f"gate.api_keys_file {str(keys)!r}: {expected}")
+        assert "sk-" not in str(raised.value).replace(str(keys), "")
 
 
 def test_demo_example_matches_what_the_demo_runs() -> None:

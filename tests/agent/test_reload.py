@@ -220,3 +220,41 @@ def test_the_policy_set_itself_still_needs_a_restart(setup: Setup) -> None:
     assert result.result == "refused"
     assert result.message.startswith("policies.set changed, which needs a restart")
     assert setup.retuned == []
+
+
+def test_keys_rotated_in_their_file_are_applied_and_the_file_is_watched(tmp_path: Path) -> None:
+    """A mounted Secret is rotated in place: the keys file changes while the config file does not."""
+    keys = tmp_path / "api-keys.yaml"
+    keys.write_text("sk-file-old-0123456789: batch\n")
+    setup = Setup(tmp_path, {"SERVEPILOT_GATE__API_KEYS_FILE": str(keys)})
+    assert setup.cfg.gate.api_keys == {"sk-old-key-0123456789": "batch", "sk-file-old-0123456789": "batch"}
+    assert not setup.reloader.file_changed()
+    keys.write_text("sk-file-new-9876543210: batch\nsk-file-two-5555555555: chat\n")
+    assert setup.reloader.file_changed()
+    result = setup.reloader.reload("file changed")
+    assert result.result == "applied", result.message
+    assert result.changed == {"gate.api_keys": ("<2 keys>", "<3 keys>")}
+    assert setup.applied[-1].api_keys == {
+        "sk-old-key-0123456789": "batch",
+        "sk-file-new-9876543210": "batch",
+        "sk-file-two-5555555555": "chat",
+    }
+    assert not setup.reloader.file_changed()
+    assert "sk-" not in json.dumps(result.to_json()) + json.dumps(setup.audit.recent())
+
+
+def test_a_keys_file_that_cannot_be_read_keeps_the_running_keys(tmp_path: Path) -> None:
+    keys = tmp_path / "api-keys.yaml"
+    keys.write_text("sk-file-old-0123456789: batch\n")
+    setup = Setup(tmp_path, {"SERVEPILOT_GATE__API_KEYS_FILE": str(keys)})
+    keys.write_text("- sk-file-new-9876543210\n")  # a list, not key -> line
+    result = setup.reloader.reload("file changed")
+    assert result.result == "invalid"
+    assert result.message.startswith(f"gate.api_keys_file {str(keys)!r}: must be a mapping of API key")
+    assert "sk-" not in result.message.replace(str(keys), "")
+    assert setup.applied == [] and setup.reloader.current is setup.cfg
+    keys.unlink()  # a Secret removed: refused too, the keys in force stay
+    assert setup.reloader.reload("file changed").message.startswith(
+        f"gate.api_keys_file {str(keys)!r}: cannot read it: No such file or directory"
+    )
+    assert setup.reloader.current is setup.cfg

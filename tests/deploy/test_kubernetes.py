@@ -46,8 +46,10 @@ def _container(engine: str, name: str) -> dict[str, Any]:
     return next(c for c in spec["containers"] + spec.get("initContainers", []) if c["name"] == name)
 
 
-def _config(engine: str) -> Config:
-    return build(yaml.safe_load(_by_kind(engine, "ConfigMap")["data"]["config.yaml"]))
+def _config(engine: str, keys_file: str = "/dev/null") -> Config:
+    """The ConfigMap's config; the API keys file it names (in the Secret's mount) is ``keys_file`` here."""
+    data = yaml.safe_load(_by_kind(engine, "ConfigMap")["data"]["config.yaml"])
+    return build(data, {"SERVEPILOT_GATE__API_KEYS_FILE": keys_file})
 
 
 def _mounts(engine: str, container: str) -> dict[str, str]:
@@ -156,11 +158,19 @@ def test_state_files_live_on_the_writable_volume(engine: str) -> None:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_gate_api_keys_come_from_the_secret_as_a_mapping(engine: str) -> None:
-    env = {e["name"]: e for e in _container(engine, "servepilot")["env"]}
-    ref = env["SERVEPILOT_GATE__API_KEYS"]["valueFrom"]["secretKeyRef"]
-    raw = _by_kind(engine, "Secret")["stringData"][ref["key"]]
-    assert build({}, {"SERVEPILOT_GATE__API_KEYS": raw}).gate.api_keys == {}
+def test_gate_api_keys_are_a_file_of_the_mounted_secret(engine: str, tmp_path: Path) -> None:
+    """A file, not an environment variable: re-read at each reload, so keys rotate without a restart, and
+    not readable from /proc/<pid>/environ."""
+    data = yaml.safe_load(_by_kind(engine, "ConfigMap")["data"]["config.yaml"])
+    path = Path(data["gate"]["api_keys_file"])
+    assert path.parent == Path(_mounts(engine, "servepilot")["tokens"])
+    placeholder = _by_kind(engine, "Secret")["stringData"][path.name]
+    (tmp_path / path.name).write_text(placeholder)
+    assert _config(engine, str(tmp_path / path.name)).gate.api_keys == {}
+    (tmp_path / path.name).write_text("sk-team-a-0123456789: team-a\n")  # what an operator puts there
+    assert _config(engine, str(tmp_path / path.name)).gate.api_keys == {"sk-team-a-0123456789": "team-a"}
+    env = {e["name"] for e in _container(engine, "servepilot")["env"]}
+    assert not any("API_KEYS" in name for name in env)
 
 
 def _merge(base: Any, patch: Any) -> Any:
@@ -186,7 +196,7 @@ def test_gpu_control_component_adds_only_sys_admin(engine: str) -> None:
     env = {e["name"]: e.get("value") for e in sidecar["env"]}
     cfg = build({}, {k: v for k, v in env.items() if k.startswith("SERVEPILOT_ACTUATORS") and v})
     assert (cfg.actuators.mode, cfg.actuators.gpu) == ("act", "power_limit")
-    assert "SERVEPILOT_GATE__API_KEYS" in env  # the merge kept the base's env
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"  # the merge kept the base's env
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -155,6 +155,46 @@ async def test_with_config_watch_an_edited_file_is_applied_without_a_signal(tmp_
             assert await _terminate(run) == 0
 
 
+async def test_api_keys_rotated_in_their_file_apply_without_a_signal(tmp_path: Path) -> None:
+    """Keys in a file (a mounted Secret in the pod manifests): the kubelet rewrites it, the config file
+    stays as it was, and the watch applies the new keys. Key ``sk-a`` names the 1/min line ``batch`` until
+    the rotation; after it, ``sk-a`` is unknown (the default line) and ``sk-b`` is the one on ``batch``."""
+    agent_port, gate_port = free_port(), free_port()
+    path, keys = tmp_path / "servepilot.yaml", tmp_path / "gate-api-keys"
+    keys.write_text("sk-a-0123456789abcdef: batch\n")
+    async with serve(held_stream_upstream(asyncio.Event())) as upstream, aiohttp.ClientSession() as http:
+        text = _config(upstream, agent_port, gate_port, rate=1, watch_s=0.1)
+        path.write_text(
+            text.replace("health_interval_s: 600,", f"health_interval_s: 600, api_keys_file: '{keys}',")
+        )
+        run = subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", "run", "--config", str(path)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        gate, metrics = f"http://127.0.0.1:{gate_port}", f"http://127.0.0.1:{agent_port}/metrics"
+
+        async def status(key: str) -> int:
+            body = {"model": "m", "prompt": "hi", "max_tokens": 1}
+            auth = {"Authorization": f"Bearer {key}"}
+            async with http.post(f"{gate}/v1/completions", json=body, headers=auth) as response:
+                await response.read()
+                return response.status
+
+        try:
+            await _until(http, metrics, "servepilot_config_last_reload_successful", 1.0)
+            assert [await status("sk-a-0123456789abcdef") for _ in range(2)] == [200, 429]
+            keys.write_text("sk-b-0123456789abcdef: batch\n")
+            await _until(http, metrics, "servepilot_config_reloads_total", 1.0, result="applied")
+            assert await status("sk-a-0123456789abcdef") == 200  # now unknown: the default line's rate
+            assert await status("sk-b-0123456789abcdef") == 429  # on batch, whose bucket is still empty
+        finally:
+            code = await _terminate(run)
+    output = run.stdout.read() if run.stdout else ""
+    assert code == 0, output
+    assert "config reload (file changed): 1 field(s) changed: gate.api_keys" in output
+    assert "sk-" not in output
+
+
 async def test_the_standalone_gate_reloads_on_sighup_keeping_its_command_line_overrides(
     tmp_path: Path,
 ) -> None:

@@ -203,7 +203,26 @@ async def run_checks(cfg: Config) -> list[CheckResult]:
         results.append(await asyncio.to_thread(check_gpu_actuator, cfg))  # NVML init can take seconds
     if cfg.gate.enabled:
         results.extend(await check_upstreams(cfg))
+        results.append(check_engine_upstream(cfg))
     return results
+
+
+def check_engine_upstream(cfg: Config) -> CheckResult:
+    """Which gate upstream is this pod's engine: where the ``engine_stall`` finding takes it out of the
+    split (agent/sidecar.py ``engine_upstream``). None is no error (a gate before remote replicas), but the
+    hang of this engine then reaches the gate only through its own frozen streams."""
+    from agent.sidecar import engine_upstream
+
+    started = time.perf_counter()
+    name = engine_upstream(cfg)
+    if name is not None:
+        status, detail = "ok", f"upstream {name} is engine.url: a stall finding takes it out of the split"
+    else:
+        status = "no_data"
+        detail = (
+            "no upstream has engine.url: the engine_stall finding cannot take this engine out of the split"
+        )
+    return CheckResult("engine upstream", status, detail, time.perf_counter() - started, cfg.engine.url)
 
 
 def render(results: Sequence[CheckResult]) -> str:

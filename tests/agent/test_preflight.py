@@ -64,8 +64,10 @@ async def test_every_enabled_part_is_checked_once_and_a_dead_upstream_fails(sim_
         "gpu_actuator",
         "upstream primary",
         "upstream fp8",
+        "engine upstream",
     ]
     assert {name for name, r in results.items() if r.failed} == {"upstream fp8"}
+    assert results["engine upstream"].detail.startswith("upstream primary is engine.url")
     assert "engine vllm" in results["engine"].detail and results["engine"].target == f"{sim_url}/metrics"
     assert "gpus 1" in results["nvml"].detail
     assert "torch_version" in results["probe"].detail
@@ -74,7 +76,7 @@ async def test_every_enabled_part_is_checked_once_and_a_dead_upstream_fails(sim_
     assert results["upstream primary"].detail == "healthy, serves meta-llama/Llama-2-7b-hf"
     assert results["upstream fp8"].target == f"{dead}/health"
     table = render(list(results.values())).splitlines()
-    assert len(table) == 8 and table[-1] == "7 checks, 1 failed"
+    assert len(table) == 9 and table[-1] == "8 checks, 1 failed"
 
 
 async def test_an_upstream_serving_another_model_fails_until_upstream_models_names_it(sim_url: str) -> None:
@@ -156,6 +158,21 @@ def test_cli_bad_config_is_exit_2_naming_the_field(
     path.write_text("engine: {url: 'ftp://engine'}\n")
     assert main(["check", "--config", str(path)]) == 2
     assert "engine.url" in capsys.readouterr().err
+
+
+def test_a_gate_with_no_upstream_at_the_engines_url_is_said_but_does_not_fail() -> None:
+    from agent import config
+    from agent.preflight import check_engine_upstream
+
+    cfg = config.build(
+        {
+            "engine": {"url": "http://127.0.0.1:8000"},
+            "gate": {"upstreams": {"primary": "http://10.0.0.7:8000"}},
+        }
+    )
+    row = check_engine_upstream(cfg)
+    assert (row.status, row.failed) == ("no_data", False)
+    assert "the engine_stall finding cannot take this engine out of the split" in row.detail
 
 
 def test_no_data_is_shown_but_does_not_fail() -> None:

@@ -243,6 +243,30 @@ class Knobs:
             self.control.lapsed = False
             self._engine_values.clear()
 
+    async def hand_back(self) -> list[str]:
+        """Put back what servepilot set, as a restart would (the sidecar left act mode): the GPU's default
+        power limit or clocks, the engine's own settings (its lease ended, or the values found at start),
+        and the gate's in-flight limit, queue deadline and split from the config. What it handed back,
+        for the log."""
+        done: list[str] = []
+        if self.gpu is not None:
+            self.gpu.restore()
+            done.append(f"{self.gpu_knob} to the GPU's default")
+        if self.control is not None:
+            await self.control.hand_back()
+            self._engine_values.clear()  # the engine's values are its defaults now: read them again
+            done.append("the engine's knobs to its defaults")
+        if self.gate is not None:
+            gate = self.cfg.gate
+            self.gate.set_limit(gate.max_in_flight)
+            self.gate.set_max_queue_wait(gate.max_queue_wait_s)
+            self.gate.set_split(gate.split)
+            done.append(
+                f"the gate to its configured limit {gate.max_in_flight}, queue deadline "
+                f"{gate.max_queue_wait_s:g} s and split"
+            )
+        return done
+
     def values(self) -> dict[str, float | str]:
         out: dict[str, float | str] = {}
         if self.gate is not None:

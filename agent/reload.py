@@ -3,10 +3,12 @@ own when the file changes (``agent.config_watch_s``).
 
 A restart is not free here: with the gate in the sidecar it takes the pod's data path down, and the
 detectors' baselines start over. What operators change while traffic runs is who may send how much
-(business lines and their rates, API keys) and what the policies aim for (the latency SLO, the batch
-bounds, the peak schedule). Those fields (:data:`HOT`) are applied in place: the gate's buckets keep
-their levels, so a reload hands no line a fresh burst, and each policy keeps its state, so a controller
-carries on from the batch it stands at rather than from its start value.
+(business lines and their rates, API keys), what the policies aim for (the latency SLO, the batch
+bounds, the peak schedule) and whether servepilot acts at all (``actuators.mode``: advise for weeks,
+then act). Those fields (:data:`HOT`) are applied in place: the gate's buckets keep their levels, so a
+reload hands no line a fresh burst, and each policy keeps its state, so a controller carries on from the
+batch it stands at rather than from its start value. Leaving act mode hands back what servepilot had set
+(the GPU's defaults, the engine's lease, the gate's configured limit and split), as a restart would.
 
 A reload is all or nothing, as Prometheus and Alertmanager do it: a file that does not validate, or
 that changes any other field (those need a restart), is refused with one line naming the field, and the
@@ -29,7 +31,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from agent.audit import Action, AuditLog
-from agent.config import Config, ConfigError, GateConfig, PolicyConfig, load
+from agent.config import ActuatorConfig, Config, ConfigError, GateConfig, PolicyConfig, load
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ HOT = (
     "policies.batch_max",
     "policies.initial_batch",  # where a controller starts: the running one carries on, held to its bounds
     "policies.schedule",
+    "actuators.mode",  # leaving act hands back what servepilot set, as a restart would
 )
 #: Fields whose values are secrets: a change is reported by count, never by value.
 SECRET = ("gate.api_keys",)
@@ -122,7 +125,8 @@ class Reloader:
 
     ``apply_gate`` takes the new gate section (None without a gate); ``apply_policies`` the new policies
     section, and raises ValueError, having changed nothing, when a value does not fit a running policy
-    (the reload is then refused as invalid, before the gate's part is applied). ``current`` is the config
+    (the reload is then refused as invalid, before the gate's part is applied); ``apply_actuators`` the
+    new actuators section (the mode). ``current`` is the config
     in force; after an applied reload it is the new one, so the next reload diffs against what runs. ``read``
     turns the file into a config when the running one is more than the file (``servepilot gate`` adds its
     command-line overrides); by default the file and the environment overrides alone.
@@ -138,6 +142,7 @@ class Reloader:
         *,
         apply_gate: Callable[[GateConfig], None] | None = None,
         apply_policies: Callable[[PolicyConfig], None] | None = None,
+        apply_actuators: Callable[[ActuatorConfig], None] | None = None,
         read: Callable[[Path, Mapping[str, str]], Config] = load,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -148,6 +153,7 @@ class Reloader:
         self.audit = audit
         self.apply_gate = apply_gate
         self.apply_policies = apply_policies
+        self.apply_actuators = apply_actuators
         self.clock = clock
         self._successful = Gauge(
             "servepilot_config_last_reload_successful",
@@ -225,6 +231,8 @@ class Reloader:
                 return ReloadResult("invalid", message, shown_changes)
         if self.apply_gate is not None:
             self.apply_gate(new.gate)
+        if self.apply_actuators is not None and _touches(changes, "actuators"):
+            self.apply_actuators(new.actuators)
         self.current = new
         self._seen = self._digest()  # the keys file it reads now, should the reload have named another
         self.audit.record(

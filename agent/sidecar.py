@@ -19,7 +19,7 @@ from aiohttp import web
 
 from agent.api import build_app
 from agent.collectors.base import Collector
-from agent.config import Config, ConfigError, PolicyConfig
+from agent.config import ActuatorConfig, Config, ConfigError, PolicyConfig
 from agent.exporter import Exporter
 from agent.knobs import Knobs
 from agent.loop import Loop
@@ -305,6 +305,7 @@ class Sidecar:
                 self.knobs.audit,
                 apply_gate=gate.set_admission_rules if gate is not None else None,
                 apply_policies=self._retune_policies,
+                apply_actuators=self._change_mode,
             )
         self._runner: web.AppRunner | None = None
         self._admin_runner: web.AppRunner | None = None
@@ -315,6 +316,7 @@ class Sidecar:
         #: saved pins on knobs the engine's control API binds once it answers (agent/persist.py)
         self._held_pins: dict[str, Any] = {}
         self._stop = asyncio.Event()
+        self._hand_back_task: asyncio.Task[None] | None = None
 
     def reload(self, trigger: str = "admin API") -> ReloadResult:
         """Re-read the config file and apply what may change without a restart (agent/reload.py)."""
@@ -355,6 +357,37 @@ class Sidecar:
             if why is not None:
                 del pins[knob]
                 log.warning("pin %s=%r dropped by the reload: %s", knob, value, why)
+
+    def _change_mode(self, a: ActuatorConfig) -> None:
+        """``actuators.mode`` from a reload. Into act: decisions apply from the next tick. Out of act:
+        nothing is applied any more, and what servepilot had set goes back as a restart would put it
+        (:meth:`agent.knobs.Knobs.hand_back`), so no clock stays locked low and no batch cut stays in
+        force with nobody tending it."""
+        from agent.modes import Mode
+
+        actuation = self.knobs.actuation
+        old, new = actuation.mode, Mode(a.mode)
+        if new is old:
+            return
+        actuation.mode = new
+        log.info("actuation mode %s -> %s (config reload)", old.value, new.value)
+        if old is Mode.ACT:
+            self._hand_back_task = asyncio.get_running_loop().create_task(
+                self._hand_back(), name="servepilot-hand-back"
+            )
+
+    async def _hand_back(self) -> None:
+        from agent.modes import Mode
+
+        if self.knobs.actuation.mode is Mode.ACT:  # back in act before this ran: keep what it holds
+            return
+        try:
+            done = await self.knobs.hand_back()
+        except Exception:  # the lease then lapses, the GPU watchdog restores: logged, never raised
+            log.exception("handing back the knobs after leaving act mode failed")
+            return
+        if done:
+            log.info("left act mode: handed back %s", "; ".join(done))
 
     async def save_state(self) -> None:
         """Write the brain state (agent/persist.py) when ``agent.state_path`` is set: captured here, between
@@ -711,6 +744,9 @@ class Sidecar:
             await self.webhooks.stop()  # pending alerts stay in the on-disk outbox for the next start
         if self._evidence_task is not None:
             self._evidence_task.cancel()
+        if self._hand_back_task is not None:  # a hand-back under way finishes: knobs.stop() follows it
+            with contextlib.suppress(Exception):
+                await self._hand_back_task
         self._refits.shutdown(wait=False, cancel_futures=True)
         await self.knobs.stop()  # GPU and engine settings back to their defaults
         for collector in self.collectors:

@@ -225,6 +225,18 @@ class ControlClient:
             log.info("control lease released: the engine is back on its safe defaults")
         return released
 
+    async def hand_back(self) -> None:
+        """Leave the engine on its defaults and stop holding it, but stay usable (the sidecar left act
+        mode): a lease this client holds is ended at once and no longer renewed; an engine without leases
+        gets the settings found at start back. A later apply takes a new lease."""
+        if self._renew_task is not None:
+            self._renew_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renew_task
+            await self.release()  # while _renew_task still says a lease of ours was taken
+            self._renew_task = None
+        await self.restore()
+
     async def close(self) -> None:
         """Stop renewing, then hand the engine back: a leased engine's lease is ended at once
         (``control.release_on_stop``, else it reverts when the lease lapses); an engine without leases

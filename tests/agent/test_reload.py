@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from agent import config
 from agent.audit import AuditLog
-from agent.config import AuditConfig, GateConfig, PolicyConfig
+from agent.config import ActuatorConfig, AuditConfig, GateConfig, PolicyConfig
 from agent.reload import Reloader, changed_fields
 
 BASE = """\
@@ -23,6 +23,7 @@ gate:
   lines: {batch: {requests_per_min: 60}}
   api_keys: {sk-old-key-0123456789: batch}
 policies: {set: auto, ttft_slo_s: 2.0, itl_slo_s: 0.1, batch_max: 512}
+actuators: {mode: advise, gpu: "off"}
 """
 
 
@@ -36,6 +37,7 @@ class Setup:
         self.audit = AuditLog(AuditConfig(path=None), self.registry)
         self.applied: list[GateConfig] = []
         self.retuned: list[PolicyConfig] = []
+        self.modes: list[ActuatorConfig] = []
         self.refuse_policies: str | None = None  # a ValueError that apply_policies raises, as a policy would
         self.reloader = Reloader(
             self.path,
@@ -45,6 +47,7 @@ class Setup:
             self.audit,
             apply_gate=self.applied.append,
             apply_policies=self._retune,
+            apply_actuators=self.modes.append,
         )
 
     def _retune(self, policies: PolicyConfig) -> None:
@@ -258,3 +261,13 @@ def test_a_keys_file_that_cannot_be_read_keeps_the_running_keys(tmp_path: Path) 
         f"gate.api_keys_file {str(keys)!r}: cannot read it: No such file or directory"
     )
     assert setup.reloader.current is setup.cfg
+
+
+def test_the_mode_is_applied_and_the_other_actuator_fields_still_need_a_restart(setup: Setup) -> None:
+    setup.edit("mode: advise", "mode: act")
+    result = setup.reloader.reload("SIGHUP")
+    assert result.result == "applied" and result.changed == {"actuators.mode": ("advise", "act")}
+    assert [a.mode for a in setup.modes] == ["act"]
+    setup.edit('gpu: "off"', "gpu: power_limit")
+    assert setup.reloader.reload("SIGHUP").message.startswith("actuators.gpu changed, which needs a restart")
+    assert len(setup.modes) == 1

@@ -801,3 +801,71 @@ async def test_a_reload_retunes_the_running_policies_and_the_knob_follows_the_ne
         assert "outside the policy's bounds [8, 16]" in moves[0]["reason"]
     finally:
         await sidecar.stop()
+
+
+async def test_a_reload_out_of_act_mode_hands_everything_back_and_into_act_takes_it_again(
+    tmp_path: Path, sim_engine: tuple[Any, str]
+) -> None:
+    """``actuators.mode`` without a restart (which would take the gate, the pod's data path, down):
+    advise for weeks, then act. Leaving act puts back what servepilot set, as a restart would: the
+    gate's limit, the GPU's power limit and the engine's knob under its lease, none left where nobody
+    tends it. Operator pins stand in for the policies, so every value is known."""
+    import yaml
+
+    server, url = sim_engine
+    raw: dict[str, Any] = {
+        "agent": {"listen_port": _free_port(), "admin_listen_port": None},
+        "gate": {
+            "enabled": True,
+            "listen_port": _free_port(),
+            "upstreams": {"primary": url},
+            "max_in_flight": 64,
+        },
+        "engine": {"url": url},
+        "control": {"enabled": True, "url": url},
+        "actuators": {
+            "mode": "act",
+            "gpu": "power_limit",
+            "gpu_backend": "simulated",
+            "gpu_state_file": str(tmp_path / "gpu.json"),
+        },
+        "policies": {"set": "none"},
+        "audit": {"path": None},
+        "probe": {"enabled": False},
+        "forecast": {"enabled": False},
+    }
+    path = tmp_path / "servepilot.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    sidecar = Sidecar(config.load(path, {}), collectors=[OneValue()], config_path=str(path))
+    gate, gpu = sidecar.knobs.gate, sidecar.knobs.gpu
+    gpu.problem = None  # the simulated backend needs no privilege
+    await sidecar.knobs.start()
+
+    def now_set() -> tuple[int, float | None, int]:
+        return gate.limit, gpu.current(), server.core.settings.max_num_seqs
+
+    async def reload_mode(mode: str) -> None:
+        raw["actuators"]["mode"] = mode
+        path.write_text(yaml.safe_dump(raw))
+        assert sidecar.reload("SIGHUP").result == "applied"
+
+    try:
+        default = now_set()
+        assert default == (64, 400.0, 256)
+        pins = {"batch.max_in_flight": 16, "gpu.power_limit_w": 250, "engine.max_num_seqs": 32}
+        sidecar.knobs.actuation.pins.update(pins)
+        await sidecar.loop.tick(1.0)
+        assert now_set() == (16, 250.0, 32) and server.control.lease_expires_at is not None
+        await reload_mode("advise")
+        assert sidecar._hand_back_task is not None
+        await sidecar._hand_back_task
+        assert now_set() == default and server.control.lease_expires_at is None  # the lease ended at once
+        await sidecar.loop.tick(2.0)  # advised only: nothing moves
+        assert now_set() == default
+        assert {a["result"] for a in sidecar.knobs.audit.recent(3)} == {"advised"}
+        await reload_mode("act")
+        await sidecar.loop.tick(3.0)
+        assert now_set() == (16, 250.0, 32) and server.control.lease_expires_at is not None  # a new lease
+    finally:
+        await sidecar.stop()
+    assert now_set()[1:] == default[1:]  # and a stop hands the GPU and the engine back (the gate is gone)

@@ -101,6 +101,26 @@ async def test_a_client_that_never_applied_leaves_the_engine_alone_on_stop(
     await other.close()
 
 
+async def test_handing_back_ends_the_lease_and_a_later_apply_takes_a_new_one(
+    sim: tuple[SimServer, str],
+) -> None:
+    """Leaving act mode: the engine is on its defaults at once, nothing renews, and the client still works."""
+    server, url = sim
+    client = await _client(url)
+    try:
+        await client.apply({"max_num_seqs": 8})
+        await client.hand_back()
+        state = server.control.state(server.clock())
+        assert state["settings"] == state["safe_defaults"] and not state["lease"]["active"]
+        assert client._renew_task is None
+        await client.hand_back()  # nothing held now: a no-op, not an error
+        result = await client.apply({"max_num_seqs": 16})  # back in act mode
+        assert result.ok and server.core.settings.max_num_seqs == 16
+        assert server.control.lease_expires_at is not None and client._renew_task is not None
+    finally:
+        await client.close()
+
+
 async def test_a_failed_release_is_logged_and_the_stop_goes_on(
     sim: tuple[SimServer, str], caplog: pytest.LogCaptureFixture
 ) -> None:

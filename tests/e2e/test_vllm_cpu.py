@@ -79,7 +79,8 @@ async def test_live_scrapes_parse_and_map_to_the_canonical_signals(engine: Runni
 
 async def test_discovery_finds_the_runtime_endpoints_this_vllm_serves(engine: RunningEngine) -> None:
     async with aiohttp.ClientSession() as session:
-        adapter = VllmAdapter(session, engine.url)
+        # vLLM's CPU backend on a 2-core machine pauses for seconds (up to 7.8 s seen): not the 2 s default
+        adapter = VllmAdapter(session, engine.url, timeout_s=10.0)
         capabilities = await adapter.discover()
         async with session.get(engine.url + "/openapi.json") as resp:
             paths = set((await resp.json())["paths"])

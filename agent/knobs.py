@@ -30,7 +30,7 @@ from agent.audit import AuditLog
 from agent.collectors.base import Collector
 from agent.config import Config, ConfigError
 from agent.control.base import ControlError
-from agent.modes import Actuation
+from agent.modes import Actuation, Mode
 from policies import knobs
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,21 @@ class Knobs:
         self.cfg = cfg
         self.audit = AuditLog(cfg.audit, registry)
         self.actuation = Actuation(cfg.actuators.mode, self.audit)
+        # read at scrape time: a config reload changes the mode, the admin API pauses (fleet view: which
+        # pods act, which only advise)
+        mode = Gauge(
+            "servepilot_actuation_mode",
+            "1 for the actuation mode in force (observe, advise, act), 0 for the others.",
+            ["mode"],
+            registry=registry,
+        )
+        for name in Mode:
+            mode.labels(name.value).set_function(lambda name=name: float(self.actuation.mode is name))
+        Gauge(
+            "servepilot_actuation_paused",
+            "1 while an operator has paused actuation (admin API).",
+            registry=registry,
+        ).set_function(lambda: float(self.actuation.paused))
         self.gate: Any = None
         self.control: Any = None
         #: Why :meth:`start` found no engine control API (None: found, or ``control.enabled`` is off).

@@ -857,6 +857,9 @@ async def test_a_reload_out_of_act_mode_hands_everything_back_and_into_act_takes
         await sidecar.loop.tick(1.0)
         assert now_set() == (16, 250.0, 32) and server.control.lease_expires_at is not None
         await reload_mode("advise")
+        metric = sidecar.exporter.registry.get_sample_value
+        assert metric("servepilot_actuation_mode", {"mode": "advise"}) == 1.0
+        assert metric("servepilot_actuation_mode", {"mode": "act"}) == 0.0
         assert sidecar._hand_back_task is not None
         await sidecar._hand_back_task
         assert now_set() == default and server.control.lease_expires_at is None  # the lease ended at once

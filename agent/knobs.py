@@ -264,11 +264,9 @@ class Knobs:
         and the gate's in-flight limit, queue deadline and split from the config. What it handed back,
         for the log."""
         done: list[str] = []
-        if self.gpu is not None:
-            self.gpu.restore()
+        if self.gpu is not None and self.gpu.restore():
             done.append(f"{self.gpu_knob} to the GPU's default")
-        if self.control is not None:
-            await self.control.hand_back()
+        if self.control is not None and await self.control.hand_back():
             self._engine_values.clear()  # the engine's values are its defaults now: read them again
             done.append("the engine's knobs to its defaults")
         if self.gate is not None:

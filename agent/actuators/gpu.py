@@ -142,11 +142,12 @@ class GpuActuator:
             self.restore()
         return lapsed
 
-    def restore(self) -> None:
-        """Put every driven GPU back to its default power limit / unlocked clocks. Never raises."""
+    def restore(self) -> bool:
+        """Put every driven GPU back to its default power limit / unlocked clocks; True when there was
+        something to put back. Never raises."""
         with self._lock:
             if not self._changed:
-                return
+                return False
             for index in self.indices:
                 try:
                     if self.kind == "power_limit":
@@ -156,6 +157,7 @@ class GpuActuator:
                 except GpuControlError as error:
                     log.error("restoring gpu%d failed: %s", index, error)
             self._changed = False
+            return True
 
     def _watch(self) -> None:
         period = max(0.05, min(1.0, self.lease_s / 4))

@@ -201,12 +201,15 @@ class ControlClient:
                     return
                 log.warning("control lease renewal failed (%d in a row): %s", self.renew_failures, error)
 
-    async def restore(self) -> None:
-        """Put back the settings found at start (engines without leases); leased engines revert alone."""
+    async def restore(self) -> bool:
+        """Put back the settings found at start (engines without leases; True when sent); leased engines
+        revert alone."""
         if self.adapter is None or self.capabilities is None or self.capabilities.leases or not self.initial:
-            return
+            return False
         with contextlib.suppress(ControlError):
             await self.adapter.apply(self.initial, uuid.uuid4().hex, self.cfg.lease_s)
+            return True
+        return False
 
     async def release(self) -> bool:
         """End this client's lease now, so the engine runs its safe defaults at once rather than up to
@@ -225,17 +228,19 @@ class ControlClient:
             log.info("control lease released: the engine is back on its safe defaults")
         return released
 
-    async def hand_back(self) -> None:
+    async def hand_back(self) -> bool:
         """Leave the engine on its defaults and stop holding it, but stay usable (the sidecar left act
         mode): a lease this client holds is ended at once and no longer renewed; an engine without leases
-        gets the settings found at start back. A later apply takes a new lease."""
+        gets the settings found at start back. A later apply takes a new lease. True when it held a lease
+        or had settings to put back."""
+        held = self._renew_task is not None
         if self._renew_task is not None:
             self._renew_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renew_task
             await self.release()  # while _renew_task still says a lease of ours was taken
             self._renew_task = None
-        await self.restore()
+        return await self.restore() or held
 
     async def close(self) -> None:
         """Stop renewing, then hand the engine back: a leased engine's lease is ended at once

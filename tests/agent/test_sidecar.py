@@ -863,6 +863,8 @@ async def test_a_reload_out_of_act_mode_hands_everything_back_and_into_act_takes
         assert sidecar._hand_back_task is not None
         await sidecar._hand_back_task
         assert now_set() == default and server.control.lease_expires_at is None  # the lease ended at once
+        again = await sidecar.knobs.hand_back()  # nothing held any more: the log names only what was
+        assert len(again) == 1 and again[0].startswith("the gate to its configured limit 64")
         await sidecar.loop.tick(2.0)  # advised only: nothing moves
         assert now_set() == default
         assert {a["result"] for a in sidecar.knobs.audit.recent(3)} == {"advised"}

@@ -49,7 +49,8 @@ class Profile:
 
     def for_(self, seconds: int) -> str:
         scaled = max(1, round(seconds * self.for_scale))
-        return f"{scaled // 60}m" if scaled % 60 == 0 else f"{scaled}s"
+        fast = self.for_scale < 1.0  # a shortened profile says seconds throughout
+        return f"{scaled // 60}m" if scaled % 60 == 0 and not fast else f"{scaled}s"
 
 
 PRODUCTION = Profile()
@@ -248,6 +249,17 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
             "servepilot cannot change {{ $labels.knob }} in {{ $labels.pod }}",
             "At least 3 actions on {{ $labels.knob }} failed in 30 minutes; the knob is stuck at its last "
             "value and servepilot cannot react.",
+        ),
+        _alert(
+            "ServepilotActuationPaused",
+            f"max by ({BY}) (servepilot_actuation_paused) == 1\n"
+            f'and on ({BY}) max by ({BY}) (servepilot_actuation_mode{{mode="act"}}) == 1',
+            p.for_(21600),
+            "warning",
+            "servepilot in {{ $labels.pod }} has been paused for 6 hours in act mode",
+            "An operator paused actuation (POST /api/admin/pause) 6 hours ago and nobody resumed it: the "
+            "policies still decide, but nothing is applied, so the breaker, the SLO guard and the energy "
+            "policy do not act. A pause meant for an incident is easy to forget.",
         ),
         _alert(
             "ServepilotEngineControlUnavailable",

@@ -66,6 +66,8 @@ AGENT: list[Series] = _agent(
     # decisions: breaker policy state, audited actions, the configured SLO targets
     "servepilot_breaker_level",
     "servepilot_actions_total",
+    "servepilot_actuation_paused",
+    "servepilot_actuation_mode",
     "servepilot_engine_control_up",
     "servepilot_config_last_reload_successful",
     "servepilot_slo_ttft_seconds",

@@ -299,8 +299,24 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
             await asyncio.sleep(0.1)
         raise AssertionError(
             f"vLLM never got there: {what}; (running, waiting) seen: {seen}; the gate holds "
-            f"{gate_holds()} at vLLM, primary healthy {primary.healthy} ({primary.last_error!r})"
+            f"{gate_holds()} at vLLM, primary healthy {primary.healthy} ({primary.last_error!r}); "
+            f"the requests sent: {answers()}"
         )
+
+    sent: list[asyncio.Future[Any]] = []
+
+    def answers() -> str:
+        """What became of the requests sent so far: still streaming, or each answer's status and start
+        (a CI run saw them all gone within seconds, the gate holding none and vLLM running none)."""
+        said = []
+        for future in sent:
+            if not future.done():
+                said.append("streaming")
+            elif future.exception() is not None:
+                said.append(f"raised {future.exception()!r}")
+            else:
+                said.extend(f"{r.status} {r.body[:160]!r} in {r.e2e_s:.1f} s" for r in future.result())
+        return "; ".join(said) or "none"
 
     def engine_holds(snapshot: Any, running: int, waiting: int) -> bool:
         """``running`` requests run and at least ``waiting`` wait (under CPU contention vLLM's API server
@@ -320,10 +336,12 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
             running = asyncio.ensure_future(
                 stream_many(session, via_gate, [completion(f"stall {i}", 1800) for i in range(4)])
             )
+            sent.append(running)
             await tick_until(lambda s: engine_holds(s, 4, 0) and gate_holds() == 4, "4 running")
             waiting = asyncio.ensure_future(
                 stream_many(session, via_gate, [completion(f"wait {i}", 16) for i in range(2)])
             )
+            sent.append(waiting)
             await tick_until(lambda s: engine_holds(s, 4, 1) and gate_holds() == 6, "4 running, 1+ waiting")
             try:
                 os.kill(core, signal.SIGSTOP)

@@ -329,6 +329,9 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
     def gate_holds() -> int:
         return sum(1 for name, _, _ in gate._at_upstream.values() if name == "primary")
 
+    def gate_unstarted() -> int:
+        return sum(1 for name, r, _ in gate._at_upstream.values() if name == "primary" and r.heard_at is None)
+
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
             # four long answers fill max_num_seqs and run; two short ones wait behind them. Started in that
@@ -342,7 +345,18 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
                 stream_many(session, via_gate, [completion(f"wait {i}", 16) for i in range(2)])
             )
             sent.append(waiting)
-            await tick_until(lambda s: engine_holds(s, 4, 1) and gate_holds() == 6, "4 running, 1+ waiting")
+            # the short ones are seen queued behind the four from the gate (held, no byte yet), not from a
+            # scrape: in CI a scrape that waited 5 s on a paused vLLM covered the whole moment, and the
+            # 1800-token answers were over 8.5 s after they started
+            for _ in range(600):
+                if gate_holds() == 6 and gate_unstarted() == 2:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError(
+                    f"the short requests never queued behind the long ones: the gate holds {gate_holds()} at "
+                    f"vLLM, {gate_unstarted()} with no byte yet; the requests sent: {answers()}"
+                )
             try:
                 os.kill(core, signal.SIGSTOP)
                 await asyncio.sleep(0.5)  # a step that was running ends; nothing after it

@@ -126,10 +126,10 @@ class Reloader:
     ``apply_gate`` takes the new gate section (None without a gate); ``apply_policies`` the new policies
     section, and raises ValueError, having changed nothing, when a value does not fit a running policy
     (the reload is then refused as invalid, before the gate's part is applied); ``apply_actuators`` the
-    new actuators section (the mode). ``current`` is the config
-    in force; after an applied reload it is the new one, so the next reload diffs against what runs. ``read``
-    turns the file into a config when the running one is more than the file (``servepilot gate`` adds its
-    command-line overrides); by default the file and the environment overrides alone.
+    new actuators section (the mode). ``current`` is the config in force; after an applied reload it is
+    the new one, so the next reload diffs against what runs. ``read`` turns the file into a config when
+    the running one is more than the file (``servepilot gate`` adds its command-line overrides); by
+    default the file and the environment overrides alone.
     """
 
     def __init__(

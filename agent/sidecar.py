@@ -23,6 +23,7 @@ from agent.config import ActuatorConfig, Config, ConfigError, PolicyConfig
 from agent.exporter import Exporter
 from agent.knobs import Knobs
 from agent.loop import Loop
+from agent.modes import Mode
 from agent.store import Store
 from detectors.base import Detector, Finding
 from detectors.snapshot import Snapshot
@@ -225,7 +226,9 @@ class Sidecar:
         self.exporter = Exporter(slo={"ttft": cfg.policies.ttft_slo_s, "itl": cfg.policies.itl_slo_s})
         self.knobs = Knobs(cfg, self.exporter.registry)
         self.collectors.extend(self.knobs.collectors)
-        if cfg.gate.enabled and cfg.gate.eject_stalled_s > 0 and engine_upstream(cfg) is None:
+        #: the gate upstream that is this engine (engine.url and the upstreams need a restart to change)
+        self._engine_upstream = engine_upstream(cfg)
+        if cfg.gate.enabled and cfg.gate.eject_stalled_s > 0 and self._engine_upstream is None:
             log.warning(
                 "no gate upstream has engine.url (%s): the engine_stall finding cannot take this engine out "
                 "of the split; give its upstream the same URL (docs/gate.md)",
@@ -363,8 +366,6 @@ class Sidecar:
         nothing is applied any more, and what servepilot had set goes back as a restart would put it
         (:meth:`agent.knobs.Knobs.hand_back`), so no clock stays locked low and no batch cut stays in
         force with nobody tending it."""
-        from agent.modes import Mode
-
         actuation = self.knobs.actuation
         old, new = actuation.mode, Mode(a.mode)
         if new is old:
@@ -377,8 +378,6 @@ class Sidecar:
             )
 
     async def _hand_back(self) -> None:
-        from agent.modes import Mode
-
         if self.knobs.actuation.mode is Mode.ACT:  # back in act before this ran: keep what it holds
             return
         try:
@@ -592,7 +591,7 @@ class Sidecar:
     def _tell_gate_of_a_stall(self, state: AgentState) -> None:
         """The engine_stall finding, or its end, to the gate's upstream that is this engine: a hang the
         gate cannot see when the engine holds no stream (non-streamed requests, prompts only)."""
-        gate, upstream = self.knobs.gate, engine_upstream(self.cfg)
+        gate, upstream = self.knobs.gate, self._engine_upstream
         if gate is None or upstream is None or upstream not in gate.pool.upstreams:
             return
         stall = next((f for f in state.findings if f.detector == "engine_stall"), None)

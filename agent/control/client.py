@@ -233,25 +233,26 @@ class ControlClient:
         mode): a lease this client holds is ended at once and no longer renewed; an engine without leases
         gets the settings found at start back. A later apply takes a new lease. True when it held a lease
         or had settings to put back."""
+        held = await self._stop_renewing(release=True)
+        return await self.restore() or held
+
+    async def _stop_renewing(self, *, release: bool) -> bool:
+        """Stop renewing the lease; end it at once too when ``release``. True when one was held."""
         held = self._renew_task is not None
         if self._renew_task is not None:
             self._renew_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renew_task
+        if release:
             await self.release()  # while _renew_task still says a lease of ours was taken
-            self._renew_task = None
-        return await self.restore() or held
+        self._renew_task = None
+        return held
 
     async def close(self) -> None:
         """Stop renewing, then hand the engine back: a leased engine's lease is ended at once
         (``control.release_on_stop``, else it reverts when the lease lapses); an engine without leases
         gets the settings found at start back. Then release HTTP."""
-        if self._renew_task is not None:
-            self._renew_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renew_task
-        if self.cfg.release_on_stop:
-            await self.release()
+        await self._stop_renewing(release=self.cfg.release_on_stop)
         await self.restore()
         if self._own_session and self.session is not None:
             await self.session.close()

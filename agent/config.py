@@ -420,7 +420,11 @@ class WebhookConfig(_Section):
     enabled: bool = Field(False, description="send findings and source outages as alerts")
     alertmanager_url: str | None = Field(None, description="Alertmanager base URL (POST /api/v2/alerts)")
     generic_url: str | None = Field(None, description="generic JSON webhook URL, signed (Standard Webhooks)")
-    secret_file: str | None = Field(None, description="file holding the signing secret (whsec_<base64>)")
+    secret_file: str | None = Field(
+        None,
+        description="file holding the signing secret (whsec_<base64>); several, space-separated, sign with "
+        "each (rotation); re-read at every reload and watched with agent.config_watch_s",
+    )
     queue_path: str = Field("servepilot-webhooks.sqlite", description="on-disk outbox (survives restarts)")
     timeout_s: float = Field(5.0, gt=0, le=120, description="HTTP timeout of one delivery attempt")
     backoff_base_s: float = Field(1.0, gt=0, le=600, description="first retry delay (doubles per attempt)")

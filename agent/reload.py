@@ -4,18 +4,21 @@ own when the file changes (``agent.config_watch_s``).
 A restart is not free here: with the gate in the sidecar it takes the pod's data path down, and the
 detectors' baselines start over. What operators change while traffic runs is who may send how much
 (business lines and their rates, API keys), what the policies aim for (the latency SLO, the batch
-bounds, the peak schedule) and whether servepilot acts at all (``actuators.mode``: advise for weeks,
-then act). Those fields (:data:`HOT`) are applied in place: the gate's buckets keep their levels, so a
-reload hands no line a fresh burst, and each policy keeps its state, so a controller carries on from the
-batch it stands at rather than from its start value. Leaving act mode hands back what servepilot had set
-(the GPU's defaults, the engine's lease, the gate's configured limit and split), as a restart would.
+bounds, the peak schedule), whether servepilot acts at all (``actuators.mode``: advise for weeks,
+then act) and where its alerts go (webhook receivers, their signing secret, severity and labels; a
+rotated secret file is re-read). Those fields (:data:`HOT`) are applied in place: the gate's buckets
+keep their levels, so a reload hands no line a fresh burst; each policy keeps its state, so a controller
+carries on from the batch it stands at rather than from its start value; the webhook outbox and the
+firing alerts are kept, so nothing queued is lost and nothing fires twice. Leaving act mode hands back
+what servepilot had set (the GPU's defaults, the engine's lease, the gate's configured limit and split),
+as a restart would.
 
 A reload is all or nothing, as Prometheus and Alertmanager do it: a file that does not validate, or
 that changes any other field (those need a restart), is refused with one line naming the field, and the
 running config stays as it was. ``servepilot_config_last_reload_successful`` goes to 0 until a reload
 succeeds (the ``ServepilotConfigReloadFailed`` alert), so a ConfigMap edit that did not take is seen,
 not assumed. Each applied reload is one audit record (knob ``config``) with the changed fields' old and
-new values; API keys are never written out, only how many there are.
+new values; API keys and webhook secrets are never written out (keys by count, a secret as redacted).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from agent.audit import Action, AuditLog
-from agent.config import ActuatorConfig, Config, ConfigError, GateConfig, PolicyConfig, load
+from agent.config import ActuatorConfig, Config, ConfigError, GateConfig, PolicyConfig, WebhookConfig, load
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +55,28 @@ HOT = (
     "policies.initial_batch",  # where a controller starts: the running one carries on, held to its bounds
     "policies.schedule",
     "actuators.mode",  # leaving act hands back what servepilot set, as a restart would
+    # receivers and what they are sent; the outbox and the firing alerts are kept (``enabled`` and
+    # ``queue_path`` need a restart: they make or move the outbox)
+    "webhooks.alertmanager_url",
+    "webhooks.generic_url",
+    "webhooks.secret_file",  # and its content: a rotated Secret is re-read (see SECRET_CONTENT)
+    "webhooks.timeout_s",
+    "webhooks.backoff_base_s",
+    "webhooks.backoff_max_s",
+    "webhooks.max_age_s",
+    "webhooks.max_pending",
+    "webhooks.resend_s",
+    "webhooks.min_severity",
+    "webhooks.source_down_after_s",
+    "webhooks.resolve_after_s",
+    "webhooks.group_by",
+    "webhooks.labels",
+    "webhooks.generator_url",
 )
+#: The change of a secret file's content, reported as a change of this pseudo-field (never its value).
+SECRET_CONTENT = "webhooks.secret_file.content"
 #: Fields whose values are secrets: a change is reported by count, never by value.
-SECRET = ("gate.api_keys",)
+SECRET = ("gate.api_keys", SECRET_CONTENT)
 RESULTS = ("applied", "unchanged", "refused", "invalid")
 
 
@@ -78,6 +100,17 @@ def changed_fields(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
         for path in sorted(before.keys() | after.keys())
         if before.get(path, missing) != after.get(path, missing)
     }
+
+
+def _secret_digest(cfg: Config) -> str | None:
+    """A digest of the webhook secret file's content (None without one, or when it cannot be read)."""
+    name = cfg.webhooks.secret_file
+    if not name:
+        return None
+    try:
+        return hashlib.sha256(Path(name).read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def _under(path: str, prefixes: tuple[str, ...]) -> bool:
@@ -126,7 +159,9 @@ class Reloader:
     ``apply_gate`` takes the new gate section (None without a gate); ``apply_policies`` the new policies
     section, and raises ValueError, having changed nothing, when a value does not fit a running policy
     (the reload is then refused as invalid, before the gate's part is applied); ``apply_actuators`` the
-    new actuators section (the mode). ``current`` is the config in force; after an applied reload it is
+    new actuators section (the mode); ``prepare_webhooks`` the new webhooks section, raising ValueError
+    when a receiver cannot be built (its secret file), and returns what applies it once every other
+    check has passed. ``current`` is the config in force; after an applied reload it is
     the new one, so the next reload diffs against what runs. ``read`` turns the file into a config when
     the running one is more than the file (``servepilot gate`` adds its command-line overrides); by
     default the file and the environment overrides alone.
@@ -143,6 +178,7 @@ class Reloader:
         apply_gate: Callable[[GateConfig], None] | None = None,
         apply_policies: Callable[[PolicyConfig], None] | None = None,
         apply_actuators: Callable[[ActuatorConfig], None] | None = None,
+        prepare_webhooks: Callable[[WebhookConfig], Callable[[], None]] | None = None,
         read: Callable[[Path, Mapping[str, str]], Config] = load,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -154,7 +190,9 @@ class Reloader:
         self.apply_gate = apply_gate
         self.apply_policies = apply_policies
         self.apply_actuators = apply_actuators
+        self.prepare_webhooks = prepare_webhooks
         self.clock = clock
+        self._secret = _secret_digest(current)
         self._successful = Gauge(
             "servepilot_config_last_reload_successful",
             "1 when the last config reload succeeded (or none was tried), 0 when it was refused.",
@@ -175,10 +213,11 @@ class Reloader:
         self._seen = self._digest()
 
     def _digest(self) -> str | None:
-        """Of the config file and the files whose content is part of the config (``gate.api_keys_file``)."""
+        """Of the config file and the files whose content is part of the config (``gate.api_keys_file``,
+        ``webhooks.secret_file``)."""
         digest = hashlib.sha256()
-        keys = self.current.gate.api_keys_file
-        for path in (self.path, *([Path(keys)] if keys else [])):
+        files = (self.current.gate.api_keys_file, self.current.webhooks.secret_file)
+        for path in (self.path, *(Path(name) for name in files if name)):
             try:
                 digest.update(path.read_bytes())
             except OSError:
@@ -211,6 +250,9 @@ class Reloader:
         except ConfigError as error:
             return ReloadResult("invalid", f"{error}; the running config is unchanged")
         changes = changed_fields(self.current, new)
+        secret = _secret_digest(new)
+        if secret != self._secret and new.webhooks.secret_file == self.current.webhooks.secret_file:
+            changes[SECRET_CONTENT] = (self._secret, secret)  # the same file, a new secret in it
         shown_changes = {path: (shown(path, a), shown(path, b)) for path, (a, b) in changes.items()}
         if not changes:
             return ReloadResult("unchanged", f"no change in {self.path}")
@@ -223,6 +265,13 @@ class Reloader:
                 f"(applied without one: {', '.join(HOT)})",
                 shown_changes,
             )
+        commit_webhooks: Callable[[], None] | None = None
+        if self.prepare_webhooks is not None and _touches(changes, "webhooks"):
+            try:
+                commit_webhooks = self.prepare_webhooks(new.webhooks)
+            except ValueError as error:
+                message = f"the webhooks do not take the new values: {error}; the running config is unchanged"
+                return ReloadResult("invalid", message, shown_changes)
         if self.apply_policies is not None and _touches(changes, "policies"):
             try:
                 self.apply_policies(new.policies)
@@ -233,7 +282,10 @@ class Reloader:
             self.apply_gate(new.gate)
         if self.apply_actuators is not None and _touches(changes, "actuators"):
             self.apply_actuators(new.actuators)
+        if commit_webhooks is not None:
+            commit_webhooks()
         self.current = new
+        self._secret = secret
         self._seen = self._digest()  # the keys file it reads now, should the reload have named another
         self.audit.record(
             Action(

@@ -309,6 +309,7 @@ class Sidecar:
                 apply_gate=gate.set_admission_rules if gate is not None else None,
                 apply_policies=self._retune_policies,
                 apply_actuators=self._change_mode,
+                prepare_webhooks=self.webhooks.prepare if self.webhooks is not None else None,
             )
         self._runner: web.AppRunner | None = None
         self._admin_runner: web.AppRunner | None = None

@@ -13,7 +13,7 @@ Receivers of the generic webhook check messages with :func:`agent.webhooks.signi
 from agent.webhooks.alerts import Alert, AlertTracker
 from agent.webhooks.dispatcher import WebhookDispatcher, sinks_from_config
 from agent.webhooks.outbox import Message, Outbox, OutboxError
-from agent.webhooks.signing import SignatureError, decode_secret, sign_headers, verify
+from agent.webhooks.signing import SignatureError, decode_secret, decode_secrets, sign_headers, verify
 from agent.webhooks.sinks import AlertmanagerSink, GenericSink
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "SignatureError",
     "WebhookDispatcher",
     "decode_secret",
+    "decode_secrets",
     "sign_headers",
     "sinks_from_config",
     "verify",

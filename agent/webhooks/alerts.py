@@ -24,6 +24,8 @@ from detectors.base import Severity
 from detectors.snapshot import SourceStatus
 
 _RANK = {Severity.INFO.value: 0, Severity.WARNING.value: 1, Severity.CRITICAL.value: 2}
+#: Labels the tracker sets itself; every other label of an alert is one of ``static_labels``.
+_OWN_LABELS = frozenset({"alertname", "detector", "signal", "severity", "source"})
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,50 @@ class AlertTracker:
     def restore(self, alerts: Iterable[Alert]) -> None:
         """Resume with alerts that were firing before a restart, so their resolution is still sent."""
         self.active = {a.fingerprint: a for a in alerts if a.ends_at is None}
+
+    def reconfigure(
+        self,
+        now: float,
+        *,
+        min_severity: str,
+        source_down_after_s: float,
+        resolve_after_s: float,
+        static_labels: Mapping[str, str],
+    ) -> list[Alert]:
+        """Take new settings (a config reload); returns the transitions they make at once.
+
+        * A firing finding below a raised ``min_severity`` resolves now: the operator asked not to be
+          told of it, and a receiver must not keep an incident open that nothing will ever close.
+        * New ``static_labels`` change every alert's identity, as a change of labels does in
+          Alertmanager: each firing alert resolves under its old labels and fires again under the new
+          ones now, with its start time kept, rather than both being open for ``resolve_after_s``.
+        Alerts that still hold are kept, so nothing fires twice.
+        """
+        floor = _RANK[min_severity]
+        changes: list[Alert] = []
+        kept: dict[str, Alert] = {}
+        for key, alert in self.active.items():
+            severity = alert.labels.get("severity", "")
+            if alert.labels.get("alertname") == "ServepilotFinding" and _RANK.get(severity, floor) < floor:
+                changes.append(alert.resolved(now))
+                self._missing_since.pop(key, None)
+                continue
+            own = {k: v for k, v in alert.labels.items() if k in _OWN_LABELS or k not in self.static_labels}
+            labels = {**static_labels, **own}
+            if labels == dict(alert.labels):
+                kept[key] = alert
+                continue
+            renamed = Alert(labels, alert.annotations, alert.starts_at)
+            changes.append(alert.resolved(now))
+            self._missing_since.pop(key, None)
+            kept[renamed.fingerprint] = renamed
+        refired = [alert for key, alert in kept.items() if key not in self.active]
+        self.active = kept
+        self.min_severity = min_severity
+        self.source_down_after_s = source_down_after_s
+        self.resolve_after_s = resolve_after_s
+        self.static_labels = dict(static_labels)
+        return changes + refired
 
     def _desired(self, state: AgentState, now: float) -> dict[str, Alert]:
         floor = _RANK[self.min_severity]

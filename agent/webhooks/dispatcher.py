@@ -37,7 +37,7 @@ from agent.state import AgentState
 from agent.webhooks.alerts import Alert, AlertTracker
 from agent.webhooks.outbox import Message, Outbox
 from agent.webhooks.retry import Outcome, backoff_s, classify, retry_after_s
-from agent.webhooks.signing import decode_secret
+from agent.webhooks.signing import SignatureError, decode_secrets
 from agent.webhooks.sinks import AlertmanagerSink, GenericSink, Sink, message_id
 
 log = logging.getLogger(__name__)
@@ -84,9 +84,12 @@ def sinks_from_config(cfg: WebhookConfig) -> list[Sink]:
             raise ValueError("webhooks.secret_file is required when webhooks.generic_url is set")
         try:
             text = Path(cfg.secret_file).read_text(encoding="utf-8")
+            secrets = decode_secrets(text)
         except OSError as error:
             raise ValueError(f"webhooks.secret_file {cfg.secret_file!r}: {error.strerror or error}") from None
-        sinks.append(GenericSink(cfg.generic_url, decode_secret(text), cfg.group_by))
+        except (SignatureError, UnicodeDecodeError) as error:
+            raise ValueError(f"webhooks.secret_file {cfg.secret_file!r}: {error}") from None
+        sinks.append(GenericSink(cfg.generic_url, secrets if len(secrets) > 1 else secrets[0], cfg.group_by))
     return sinks
 
 
@@ -195,15 +198,90 @@ class WebhookDispatcher:
         if firing and self.outbox.pending("alertmanager") == 0:  # an outage must not pile up resends
             self.submit(firing, now, only="alertmanager")
 
+    # -- reconfiguring (a config reload) ----------------------------------------------------------
+
+    def prepare(self, cfg: WebhookConfig) -> Callable[[], None]:
+        """Check ``cfg`` (a reload's webhooks section) and return what applies it; raises ValueError, in one
+        line, having changed nothing, when a sink cannot be built (the secret file unreadable or empty).
+
+        Applying it swaps the sinks and settings in place, keeping the outbox and the firing alerts:
+        * queued messages go to a sink's new URL, signed at send time with its new secret(s);
+        * a sink added (say ``alertmanager_url`` set) is sent every alert firing now, so it starts in step;
+        * a sink removed has its queued messages discarded (counted as ``expired``), as it was asked;
+        * a raised ``min_severity`` or new ``labels`` send their transitions at once
+          (:meth:`AlertTracker.reconfigure`).
+        ``enabled`` and ``queue_path`` need a restart (agent/reload.py).
+        """
+        sinks = {sink.name: sink for sink in sinks_from_config(cfg)}
+
+        def apply() -> None:
+            self._apply(cfg, sinks)
+
+        return apply
+
+    def _apply(self, cfg: WebhookConfig, sinks: dict[str, Sink]) -> None:
+        now = self.clock()
+        removed = [name for name in self.sinks if name not in sinks]
+        added = [name for name in sinks if name not in self.sinks]
+        moved = [name for name in sinks if name in self.sinks and sinks[name].url != self.sinks[name].url]
+        for name in removed:
+            try:
+                discarded = self.outbox.discard(name)
+            except sqlite3.Error as error:  # they expire at delivery instead (no sink to send them to)
+                log.error("webhook outbox: cannot discard the messages of %s: %s", name, error)
+                discarded = 0
+            self.metrics.deliveries.labels(name, "expired").inc(discarded)
+            self.metrics.queue_depth.labels(name).set(0)
+            self.metrics.oldest_age.labels(name).set(0)
+            log.warning("webhook %s removed: %d queued message(s) discarded", name, discarded)
+        for name in moved:
+            log.info(
+                "webhook %s now posts to %s: %d queued message(s) go there",
+                name,
+                sinks[name].url,
+                self.outbox.pending(name),
+            )
+        self.cfg = cfg
+        self.sinks = sinks
+        self.outbox.max_pending = cfg.max_pending
+        for name in added:
+            self.metrics.deliveries.labels(name, Outcome.OK.value)
+        changes = self.tracker.reconfigure(
+            now,
+            min_severity=cfg.min_severity,
+            source_down_after_s=cfg.source_down_after_s,
+            resolve_after_s=cfg.resolve_after_s,
+            static_labels=dict(cfg.labels),
+        )
+        if changes:
+            try:
+                self.outbox.save_active(self.tracker.active.values())
+            except sqlite3.Error as error:
+                log.error("webhook outbox: cannot save firing alerts: %s", error)
+            for name in sinks:
+                if name not in added:
+                    self.submit(changes, now, only=name)
+        firing = list(self.tracker.active.values())
+        for name in added:
+            url = sinks[name].url
+            log.info("webhook %s added (%s): sending the %d alert(s) firing now", name, url, len(firing))
+            if firing:
+                self.submit(firing, now, only=name)
+        self._refresh_gauges(now)
+
     # -- delivering ------------------------------------------------------------------------------
 
     async def _post(self, sink: Sink, msg: Message, now: float) -> tuple[int | None, str, float | None]:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.cfg.timeout_s))
+            self._session = aiohttp.ClientSession()
         started = time.perf_counter()
         try:
             async with self._session.post(
-                sink.url, data=msg.body, headers=sink.headers(msg.id, msg.body, now), allow_redirects=False
+                sink.url,
+                data=msg.body,
+                headers=sink.headers(msg.id, msg.body, now),
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=self.cfg.timeout_s),  # per attempt: reloads change it
             ) as response:
                 await response.read()
                 later = retry_after_s(response.headers.get("retry-after"))

@@ -131,6 +131,11 @@ class Outbox:
         with self._db:
             self._db.execute("DELETE FROM outbox WHERE id = ?", (msg_id,))
 
+    def discard(self, sink: str) -> int:
+        """Remove every message queued for ``sink`` (a receiver taken out of the config); returns how many."""
+        with self._db:
+            return int(self._db.execute("DELETE FROM outbox WHERE sink = ?", (sink,)).rowcount)
+
     def retry_at(self, msg_id: str, next_at: float, error: str) -> None:
         with self._db:
             self._db.execute(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,13 +30,14 @@ class ReceivedLog:
 
 
 def build_receiver_app(
-    secret: bytes,
+    secret: bytes | Sequence[bytes],
     *,
     path: str = "/hook",
     clock: Callable[[], float] = time.time,
     tolerance_s: float = DEFAULT_TOLERANCE_S,
 ) -> tuple[web.Application, ReceivedLog]:
-    """An aiohttp app that accepts signed servepilot messages at ``path``; returns it and its log."""
+    """An aiohttp app that accepts signed servepilot messages at ``path``; returns it and its log.
+    ``secret``: the key, or several (old and new while a rotation is in progress)."""
     log = ReceivedLog()
 
     async def hook(request: web.Request) -> web.Response:

@@ -12,6 +12,11 @@ The id, the timestamp and the exact body bytes are all inside the MAC, so a capt
 replayed later (the verifier rejects timestamps outside its window) nor re-targeted with another id or
 body. ``webhook-signature`` may hold several space-separated signatures (key rotation); one match is
 enough. Secrets are written ``whsec_<base64>`` (the convention) or given as raw bytes.
+
+Rotating a secret without losing a message: put the new secret beside the old one in the secret file
+(``whsec_old whsec_new``, by space or newline); every message is then signed with both, so receivers
+accept it whether they check the old secret or already the new one. Once every receiver has the new
+secret, remove the old one from the file. The sidecar re-reads the file at each config reload.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import base64
 import binascii
 import hashlib
 import hmac
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 SECRET_PREFIX = "whsec_"
 DEFAULT_TOLERANCE_S = 300.0
@@ -49,6 +54,15 @@ def decode_secret(text: str) -> bytes:
     return text.encode("utf-8")
 
 
+def decode_secrets(text: str) -> tuple[bytes, ...]:
+    """The secrets of a secret file: several ``whsec_`` secrets separated by whitespace (a rotation in
+    progress), else the whole text as one secret (a raw secret may contain spaces)."""
+    parts = text.split()
+    if len(parts) > 1 and all(part.startswith(SECRET_PREFIX) for part in parts):
+        return tuple(dict.fromkeys(decode_secret(part) for part in parts))
+    return (decode_secret(text),)
+
+
 def signature(secret: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
     """The ``v1,<base64>`` signature of one attempt."""
     signed = msg_id.encode("utf-8") + b"." + str(int(timestamp)).encode("ascii") + b"." + body
@@ -56,18 +70,22 @@ def signature(secret: bytes, msg_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(digest).decode("ascii")
 
 
-def sign_headers(secret: bytes, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
-    """The three headers to send with ``body`` (plus the JSON content type)."""
+def sign_headers(secret: bytes | Sequence[bytes], msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """The three headers to send with ``body`` (plus the JSON content type); with several secrets, one
+    signature per secret, space-separated (key rotation)."""
+    secrets = (secret,) if isinstance(secret, bytes) else tuple(secret)
+    if not secrets:
+        raise SignatureError("no webhook secret to sign with")
     return {
         HEADER_ID: msg_id,
         HEADER_TIMESTAMP: str(int(timestamp)),
-        HEADER_SIGNATURE: signature(secret, msg_id, timestamp, body),
+        HEADER_SIGNATURE: " ".join(signature(key, msg_id, timestamp, body) for key in secrets),
         "content-type": "application/json",
     }
 
 
 def verify(
-    secret: bytes,
+    secret: bytes | Sequence[bytes],
     headers: Mapping[str, str],
     body: bytes,
     *,
@@ -78,9 +96,10 @@ def verify(
 
     ``headers`` is looked up case-insensitively. ``now`` is the receiver's clock (injected, so tests and
     receivers with their own time source agree); timestamps more than ``tolerance_s`` away from it in
-    either direction are rejected, which bounds how long a captured request stays replayable. Receivers
-    should additionally remember ids they have processed for that window to drop exact duplicates
-    (retries after a lost response carry the same id).
+    either direction are rejected, which bounds how long a captured request stays replayable. ``secret``
+    may be several keys (a receiver accepting the old and the new one while a rotation is in progress).
+    Receivers should additionally remember ids they have processed for that window to drop exact
+    duplicates (retries after a lost response carry the same id).
     """
     lower = {k.lower(): v for k, v in headers.items()}
     msg_id = lower.get(HEADER_ID, "")
@@ -97,10 +116,11 @@ def verify(
         raise SignatureError(
             f"webhook-timestamp {timestamp} is {now - timestamp:+.0f} s from now, outside ±{tolerance_s:g} s"
         )
-    expected = signature(secret, msg_id, timestamp, body).encode("ascii")
+    keys = (secret,) if isinstance(secret, bytes) else tuple(secret)
+    expected = [signature(key, msg_id, timestamp, body).encode("ascii") for key in keys]
     for candidate in raw_sig.split():
-        if candidate.startswith("v1,") and hmac.compare_digest(
-            candidate.encode("ascii", "replace"), expected
+        if candidate.startswith("v1,") and any(
+            hmac.compare_digest(candidate.encode("ascii", "replace"), one) for one in expected
         ):
             return msg_id
     raise SignatureError("no webhook-signature matches (wrong secret or modified body)")

@@ -88,10 +88,13 @@ class AlertmanagerSink:
 
 @dataclass(frozen=True)
 class GenericSink:
-    """A generic HTTPS endpoint receiving signed JSON; see :func:`agent.webhooks.signing.verify`."""
+    """A generic HTTPS endpoint receiving signed JSON; see :func:`agent.webhooks.signing.verify`.
+
+    ``secret``: one key, or several while a rotation is in progress (each message then carries one
+    signature per key)."""
 
     url: str
-    secret: bytes
+    secret: bytes | tuple[bytes, ...]
     group_by: tuple[str, ...] = ("alertname",)
     name: str = "generic"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -271,3 +272,95 @@ def test_the_mode_is_applied_and_the_other_actuator_fields_still_need_a_restart(
     setup.edit('gpu: "off"', "gpu: power_limit")
     assert setup.reloader.reload("SIGHUP").message.startswith("actuators.gpu changed, which needs a restart")
     assert len(setup.modes) == 1
+
+
+class WebhookSetup(Setup):
+    """The base file with the signed generic webhook on; ``prepare_webhooks`` records what it is given
+    and what it applied, and raises what ``refuse_webhooks`` says (as an unreadable secret would)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.secret = tmp_path / "webhook-secret"
+        self.secret.write_text("whsec_b2xk\n")
+        environ = {
+            "SERVEPILOT_WEBHOOKS__ENABLED": "true",
+            "SERVEPILOT_WEBHOOKS__GENERIC_URL": "http://127.0.0.1:9/hook",
+            "SERVEPILOT_WEBHOOKS__SECRET_FILE": str(self.secret),
+        }
+        self.prepared: list[config.WebhookConfig] = []
+        self.committed: list[config.WebhookConfig] = []
+        self.refuse_webhooks: str | None = None
+        super().__init__(tmp_path, environ)
+        self.reloader.prepare_webhooks = self._prepare
+
+    def _prepare(self, webhooks: config.WebhookConfig) -> Callable[[], None]:
+        if self.refuse_webhooks is not None:
+            raise ValueError(self.refuse_webhooks)
+        self.prepared.append(webhooks)
+        return lambda: self.committed.append(webhooks)
+
+
+def test_webhook_receivers_severity_and_labels_are_applied_without_a_restart(tmp_path: Path) -> None:
+    setup = WebhookSetup(tmp_path)
+    setup.path.write_text(
+        BASE + "webhooks: {alertmanager_url: 'http://127.0.0.1:9093', min_severity: critical, "
+        "labels: {cluster: eu-2}}\n"
+    )
+    result = setup.reloader.reload("SIGHUP")
+    assert result.result == "applied", result.message
+    assert set(result.changed) == {
+        "webhooks.alertmanager_url",
+        "webhooks.min_severity",
+        "webhooks.labels.cluster",
+    }
+    [applied] = setup.committed
+    assert applied.min_severity == "critical" and applied.labels == {"cluster": "eu-2"}
+    assert setup.retuned == []  # a webhooks-only change touches nothing else
+
+
+def test_a_rotated_secret_file_is_seen_applied_and_never_shown(tmp_path: Path) -> None:
+    """A mounted Secret changes while the config file does not: the file watch sees it, and the reload
+    applies it as a change of the secret file's content, redacted everywhere."""
+    setup = WebhookSetup(tmp_path)
+    assert not setup.reloader.file_changed()
+    setup.secret.write_text("whsec_b2xk whsec_bmV3\n")
+    assert setup.reloader.file_changed()
+    result = setup.reloader.reload("file changed")
+    assert result.result == "applied", result.message
+    assert result.changed == {"webhooks.secret_file.content": ("<redacted>", "<redacted>")}
+    assert len(setup.committed) == 1
+    assert not setup.reloader.file_changed()
+    assert setup.reloader.reload("SIGHUP").result == "unchanged"  # rotated once, applied once
+    shown = json.dumps(result.to_json()) + json.dumps(setup.audit.recent())
+    assert "whsec_" not in shown and "b2xk" not in shown
+
+
+def test_a_webhook_secret_the_dispatcher_cannot_use_applies_nothing(tmp_path: Path) -> None:
+    """The webhooks are checked before anything is applied: a policy change in the same file waits too."""
+    setup = WebhookSetup(tmp_path)
+    setup.edit("ttft_slo_s: 2.0", "ttft_slo_s: 1.0")
+    setup.secret.write_text("")
+    setup.refuse_webhooks = "webhooks.secret_file '/s': webhook secret is empty"
+    result = setup.reloader.reload("file changed")
+    assert result.result == "invalid"
+    assert result.message.startswith("the webhooks do not take the new values: webhooks.secret_file")
+    assert setup.retuned == [] and setup.committed == [] and setup.reloader.current is setup.cfg
+    assert setup.metric("servepilot_config_last_reload_successful") == 0
+
+
+def test_a_webhook_change_waits_for_the_policies_check(tmp_path: Path) -> None:
+    setup = WebhookSetup(tmp_path)
+    setup.refuse_policies = "ttft below what the breaker allows"
+    setup.path.write_text(
+        BASE.replace("ttft_slo_s: 2.0", "ttft_slo_s: 1.0") + "webhooks: {min_severity: critical}\n"
+    )
+    assert setup.reloader.reload("SIGHUP").result == "invalid"
+    assert len(setup.prepared) == 1 and setup.committed == []  # checked, never applied
+
+
+def test_turning_webhooks_on_or_moving_the_outbox_still_needs_a_restart(setup: Setup) -> None:
+    setup.path.write_text(BASE + "webhooks: {enabled: true, alertmanager_url: 'http://127.0.0.1:9093'}\n")
+    result = setup.reloader.reload("SIGHUP")
+    assert result.result == "refused"
+    assert result.message.startswith("webhooks.enabled changed, which needs a restart")
+    setup.path.write_text(BASE + "webhooks: {queue_path: /tmp/elsewhere.sqlite}\n")
+    assert setup.reloader.reload("SIGHUP").message.startswith("webhooks.queue_path changed")

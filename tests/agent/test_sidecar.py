@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 from pathlib import Path
 from typing import Any
 
@@ -874,3 +875,85 @@ async def test_a_reload_out_of_act_mode_hands_everything_back_and_into_act_takes
     finally:
         await sidecar.stop()
     assert now_set()[1:] == default[1:]  # and a stop hands the GPU and the engine back (the gate is gone)
+
+
+class EngineDown:
+    name = "engine"
+
+    async def collect(self, now: float) -> Reading:
+        return Reading.failed("engine", now, "HTTP 503")
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_reload_moves_the_webhook_to_a_new_receiver_with_a_rotated_secret(tmp_path: Path) -> None:
+    """Receiver URL, signing secret and labels change by reload (agent/reload.py): the firing alert is
+    resolved under its old labels and fired under the new ones, at the new receiver, which knows only the
+    new secret; the old receiver hears nothing more."""
+    import yaml
+
+    from agent.webhooks.receiver import build_receiver_app
+
+    old_app, old_log = build_receiver_app(b"old")
+    new_app, new_log = build_receiver_app(b"new")
+    runners = []
+    urls = []
+    for app in (old_app, new_app):
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = _free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runners.append(runner)
+        urls.append(f"http://127.0.0.1:{port}/hook")
+    secret = tmp_path / "webhook-secret"
+    secret.write_text("whsec_b2xk\n")  # "old"
+    raw: dict[str, Any] = {
+        "agent": {"listen_port": _free_port(), "admin_listen_port": None},
+        "audit": {"path": str(tmp_path / "audit.jsonl")},
+        "probe": {"enabled": False},
+        "forecast": {"enabled": False},
+        "webhooks": {
+            "enabled": True,
+            "generic_url": urls[0],
+            "secret_file": str(secret),
+            "queue_path": str(tmp_path / "outbox.sqlite"),
+            "source_down_after_s": 0,
+            "resolve_after_s": 0,
+            "labels": {"cluster": "eu-1"},
+        },
+    }
+    path = tmp_path / "servepilot.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    sidecar = Sidecar(config.load(path, {}), collectors=[EngineDown()], config_path=str(path))
+    assert sidecar.webhooks is not None
+    try:
+        now = time.time()  # the outbox and the receivers go by the wall clock
+        await sidecar.loop.tick(now)
+        assert await sidecar.webhooks.deliver_due() == 1
+        secret.write_text("whsec_b2xk whsec_bmV3\n")  # "old" and "new": a rotation in progress
+        raw["webhooks"].update(generic_url=urls[1], labels={"cluster": "eu-2"})
+        path.write_text(yaml.safe_dump(raw))
+        assert sidecar.reloader is not None and sidecar.reloader.file_changed()
+        result = sidecar.reload("SIGHUP")
+        assert result.result == "applied", result.message
+        assert set(result.changed) == {
+            "webhooks.generic_url",
+            "webhooks.labels.cluster",
+            "webhooks.secret_file.content",
+        }
+        assert await sidecar.webhooks.deliver_due() == 1
+        await sidecar.loop.tick(now + 1)  # still down: nothing new to send
+        assert await sidecar.webhooks.deliver_due() == 0
+    finally:
+        await sidecar.stop()
+        for runner in runners:
+            await runner.cleanup()
+    [fired] = old_log.messages
+    assert [a["labels"]["source"] for a in fired["alerts"]] == ["engine"]
+    assert old_log.rejected == [] and new_log.rejected == []
+    [moved] = new_log.messages
+    assert sorted((a["status"], a["labels"]["cluster"]) for a in moved["alerts"]) == [
+        ("firing", "eu-2"),
+        ("resolved", "eu-1"),
+    ]

@@ -120,3 +120,55 @@ def test_a_source_with_no_data_yet_is_not_an_outage() -> None:
         state = AgentState(snapshot=Snapshot.from_readings(float(t), readings))
         changes += tracker.update(state, float(t))
     assert changes == []
+
+
+def _reconfigure(tracker: AlertTracker, now: float, **changes: object) -> list[Alert]:
+    settings: dict[str, object] = {
+        "min_severity": tracker.min_severity,
+        "source_down_after_s": tracker.source_down_after_s,
+        "resolve_after_s": tracker.resolve_after_s,
+        "static_labels": tracker.static_labels,
+        **changes,
+    }
+    return tracker.reconfigure(now, **settings)  # type: ignore[arg-type]
+
+
+def test_a_raised_min_severity_resolves_the_findings_below_it_at_once() -> None:
+    warn = Finding("thermal", "nvml.gpu0.temperature_celsius", Severity.WARNING, 0.5, "warm", 1.0)
+    tracker = AlertTracker(resolve_after_s=60.0)
+    tracker.update(_state(100.0, (LEAK, warn)), 100.0)
+    out = _reconfigure(tracker, 110.0, min_severity="critical")
+    assert [(a.labels["detector"], a.status, a.ends_at) for a in out] == [("thermal", "resolved", 110.0)]
+    # the finding is still there, but below the floor now: it neither fires again nor resolves twice
+    assert tracker.update(_state(111.0, (LEAK, warn)), 111.0) == []
+    assert [a.labels["detector"] for a in tracker.active.values()] == ["memory_leak"]
+
+
+def test_a_lowered_min_severity_fires_the_findings_it_now_admits_on_the_next_tick() -> None:
+    info = Finding("thermal", "nvml.gpu0.temperature_celsius", Severity.INFO, 0.2, "warm", 1.0)
+    tracker = AlertTracker(min_severity="warning")
+    assert tracker.update(_state(1.0, (info,)), 1.0) == []
+    assert _reconfigure(tracker, 2.0, min_severity="info") == []
+    assert [a.status for a in tracker.update(_state(3.0, (info,)), 3.0)] == ["firing"]
+
+
+def test_new_static_labels_resolve_the_old_alert_and_fire_it_again_under_the_new_ones() -> None:
+    tracker = AlertTracker(static_labels={"cluster": "eu-1", "team": "llm"}, resolve_after_s=60.0)
+    [fired] = tracker.update(_state(100.0, (LEAK,)), 100.0)
+    out = _reconfigure(tracker, 120.0, static_labels={"cluster": "eu-2"})
+    assert [(a.status, a.labels.get("cluster"), a.labels.get("team")) for a in out] == [
+        ("resolved", "eu-1", "llm"),  # under the labels the receiver knows it by
+        ("firing", "eu-2", None),
+    ]
+    assert out[0].fingerprint == fired.fingerprint and out[1].starts_at == fired.starts_at == 90.0
+    assert out[1].labels["detector"] == "memory_leak" and out[1].labels["severity"] == "critical"
+    # the next tick sees the same condition under the new labels: nothing more is sent
+    assert tracker.update(_state(121.0, (LEAK,)), 121.0) == []
+
+
+def test_settings_that_keep_every_alert_send_nothing() -> None:
+    tracker = AlertTracker(static_labels={"cluster": "eu-1"})
+    tracker.update(_state(100.0, (LEAK,)), 100.0)
+    before = dict(tracker.active)
+    assert _reconfigure(tracker, 101.0, resolve_after_s=5.0, source_down_after_s=10.0) == []
+    assert tracker.active == before and tracker.resolve_after_s == 5.0

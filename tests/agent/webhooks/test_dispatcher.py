@@ -286,3 +286,179 @@ def test_secret_file_is_read_and_decoded(tmp_path: Path) -> None:
     secret.write_text("whsec_a2V5\n")
     [sink] = sinks_from_config(WebhookConfig(generic_url="http://127.0.0.1:1/hook", secret_file=str(secret)))
     assert isinstance(sink, GenericSink) and sink.secret == b"key"
+
+
+def test_a_secret_file_with_two_secrets_signs_with_both(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("whsec_b2xk whsec_bmV3\n")  # "old", "new"
+    [sink] = sinks_from_config(WebhookConfig(generic_url="http://127.0.0.1:1/hook", secret_file=str(secret)))
+    assert isinstance(sink, GenericSink) and sink.secret == (b"old", b"new")
+
+
+@pytest.mark.parametrize(("content", "why"), [("", "empty"), ("whsec_***", "not valid base64")])
+def test_a_secret_file_that_holds_no_secret_is_a_one_line_error(
+    tmp_path: Path, content: str, why: str
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text(content)
+    with pytest.raises(ValueError, match=f"^webhooks.secret_file '.*secret': .*{why}"):
+        sinks_from_config(WebhookConfig(generic_url="http://127.0.0.1:1/hook", secret_file=str(secret)))
+
+
+def _generic_config(tmp_path: Path, url: str, secret: str, **cfg: Any) -> WebhookConfig:
+    path = tmp_path / "secret"
+    path.write_text(secret)
+    return WebhookConfig(
+        **{
+            "enabled": True,
+            "queue_path": str(tmp_path / "outbox.sqlite"),
+            "resolve_after_s": 0,
+            "generic_url": url,
+            "secret_file": str(path),
+            **cfg,
+        }
+    )
+
+
+OLD_SECRET, NEW_SECRET = b"old-secret-0123456789", b"new-secret-0123456789"
+
+
+def _whsec(*keys: bytes) -> str:
+    import base64
+
+    return " ".join("whsec_" + base64.b64encode(key).decode() for key in keys)
+
+
+async def test_a_reload_sends_what_was_queued_for_a_dead_receiver_to_its_new_url_with_the_new_secret(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    dead = f"http://127.0.0.1:{_free_port()}/hook"  # nothing listens: the old receiver is gone
+    registry = CollectorRegistry()
+    disp = WebhookDispatcher(
+        _generic_config(tmp_path, dead, _whsec(OLD_SECRET)), registry, clock=clock, rng=random.Random(0)
+    )
+    app, log = build_receiver_app(NEW_SECRET, clock=clock)  # knows only the new secret
+    server = await _serve(app)
+    try:
+        disp.observe(_state(clock.now, LEAK))
+        assert await disp.deliver_due() == 0  # refused: queued, backing off
+        disp.prepare(_generic_config(tmp_path, str(server.make_url("/hook")), _whsec(NEW_SECRET)))()
+        clock.now += 61
+        assert await disp.deliver_due() == 1
+    finally:
+        await disp.stop()
+        await server.close()
+    [msg] = log.messages
+    assert msg["status"] == "firing" and log.rejected == []
+    assert registry.get_sample_value("servepilot_webhook_queue_depth", {"sink": "generic"}) == 0.0
+
+
+async def test_during_a_rotation_receivers_with_the_old_or_the_new_secret_both_accept(tmp_path: Path) -> None:
+    clock = Clock()
+    apps = [build_receiver_app(key, clock=clock) for key in (OLD_SECRET, NEW_SECRET)]
+    servers = [await _serve(app) for app, _ in apps]
+    urls = [str(server.make_url("/hook")) for server in servers]
+    disp = WebhookDispatcher(
+        _generic_config(tmp_path, urls[0], _whsec(OLD_SECRET)), CollectorRegistry(), clock=clock
+    )
+    try:
+        disp.prepare(_generic_config(tmp_path, urls[0], _whsec(OLD_SECRET, NEW_SECRET)))()
+        disp.observe(_state(clock.now, LEAK))
+        assert await disp.deliver_due() == 1
+        disp.prepare(_generic_config(tmp_path, urls[1], _whsec(OLD_SECRET, NEW_SECRET)))()
+        clock.now += 1
+        disp.observe(_state(clock.now))  # resolved: to the receiver that has moved to the new secret
+        assert await disp.deliver_due() == 1
+    finally:
+        await disp.stop()
+        for server in servers:
+            await server.close()
+    assert [m["status"] for m in apps[0][1].messages] == ["firing"] and apps[0][1].rejected == []
+    assert [m["status"] for m in apps[1][1].messages] == ["resolved"] and apps[1][1].rejected == []
+
+
+async def test_a_secret_file_gone_bad_is_refused_and_the_running_sink_keeps_working(tmp_path: Path) -> None:
+    clock = Clock()
+    app, log = build_receiver_app(OLD_SECRET, clock=clock)
+    server = await _serve(app)
+    url = str(server.make_url("/hook"))
+    disp = WebhookDispatcher(
+        _generic_config(tmp_path, url, _whsec(OLD_SECRET)), CollectorRegistry(), clock=clock
+    )
+    try:
+        with pytest.raises(ValueError, match=r"webhooks\.secret_file .*empty"):
+            disp.prepare(_generic_config(tmp_path, url, ""))
+        disp.observe(_state(clock.now, LEAK))
+        assert await disp.deliver_due() == 1
+    finally:
+        await disp.stop()
+        await server.close()
+    assert len(log.messages) == 1 and log.rejected == []
+
+
+async def test_a_removed_receiver_loses_its_queue_and_an_added_one_gets_what_fires(tmp_path: Path) -> None:
+    clock = Clock()
+    dead = f"http://127.0.0.1:{_free_port()}/hook"
+    registry = CollectorRegistry()
+    disp = WebhookDispatcher(
+        _generic_config(tmp_path, dead, _whsec(OLD_SECRET)), registry, clock=clock, rng=random.Random(0)
+    )
+    alerts: list[Any] = []
+
+    async def alertmanager(request: web.Request) -> web.Response:
+        alerts.extend(await request.json())
+        return web.json_response({})
+
+    am = web.Application()
+    am.router.add_post("/api/v2/alerts", alertmanager)
+    server = await _serve(am)
+    try:
+        disp.observe(_state(clock.now, LEAK))
+        assert await disp.deliver_due() == 0
+        assert registry.get_sample_value("servepilot_webhook_queue_depth", {"sink": "generic"}) == 1.0
+        disp.prepare(
+            WebhookConfig(
+                enabled=True,
+                queue_path=str(tmp_path / "outbox.sqlite"),
+                alertmanager_url=str(server.make_url("/")).rstrip("/"),
+            )
+        )()
+        assert disp.outbox.pending("generic") == 0
+        assert registry.get_sample_value("servepilot_webhook_queue_depth", {"sink": "generic"}) == 0.0
+        sample = {"sink": "generic", "outcome": "expired"}
+        assert registry.get_sample_value("servepilot_webhook_deliveries_total", sample) == 1.0
+        clock.now += 61
+        assert await disp.deliver_due() == 1
+    finally:
+        await disp.stop()
+        await server.close()
+    [alert] = alerts
+    assert alert["labels"]["detector"] == "memory_leak"
+
+
+async def test_a_raised_min_severity_sends_the_resolution_at_once(tmp_path: Path) -> None:
+    clock = Clock()
+    app, log = build_receiver_app(OLD_SECRET, clock=clock)
+    server = await _serve(app)
+    url = str(server.make_url("/hook"))
+    warn = Finding("thermal", "nvml.gpu0.temperature_celsius", Severity.WARNING, 0.5, "warm", 0.0)
+    disp = WebhookDispatcher(
+        _generic_config(tmp_path, url, _whsec(OLD_SECRET), resolve_after_s=300),
+        CollectorRegistry(),
+        clock=clock,
+    )
+    try:
+        disp.observe(_state(clock.now, LEAK, warn))
+        assert await disp.deliver_due() == 1
+        disp.prepare(_generic_config(tmp_path, url, _whsec(OLD_SECRET), min_severity="critical"))()
+        assert await disp.deliver_due() == 1
+        disp.observe(_state(clock.now + 1, LEAK, warn))
+        assert await disp.deliver_due() == 0  # nothing more: the warning is no longer sent
+    finally:
+        await disp.stop()
+        await server.close()
+    first, second = log.messages
+    assert first["status"] == "firing" and len(first["alerts"]) == 2
+    assert second["status"] == "resolved"
+    assert [a["labels"]["detector"] for a in second["alerts"]] == ["thermal"]

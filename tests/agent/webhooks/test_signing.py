@@ -4,7 +4,14 @@ import base64
 
 import pytest
 
-from agent.webhooks.signing import SignatureError, decode_secret, sign_headers, signature, verify
+from agent.webhooks.signing import (
+    SignatureError,
+    decode_secret,
+    decode_secrets,
+    sign_headers,
+    signature,
+    verify,
+)
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 BODY = b'{"alerts":[]}'
@@ -70,3 +77,25 @@ def test_whsec_secret_is_base64_decoded() -> None:
 def test_bad_whsec_secret_is_a_one_line_error() -> None:
     with pytest.raises(SignatureError, match="not valid base64"):
         decode_secret("whsec_***")
+
+
+def test_a_secret_file_with_two_whsec_secrets_is_a_rotation_in_progress() -> None:
+    old, new = (base64.b64encode(key).decode() for key in (b"old-key", b"new-key"))
+    assert decode_secrets(f"whsec_{old}\nwhsec_{new}\n") == (b"old-key", b"new-key")
+    assert decode_secrets(f"whsec_{old} whsec_{old}") == (b"old-key",)  # the same one twice: one
+    assert decode_secrets("a raw secret with spaces\n") == (b"a raw secret with spaces",)
+    with pytest.raises(SignatureError, match="not valid base64"):
+        decode_secrets(f"whsec_{old} whsec_***")
+
+
+def test_a_message_signed_with_two_secrets_passes_a_receiver_holding_either() -> None:
+    old, new, other = b"o" * 32, b"n" * 32, b"x" * 32
+    headers = sign_headers((old, new), "msg_1", 1_000, BODY)
+    assert len(headers["webhook-signature"].split()) == 2
+    assert verify(old, headers, BODY, now=1_000) == "msg_1"
+    assert verify(new, headers, BODY, now=1_000) == "msg_1"
+    assert verify((other, new), headers, BODY, now=1_000) == "msg_1"  # a receiver mid-rotation too
+    with pytest.raises(SignatureError, match="no webhook-signature matches"):
+        verify(other, headers, BODY, now=1_000)
+    with pytest.raises(SignatureError, match="no webhook secret"):
+        sign_headers((), "msg_1", 1_000, BODY)

@@ -5,6 +5,20 @@ It adapts any :class:`~detectors.streaming.StreamingScorer` to the snapshot-leve
 scored (score first, then learn) and fed to its :class:`~detectors.thresholds.Thresholder`; a newly
 raised alarm becomes a :class:`~detectors.base.Finding`. Signals absent from a snapshot are simply not
 updated (missing data is absence, never NaN). ``max_signals`` bounds memory when a scrape explodes.
+
+**One traffic change, one warning.** When traffic starts, stops or steps, nearly every signal moves
+with it: GPU utilisation, memory bandwidth, power, clocks, temperature, the allocator's bytes, the
+engine's token rates. Each is "unusual" to its own scorer, and a sidecar that had seen only an idle
+engine raised eleven warnings, one per signal, when the first traffic came. The load signals
+(:data:`DEFAULT_LOAD_SIGNALS`: requests running and waiting, request and token rates) say when the load
+itself moved: a score of at least ``load_threshold`` (0.99: for the novelty scorer a level five bins or
+more beyond any recent one, where a noise tail lands one to three bins out and scores 0.9-0.975). An
+alarm within ``load_window_s`` of such a move is *with the load*: the first load signal's alarm is the
+one warning ("the load changed"); every other alarm in that window is an ``info`` finding that names
+the load signal, kept in ``/api/state`` and the finding metrics but below the webhooks' default
+``min_severity``. An alarm with no load move near it
+stays a warning: that is what the detector is for. The specific failure modes that also move with the
+load have their own detectors and severities (thermal, leak, fragmentation, stall, tail latency).
 """
 
 from __future__ import annotations
@@ -21,6 +35,14 @@ from detectors.thresholds import Thresholder
 #: configuration-like constants, categorical bitmasks and per-pid/per-device detail, and the redundant
 #: ``max``/``last``/``p50`` views of signals whose ``mean``/``p95``/``p99`` are watched. This keeps the cost
 #: per tick proportional to what an operator would chart, not to the size of the scrape.
+#: Signals that say how much load the engine has: when one of them is unusual, the rest follow from it.
+DEFAULT_LOAD_SIGNALS = (
+    "engine.requests_running",
+    "engine.requests_waiting",
+    "engine.requests_finished_per_second",
+    "engine.prompt_tokens_per_second",
+    "engine.generation_tokens_per_second",
+)
 DEFAULT_EXCLUDE = (
     r"(\.(max|last|p50|samples)$)|(_total$)|(energy_joules$)|(\.throttle)|(process_used_bytes)"
     r"|(^probe\.device)|(memory_total_bytes$)|(power_limit_watts$)|(_info$)"
@@ -41,6 +63,9 @@ class GeneralAnomalyDetector:
         max_signals: int = 512,
         exclude: str | None = DEFAULT_EXCLUDE,
         hold_s: float = 300.0,
+        load_signals: Iterable[str] = DEFAULT_LOAD_SIGNALS,
+        load_threshold: float = 0.99,
+        load_window_s: float = 120.0,
     ) -> None:
         self.scorer_factory = scorer_factory
         self.thresholder_factory = thresholder_factory
@@ -49,6 +74,9 @@ class GeneralAnomalyDetector:
         self.max_signals = max_signals
         self.exclude = exclude
         self.hold_s = hold_s
+        self.load_signals = frozenset(load_signals)
+        self.load_threshold = load_threshold
+        self.load_window_s = load_window_s
         self._exclude = re.compile(exclude) if exclude else None
         self._watch_cache: dict[str, bool] = {}
         self._keys: frozenset[str] = frozenset()
@@ -57,6 +85,10 @@ class GeneralAnomalyDetector:
         self.scorers_: dict[str, StreamingScorer] = {}
         self.thresholders_: dict[str, Thresholder] = {}
         self.last_scores_: dict[str, float] = {}
+        #: the last time a load signal scored at ``load_threshold``, and the first that did in this change
+        self.load_moved_: tuple[float, str] | None = None
+        #: the load signal whose warning reported the current load change (one per change)
+        self.load_warning_: str | None = None
 
     def _watched(self, name: str) -> bool:
         known = self._watch_cache.get(name)
@@ -88,6 +120,7 @@ class GeneralAnomalyDetector:
         findings: list[Finding] = []
         values, now = snapshot.values, snapshot.now
         scorers, thresholders, last_scores = self.scorers_, self.thresholders_, self.last_scores_
+        raised: list[tuple[str, float]] = []
         for name in self._watched_in(snapshot):
             scorer = scorers.get(name)
             if scorer is None:
@@ -95,23 +128,70 @@ class GeneralAnomalyDetector:
                     continue
                 scorer = scorers[name] = self.scorer_factory()
                 thresholders[name] = self.thresholder_factory()
-            value = values[name]
-            score = scorer.update(now, value)
+            score = scorer.update(now, values[name])
             last_scores[name] = score
             if thresholders[name].push(now, score):
-                self.active_[name] = Finding(
-                    detector=self.name,
-                    signal=name,
-                    severity=Severity.WARNING,
-                    score=score,
-                    summary=f"{name} is unusual (anomaly score {score:.2f})",
-                    since=snapshot.now,
-                    evidence={"value": value, "score": score},
-                    hint="compare with the signal's baseline in Grafana; see other findings for a cause",
-                )
+                raised.append((name, score))
+            if name in self.load_signals and score >= self.load_threshold:
+                moved = self.load_moved_
+                if moved is None or now - moved[0] > self.load_window_s:
+                    self.load_moved_ = (now, name)  # a new load change: it gets its own warning
+                    self.load_warning_ = None
+                else:
+                    self.load_moved_ = (now, moved[1])  # the same change goes on
+        for name, score in raised:
+            self.active_[name] = self._finding(name, values[name], score, now)
         for name, finding in list(self.active_.items()):
             if snapshot.now - finding.since > self.hold_s:
                 del self.active_[name]
             else:
                 findings.append(finding)
         return findings
+
+    def _finding(self, name: str, value: float, score: float, now: float) -> Finding:
+        """The finding of an alarm raised at ``now``: a warning, unless the load moved within
+        ``load_window_s`` and its one warning was already given (module docstring)."""
+        evidence: dict[str, float | str] = {"value": value, "score": score}
+        moved = self.load_moved_
+        with_load = moved is not None and now - moved[0] <= self.load_window_s
+        if (
+            moved is not None
+            and with_load
+            and (self.load_warning_ is not None or name not in self.load_signals)
+        ):
+            load = self.load_warning_ or moved[1]
+            evidence["with_load"] = load
+            return Finding(
+                detector=self.name,
+                signal=name,
+                severity=Severity.INFO,
+                score=score,
+                summary=f"{name} is unusual (anomaly score {score:.2f}), as is the load ({load})",
+                since=now,
+                evidence=evidence,
+                hint="it moved with a change of traffic; alone it is no fault (the load's own finding, and "
+                "the specific detectors, say more)",
+            )
+        if name in self.load_signals:
+            self.load_warning_ = name
+            return Finding(
+                detector=self.name,
+                signal=name,
+                severity=Severity.WARNING,
+                score=score,
+                summary=f"the load changed: {name} is unusual (anomaly score {score:.2f})",
+                since=now,
+                evidence=evidence,
+                hint="a traffic change the baseline has not seen: a surge, a drop or a new mix; signals "
+                "that move with it in the next minutes are reported as info",
+            )
+        return Finding(
+            detector=self.name,
+            signal=name,
+            severity=Severity.WARNING,
+            score=score,
+            summary=f"{name} is unusual (anomaly score {score:.2f})",
+            since=now,
+            evidence=evidence,
+            hint="compare with the signal's baseline in Grafana; see other findings for a cause",
+        )

@@ -84,3 +84,93 @@ def test_a_signal_that_appears_later_is_scored_from_then_on() -> None:
     assert det.scorers_["engine.b"].n_seen == 5
     det.update(snap(10.0, engine__b=2.0))  # a gone: only b is updated
     assert det.scorers_["engine.a"].n_seen == 10 and det.scorers_["engine.b"].n_seen == 6
+
+
+def _production() -> GeneralAnomalyDetector:
+    """The general detector as the sidecar builds it (detectors/registry.py), but with an alarm budget
+    too large to spend: these tests are about which alarms are warnings, not about how many a day."""
+    from detectors.novelty import staggered_factory
+
+    return GeneralAnomalyDetector(
+        staggered_factory(), lambda: Thresholder(threshold=0.9, k=1, n=1, max_alarms_per_day=1e6)
+    )
+
+
+def _idle_then_busy(det: GeneralAnomalyDetector, idle: int = 400, busy: int = 40) -> list[list[object]]:
+    """Ticks of an idle engine, then traffic arrives: every signal steps with it at once, except the
+    temperature, which follows 30 s later. Returns each tick's findings. Bounded noise: its whole range
+    is seen during the warm-up, so the idle engine itself raises nothing."""
+    rng = np.random.default_rng(1)
+    out = []
+    for i in range(idle + busy):
+        on = i >= idle
+        warm = i >= idle + 30
+        values = {
+            "engine.requests_running": (40.0 if on else 0.0) + float(rng.integers(0, 2)),
+            "engine.generation_tokens_per_second": (1300.0 if on else 0.0) + float(rng.uniform(0, 5)),
+            "nvml.gpu0.utilization_ratio.mean": (0.8 if on else 0.02) + float(rng.uniform(0, 0.01)),
+            "nvml.gpu0.power_watts.mean": (220.0 if on else 60.0) + float(rng.uniform(0, 2)),
+            "nvml.gpu0.temperature_celsius.mean": (60.0 if warm else 35.0) + float(rng.uniform(0, 0.5)),
+            "probe.allocated_bytes": (7.5e10 if on else 1.5e10) + float(rng.uniform(0, 1e6)),
+        }
+        out.append(list(det.update(Snapshot(float(i), values, {}))))
+    return out
+
+
+def test_traffic_arriving_is_one_warning_and_the_signals_that_follow_it_are_info() -> None:
+    det = _production()
+    ticks = _idle_then_busy(det)
+    assert not any(ticks[:400]), "an idle engine raises nothing"
+    final = {f.signal: f for f in ticks[-1]}  # still active (hold_s 300 s)
+    warnings = [f for f in final.values() if f.severity.value == "warning"]
+    assert [f.signal for f in warnings] == ["engine.generation_tokens_per_second"]  # the first in order
+    assert warnings[0].summary.startswith("the load changed: ")
+    followers = {name: f for name, f in final.items() if f.severity.value == "info"}
+    assert set(followers) == {
+        "engine.requests_running",
+        "nvml.gpu0.utilization_ratio.mean",
+        "nvml.gpu0.power_watts.mean",
+        "nvml.gpu0.temperature_celsius.mean",  # 30 s after the load moved: still with it
+        "probe.allocated_bytes",
+    }
+    assert all(f.evidence["with_load"] == "engine.generation_tokens_per_second" for f in followers.values())
+
+
+def test_without_the_load_grouping_the_same_traffic_is_six_warnings() -> None:
+    det = _production()
+    det.load_signals = frozenset()
+    ticks = _idle_then_busy(det)
+    assert {f.severity.value for f in ticks[-1]} == {"warning"} and len(ticks[-1]) == 6
+
+
+def test_a_signal_unusual_while_the_load_holds_still_is_a_warning() -> None:
+    det = _production()
+    rng = np.random.default_rng(2)
+    last: list[object] = []
+    for i in range(460):
+        power = 300.0 if i >= 450 else 220.0  # power jumps with no change of traffic (a fault)
+        values = {
+            "engine.requests_running": 40.0 + float(rng.integers(0, 2)),
+            "nvml.gpu0.power_watts.mean": power + float(rng.uniform(0, 2)),
+        }
+        last = list(det.update(Snapshot(float(i), values, {})))
+    [finding] = last
+    assert finding.signal == "nvml.gpu0.power_watts.mean"  # type: ignore[attr-defined]
+    assert finding.severity.value == "warning" and "with_load" not in finding.evidence  # type: ignore[attr-defined]
+
+
+def test_a_signal_unusual_long_after_the_load_moved_is_a_warning_again() -> None:
+    det = _production()
+    det.hold_s = 1.0  # see each finding on the tick it is raised
+    rng = np.random.default_rng(3)
+    seen = []
+    for i in range(800):
+        on = i >= 400
+        hot = i >= 700  # 300 s after the traffic came, the temperature alone jumps
+        values = {
+            "engine.requests_running": (40.0 if on else 0.0) + float(rng.integers(0, 2)),
+            "nvml.gpu0.temperature_celsius.mean": (85.0 if hot else 50.0) + float(rng.uniform(0, 0.5)),
+        }
+        seen.extend(det.update(Snapshot(float(i), values, {})))
+    late = [f for f in seen if f.signal == "nvml.gpu0.temperature_celsius.mean" and f.since >= 700]
+    assert late and late[0].severity.value == "warning"

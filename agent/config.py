@@ -260,6 +260,19 @@ class GateConfig(_Section):
         "error event, and send the requests it never answered to the next upstream, instead of "
         "waiting read_timeout_s",
     )
+    retry_statuses: tuple[int, ...] = Field(
+        (502, 503, 504),
+        description="an upstream answering one of these statuses (it did not take the request) is not "
+        "passed on: the request goes to the next healthy upstream, if there is one and the retry budget "
+        "allows; empty: never",
+    )
+    retry_budget_ratio: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="retries at most this share of the requests at upstreams (at least 3 at a time), so a "
+        "failing upstream cannot double the load on the others (Envoy's retry budget)",
+    )
     drain_s: float = Field(
         10.0, ge=0.1, le=3600, description="on shutdown, in-flight requests get this long to finish"
     )
@@ -343,6 +356,15 @@ class GateConfig(_Section):
                 f"({', '.join(self.upstreams)})"
             )
         return self
+
+    @field_validator("retry_statuses")
+    @classmethod
+    def _retry_statuses(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if any(not 500 <= status <= 599 for status in value):
+            raise ValueError(
+                f"must be 5xx statuses (a 4xx is the client's, and would fail again), got {value}"
+            )
+        return tuple(sorted(set(value)))
 
     @field_validator("length_edges")
     @classmethod

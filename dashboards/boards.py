@@ -225,10 +225,17 @@ def overview() -> dashboard.Dashboard:
                     "{{pod}} {{upstream}} requests taken back",
                     "E",
                 ),
+                q(
+                    "sum by (pod, upstream) "
+                    "(increase(servepilot_gate_retried_total{@POD}[$__rate_interval]))",
+                    "{{pod}} {{upstream}} error answers retried",
+                    "F",
+                ),
                 desc="Each upstream's share of the split (the breaker and the canary move it); whether it "
                 "is in (1: its health check passes and it is not ejected as hung); the requests it holds "
-                "that will miss the SLO whatever comes next; its ejections as hung; and the requests it "
-                "hung on before any byte, sent to another upstream instead (docs/gate.md).",
+                "that will miss the SLO whatever comes next; its ejections as hung; the requests it "
+                "hung on before any byte, sent to another upstream instead; and its 502/503/504 answers "
+                "the gate dropped and asked of the next upstream (docs/gate.md).",
                 w=24,
             )
         )

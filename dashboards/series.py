@@ -83,6 +83,7 @@ AGENT: list[Series] = _agent(
     "servepilot_gate_late_requests",
     "servepilot_gate_upstream_ejections_total",
     "servepilot_gate_resent_total",
+    "servepilot_gate_retried_total",
     "servepilot_gate_blind_seconds_total",
     "servepilot_config_reloads_total",
 )

@@ -188,6 +188,21 @@ class Gate:
             ["upstream"],
             registry=registry,
         )
+        self._c_retried = Counter(
+            "servepilot_gate_retried",
+            "Requests an upstream answered with one of gate.retry_statuses, sent to the next upstream "
+            "instead of passing the error on, by that upstream and its status.",
+            ["upstream", "status"],
+            registry=registry,
+        )
+        self._c_retry_denied = Counter(
+            "servepilot_gate_retry_budget_exceeded",
+            "Errors passed on that a retry could have hidden, had the retry budget allowed it "
+            "(gate.retry_budget_ratio).",
+            registry=registry,
+        )
+        #: requests on a retry now, held to the budget
+        self._retrying = 0
         self._g_late = Gauge(
             "servepilot_gate_late_requests",
             "Requests an upstream holds now that will miss the latency SLO whatever comes next: no first "
@@ -642,6 +657,7 @@ class Gate:
         errors: list[str] = []
         stalled: list[str] = []
         tried: set[str] = set()
+        retried = 0
         try:
             while candidates:
                 upstream = candidates.pop(0)
@@ -676,6 +692,10 @@ class Gate:
                     candidates = self._others(tried)
                     continue
                 assert up is not None
+                if up.status in self.cfg.retry_statuses and candidates and self._may_retry(retried):
+                    self._retry(upstream.name, up, record)
+                    retried += 1
+                    continue
                 if record is not None:
                     record.upstream = upstream.name
                 try:
@@ -687,6 +707,7 @@ class Gate:
                 finally:
                     up.release()
         finally:
+            self._retrying -= min(retried, 1)
             if record is not None:
                 self._at_upstream.pop(id(record), None)
                 self._relaying.pop(id(record), None)
@@ -704,6 +725,30 @@ class Gate:
             record.outcome, record.status, record.e2e_s = "upstream_error", 502, self.clock() - record.arrived
             self.stats.record(record, self.clock())
         return _json_error(502, message, "upstream_error", "bad_gateway")
+
+    def _may_retry(self, retried: int) -> bool:
+        """Whether a request that met a retriable error may try the next upstream: a request already on
+        a retry may go on (it holds its place in the budget); a new one only while the requests on a
+        retry stay within ``retry_budget_ratio`` of those at upstreams, or fewer than 3 (Envoy's retry
+        budget: an upstream failing every request cannot double the load on the others)."""
+        if retried:
+            return True
+        budget = max(3.0, self.cfg.retry_budget_ratio * len(self._at_upstream))
+        if self._retrying + 1 > budget:
+            self._c_retry_denied.inc()
+            return False
+        self._retrying += 1
+        return True
+
+    def _retry(self, upstream: str, up: aiohttp.ClientResponse, record: RequestRecord | None) -> None:
+        """Drop ``upstream``'s error answer (nothing of it reached the client) and count it: as a retry,
+        and in the gate's answers as that upstream's 5xx, so the breaker and the canary still see an
+        engine failing half its requests while the clients get the next upstream's answers."""
+        self._c_retried.labels(upstream, str(up.status)).inc()
+        log.debug("upstream %s answered %d: asking the next upstream", upstream, up.status)
+        up.release()
+        if record is not None:
+            self.stats.attempt_failed(upstream)
 
     def _resent(self, upstream: str, record: RequestRecord) -> str:
         """Note a request taken back from a hung ``upstream`` before any of its answer; returns why."""

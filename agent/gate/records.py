@@ -149,6 +149,15 @@ class GateStats:
             return True
         return rec.output_tokens > 1 and (rec.e2e_s - rec.ttft_s) / (rec.output_tokens - 1) > itl_slo
 
+    def attempt_failed(self, upstream: str) -> None:
+        """An upstream's error answer that the gate did not pass on (it asked the next upstream): one
+        more answer and one more 5xx for the breaker's and the canary's error shares, but no SLO miss,
+        as the client's request may still be answered in time."""
+        self.answered += 1
+        self.errors += 1
+        answered, errors, slo_bad = self.by_upstream.get(upstream, (0, 0, 0))
+        self.by_upstream[upstream] = (answered + 1, errors + 1, slo_bad)
+
     def record(self, rec: RequestRecord, now: float) -> None:
         """Account one finished (or refused) request."""
         self.requests.labels(rec.line, rec.priority, rec.outcome).inc()

@@ -34,6 +34,7 @@ class Upstream:
         self.chunked = False
         self.headers_early = False  # streams: the headers before the wait for ``release`` (as vLLM does)
         self.health_block_s = 0.0  # the next health check blocks the event loop this long
+        self.fail_status = 0  # answer every request with this error status at once (0: answer normally)
         self.running = 0
         self.peak = 0
         self.seen = 0
@@ -44,6 +45,9 @@ class Upstream:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.seen += 1
+        if self.fail_status:
+            error = {"message": "engine unavailable", "type": "InternalServerError", "code": self.fail_status}
+            return web.json_response({"error": error}, status=self.fail_status)
         self.running += 1
         self.peak = max(self.peak, self.running)
         try:
@@ -1020,4 +1024,85 @@ async def test_a_request_sent_to_a_proven_hung_only_upstream_gets_the_time_the_u
         assert (await asyncio.wait_for(recovered, TIMEOUT)).status == 200
     finally:
         upstream.release.set()
+        await gate.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_upstream_answering_503_is_retried_on_the_next_and_still_counted_as_its_5xx(
+    upstream: Upstream, spare: Upstream, client: aiohttp.ClientSession, stream: bool
+) -> None:
+    upstream.fail_status = 503
+    gate = await _gate({"primary": upstream.url, "fp8": spare.url}, split={"primary": 1.0})
+    try:
+        resp = await _post(client, gate, _body(stream=stream))
+        assert resp.status == 200, await resp.text()
+        text = await resp.text()
+        assert ("t2" in text) if stream else ("abc" in text)
+        assert (upstream.seen, spare.seen) == (1, 1)
+        assert _totals(gate._c_retried, "upstream") == {"primary": 1.0}
+        # the breaker's and the canary's error shares still see primary's 5xx, not the client's 200
+        assert (gate.stats.answered, gate.stats.errors) == (2, 1)
+        assert gate.stats.by_upstream["primary"] == (1, 1, 0)
+        assert gate.stats.by_upstream["fp8"][:2] == (1, 0)
+        assert gate.pool.upstreams["primary"].healthy  # an error answer is no health verdict
+    finally:
+        await gate.stop()
+
+
+@pytest.mark.parametrize(("status", "statuses"), [(500, (502, 503, 504)), (503, ())])
+async def test_a_status_outside_retry_statuses_is_passed_on(
+    upstream: Upstream,
+    spare: Upstream,
+    client: aiohttp.ClientSession,
+    status: int,
+    statuses: tuple[int, ...],
+) -> None:
+    """A 500 may be this request's own doing (it would fail again elsewhere); with no statuses, none."""
+    upstream.fail_status = status
+    gate = await _gate(
+        {"primary": upstream.url, "fp8": spare.url}, split={"primary": 1.0}, retry_statuses=statuses
+    )
+    try:
+        resp = await _post(client, gate, _body())
+        assert resp.status == status and spare.seen == 0
+        assert (await resp.json())["error"]["message"] == "engine unavailable"
+    finally:
+        await gate.stop()
+
+
+async def test_when_every_upstream_answers_503_the_last_answer_is_passed_on(
+    upstream: Upstream, spare: Upstream, client: aiohttp.ClientSession
+) -> None:
+    upstream.fail_status = spare.fail_status = 503
+    gate = await _gate({"primary": upstream.url, "fp8": spare.url}, split={"primary": 1.0})
+    try:
+        resp = await _post(client, gate, _body())
+        assert resp.status == 503 and (upstream.seen, spare.seen) == (1, 1)
+        assert gate.stats.errors == 2
+    finally:
+        await gate.stop()
+
+
+async def test_the_retry_budget_passes_errors_on_rather_than_doubling_the_load(
+    upstream: Upstream, spare: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """Budget 0% of the requests at upstreams: the floor of 3 retries at a time. Five requests meet a
+    failing primary while the spare holds the retried ones: three are retried, two get the 503."""
+    upstream.fail_status = 503
+    spare.release.clear()
+    gate = await _gate(
+        {"primary": upstream.url, "fp8": spare.url}, split={"primary": 1.0}, retry_budget_ratio=0.0
+    )
+    try:
+        sent = [asyncio.ensure_future(_post(client, gate, _body())) for _ in range(5)]
+        await _until(lambda: upstream.seen == 5 and spare.seen == 3)
+        [denied] = [
+            s.value for m in gate._c_retry_denied.collect() for s in m.samples if s.name.endswith("_total")
+        ]
+        assert denied == 2
+        spare.release.set()
+        statuses = sorted([(await resp).status for resp in sent])
+        assert statuses == [200, 200, 200, 503, 503]
+        assert gate._retrying == 0  # every place in the budget was given back
+    finally:
         await gate.stop()

@@ -48,6 +48,8 @@ HOT = (
     "gate.line_header",
     "gate.priority_header",
     "gate.max_body_bytes",
+    "gate.retry_statuses",  # read per request: the next error answer follows the new rule
+    "gate.retry_budget_ratio",
     "policies.ttft_slo_s",
     "policies.itl_slo_s",
     "policies.batch_min",

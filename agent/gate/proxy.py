@@ -358,9 +358,9 @@ class Gate:
 
     def set_admission_rules(self, cfg: GateConfig) -> None:
         """Take the business-line rules of ``cfg`` (lines and their rates, API keys, default line, the
-        line and priority headers, the body size limit) without a restart (agent/reload.py: the caller
-        has checked that nothing else differs). Each line keeps its bucket levels; requests already
-        admitted or queued are not touched."""
+        line and priority headers, the body size limit, the retry rule) without a restart
+        (agent/reload.py: the caller has checked that nothing else differs). Each line keeps its bucket
+        levels; requests already admitted or queued are not touched."""
         self.lines = self.lines.reconfigured(cfg, self.clock())
         self.resolver = LineResolver(cfg)
         self.cfg = cfg

@@ -364,3 +364,12 @@ def test_turning_webhooks_on_or_moving_the_outbox_still_needs_a_restart(setup: S
     assert result.message.startswith("webhooks.enabled changed, which needs a restart")
     setup.path.write_text(BASE + "webhooks: {queue_path: /tmp/elsewhere.sqlite}\n")
     assert setup.reloader.reload("SIGHUP").message.startswith("webhooks.queue_path changed")
+
+
+def test_the_gate_retry_rule_is_applied_without_a_restart(setup: Setup) -> None:
+    setup.path.write_text(
+        BASE.replace("gate:\n", "gate:\n  retry_statuses: [503]\n  retry_budget_ratio: 0.5\n")
+    )
+    result = setup.reloader.reload("SIGHUP")
+    assert result.result == "applied", result.message
+    assert setup.applied[-1].retry_statuses == (503,) and setup.applied[-1].retry_budget_ratio == 0.5

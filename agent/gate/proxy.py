@@ -219,6 +219,8 @@ class Gate:
             self._g_late.labels(name).set_function(functools.partial(self._late_at, name))
             self._c_ejected.labels(name)
             self._c_resent.labels(name)
+            for status in cfg.retry_statuses:  # at 0 from the start, so increase() sees the first retry
+                self._c_retried.labels(name, str(status))
         self.app = web.Application(client_max_size=cfg.max_body_bytes)
         self.app.router.add_route("*", "/{tail:.*}", self._handle)
 

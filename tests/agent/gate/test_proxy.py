@@ -111,10 +111,13 @@ spare = pytest.fixture(_running_upstream)
 
 
 def _totals(counter: Any, label: str) -> dict[str, float]:
-    """A labelled counter's ``_total`` samples by the value of ``label``."""
-    return {
-        s.labels[label]: s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total")
-    }
+    """A labelled counter's ``_total`` samples summed by the value of ``label``."""
+    totals: dict[str, float] = {}
+    for m in counter.collect():
+        for s in m.samples:
+            if s.name.endswith("_total"):
+                totals[s.labels[label]] = totals.get(s.labels[label], 0.0) + s.value
+    return totals
 
 
 async def _gate(upstreams: dict[str, str], **overrides: Any) -> Gate:
@@ -1039,7 +1042,8 @@ async def test_an_upstream_answering_503_is_retried_on_the_next_and_still_counte
         text = await resp.text()
         assert ("t2" in text) if stream else ("abc" in text)
         assert (upstream.seen, spare.seen) == (1, 1)
-        assert _totals(gate._c_retried, "upstream") == {"primary": 1.0}
+        assert _totals(gate._c_retried, "upstream") == {"primary": 1.0, "fp8": 0.0}
+        assert _totals(gate._c_retried, "status") == {"502": 0.0, "503": 1.0, "504": 0.0}
         # the breaker's and the canary's error shares still see primary's 5xx, not the client's 200
         assert (gate.stats.answered, gate.stats.errors) == (2, 1)
         assert gate.stats.by_upstream["primary"] == (1, 1, 0)

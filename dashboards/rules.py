@@ -174,6 +174,19 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
             "relies on it is not served as set.",
         ),
         _alert(
+            "ServepilotGateUpstreamFailing",
+            f"sum by ({BY}, upstream) (rate(servepilot_gate_retried_total[{p.w('5m')}]))\n"
+            f"  / on ({BY}) group_left sum by ({BY}) (rate(servepilot_gate_requests_total[{p.w('5m')}]))\n"
+            "  > 0.01",
+            p.for_(300),
+            "warning",
+            "gate upstream {{ $labels.upstream }} in {{ $labels.pod }} answers errors the gate hides",
+            "For 5 minutes upstream {{ $labels.upstream }} has answered 502/503/504 to "
+            "{{ $value | humanizePercentage }} as many requests as clients sent; the gate asks the next "
+            "upstream instead, so clients see few of them, but the engine is failing and the others carry "
+            "its load within the retry budget.",
+        ),
+        _alert(
             "ServepilotGateStarved",
             f"sum by ({BY}) (increase(servepilot_gate_blind_seconds_total[{p.w('30m')}])) > 20",
             p.for_(300),

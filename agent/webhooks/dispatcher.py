@@ -346,7 +346,10 @@ class WebhookDispatcher:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the delivery task on the running event loop."""
+        """Start the delivery task on the running event loop; a second call while it runs does nothing
+        (two tasks would deliver each message twice and only one would be stopped)."""
+        if self._task is not None and not self._task.done():
+            return
         self._stop.clear()
         self._task = asyncio.create_task(self.run(self._stop), name="servepilot-webhooks")
 

@@ -40,7 +40,6 @@ from agent.demo_runner import bundled_trace
 from agent.engines.launcher import free_port as _free_port
 from agent.loadgen import LoadGenerator
 from agent.sidecar import Sidecar
-from agent.webhooks.dispatcher import WebhookDispatcher
 from agent.webhooks.receiver import build_receiver_app
 from agent.webhooks.signing import decode_secret
 from dashboards import generate, inhibit, queries, rules, series
@@ -202,12 +201,9 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
 
     cfg = _agent_config(tmp_path, agent_port, engine_port, am_port, hook_port, gate_port)
     sidecar = Sidecar(cfg, config_path=str(tmp_path / "servepilot.yaml"))
-    hooks = getattr(sidecar, "webhooks", None)
-    if hooks is None:  # until Sidecar wires agent.webhooks itself, wire it the documented way
-        hooks = WebhookDispatcher(cfg.webhooks, sidecar.exporter.registry, poll_s=0.2)
-        sidecar.loop.subscribe(hooks.observe)
+    hooks = sidecar.webhooks  # the sidecar wires, starts and stops its dispatcher
+    assert hooks is not None, "webhooks.enabled is set in the test config"
     await sidecar.start()
-    hooks.start()
     stop_load = asyncio.Event()
     gate_url = f"http://127.0.0.1:{gate_port}"
     gen = LoadGenerator(gate_url, bundled_trace(), model=sim.model_name, speed=4.0, max_in_flight=64)
@@ -381,7 +377,6 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
         with contextlib.suppress(Exception):
             if load is not None:
                 await asyncio.wait_for(load, timeout=3)
-        await hooks.stop()
         await sidecar.stop()
         await sim_runner.cleanup()
     assert time.monotonic() - started < 180

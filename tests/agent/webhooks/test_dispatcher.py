@@ -74,6 +74,19 @@ async def test_a_finding_reaches_a_verifying_receiver(tmp_path: Path) -> None:
     assert log.rejected == []
 
 
+async def test_a_second_start_keeps_one_delivery_task(tmp_path: Path) -> None:
+    """Two delivery tasks would post each message twice, and stop() would wait for only one."""
+    disp = _dispatcher(tmp_path, "http://127.0.0.1:9/hook", Clock())
+    try:
+        disp.start()
+        first = disp._task
+        disp.start()
+        assert disp._task is first and first is not None and not first.done()
+    finally:
+        await disp.stop()
+    assert first.done()
+
+
 async def test_a_resolution_follows_the_firing_message(tmp_path: Path) -> None:
     clock = Clock()
     app, log = build_receiver_app(SECRET, clock=clock)

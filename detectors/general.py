@@ -154,6 +154,7 @@ class GeneralAnomalyDetector:
         evidence: dict[str, float | str] = {"value": value, "score": score}
         moved = self.load_moved_
         with_load = moved is not None and now - moved[0] <= self.load_window_s
+        severity = Severity.WARNING
         if (
             moved is not None
             and with_load
@@ -161,37 +162,29 @@ class GeneralAnomalyDetector:
         ):
             load = self.load_warning_ or moved[1]
             evidence["with_load"] = load
-            return Finding(
-                detector=self.name,
-                signal=name,
-                severity=Severity.INFO,
-                score=score,
-                summary=f"{name} is unusual (anomaly score {score:.2f}), as is the load ({load})",
-                since=now,
-                evidence=evidence,
-                hint="it moved with a change of traffic; alone it is no fault (the load's own finding, and "
-                "the specific detectors, say more)",
+            severity = Severity.INFO
+            summary = f"{name} is unusual (anomaly score {score:.2f}), as is the load ({load})"
+            hint = (
+                "it moved with a change of traffic; alone it is no fault (the load's own finding, and the "
+                "specific detectors, say more)"
             )
-        if name in self.load_signals:
+        elif name in self.load_signals:
             self.load_warning_ = name
-            return Finding(
-                detector=self.name,
-                signal=name,
-                severity=Severity.WARNING,
-                score=score,
-                summary=f"the load changed: {name} is unusual (anomaly score {score:.2f})",
-                since=now,
-                evidence=evidence,
-                hint="a traffic change the baseline has not seen: a surge, a drop or a new mix; signals "
-                "that move with it in the next minutes are reported as info",
+            summary = f"the load changed: {name} is unusual (anomaly score {score:.2f})"
+            hint = (
+                "a traffic change the baseline has not seen: a surge, a drop or a new mix; signals that "
+                "move with it in the next minutes are reported as info"
             )
+        else:
+            summary = f"{name} is unusual (anomaly score {score:.2f})"
+            hint = "compare with the signal's baseline in Grafana; see other findings for a cause"
         return Finding(
             detector=self.name,
             signal=name,
-            severity=Severity.WARNING,
+            severity=severity,
             score=score,
-            summary=f"{name} is unusual (anomaly score {score:.2f})",
+            summary=summary,
             since=now,
             evidence=evidence,
-            hint="compare with the signal's baseline in Grafana; see other findings for a cause",
+            hint=hint,
         )

@@ -63,6 +63,11 @@ class AgentConfig(_Section):
         description="/engine/livez answers 503 once the engine has been stalled this long, for the engine "
         "container's liveness probe (a restart); 0: never",
     )
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        "auto",
+        description="event loop of run, gate and demo: auto = uvloop where installed (the gate relays in "
+        "fewer CPU cycles), else asyncio's; uvloop: required (start-up fails without it)",
+    )
     unready_when_engine_stalled: bool = Field(
         True,
         description="/readyz answers 503 while the engine_stall detector finds the engine hung, so the "

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from agent import config
+from agent import config, eventloop
 from agent.demo_view import Control
 from agent.loadgen import LoadGenerator
 from agent.sidecar import Sidecar
@@ -206,7 +206,8 @@ async def _wait(stop: asyncio.Event, timeout: float) -> None:
 def run_demo(args: argparse.Namespace, faults: dict[str, float], cfg_data: dict[str, Any]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return asyncio.run(_main(args, faults, cfg_data))
+        run_loop = eventloop.runner(cfg_data.get("agent", {}).get("event_loop", "auto"))
+        return run_loop(_main(args, faults, cfg_data))
     except OSError as error:
         print(f"servepilot demo: cannot start: {error}", file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from agent import eventloop
 from agent.api import build_app
 from agent.collectors.base import Collector
 from agent.config import ActuatorConfig, Config, ConfigError, PolicyConfig
@@ -712,7 +713,13 @@ class Sidecar:
         )
         await site.start()
         scheme = "https" if ssl_context else "http"
-        log.info("agent API on %s://%s:%d", scheme, agent_cfg.listen_host, agent_cfg.listen_port)
+        log.info(
+            "agent API on %s://%s:%d (%s event loop)",
+            scheme,
+            agent_cfg.listen_host,
+            agent_cfg.listen_port,
+            eventloop.running_loop_name(),
+        )
         self._task = asyncio.create_task(self.loop.run(self._stop), name="servepilot-loop")
         if self.cfg.agent.state_path is not None:
             self._save_task = asyncio.create_task(self._save_periodically(), name="servepilot-save-state")

@@ -161,6 +161,7 @@ def print_table(results: dict[tuple[int, str], dict[str, float]], args: argparse
     print(
         f"\nservepilot gate bench: simulator speed {args.speed:g}, {args.max_tokens} tokens/request, "
         f"{args.rounds} interleaved rounds x {args.duration:g} s measured per row, "
+        f"gate event loop {args.event_loop}, "
         f"{os.cpu_count()} CPUs shared by every process"
     )
     cols = (
@@ -199,6 +200,12 @@ def main() -> int:
     parser.add_argument("--speed", type=float, default=4.0, help="simulator time scale")
     parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
+    parser.add_argument(
+        "--event-loop",
+        choices=("auto", "uvloop", "asyncio"),
+        default="auto",
+        help="the gate's agent.event_loop (auto: uvloop if installed, as `servepilot run` and `gate` do)",
+    )
     args = parser.parse_args()
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -214,7 +221,10 @@ def main() -> int:
         procs.append(sim)
         # Relay only: no line rate limit (the default, 1000/min, would refuse most of the load) and an
         # in-flight limit above the concurrency, so every request goes straight upstream.
-        (tmp / "gate.yaml").write_text("gate:\n  default_requests_per_min: 10000000\n  max_in_flight: 4096\n")
+        (tmp / "gate.yaml").write_text(
+            f"agent:\n  event_loop: {args.event_loop}\n"
+            "gate:\n  default_requests_per_min: 10000000\n  max_in_flight: 4096\n"
+        )
         gate = subprocess.Popen(
             [sys.executable, "-m", "agent.commands.gate", "--config", str(tmp / "gate.yaml"),
              "--upstream", f"http://127.0.0.1:{sim_port}", "--port", str(gate_port), "--no-metrics"],

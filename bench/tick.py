@@ -150,6 +150,12 @@ def main() -> int:
         "--no-probe", action="store_true", help="no allocator probe scrape (the issue's setup: engine + NVML)"
     )
     parser.add_argument(
+        "--event-loop",
+        choices=("auto", "uvloop", "asyncio"),
+        default="auto",
+        help="event loop, as agent.event_loop picks it for `servepilot run` (auto: uvloop if installed)",
+    )
+    parser.add_argument(
         "--dump", type=Path, help="write every tick's durations (ms) as CSV, to see which ticks are slow"
     )
     args = parser.parse_args()
@@ -168,7 +174,11 @@ def main() -> int:
                 raise SystemExit("static server did not start") from None
             time.sleep(0.05)
     try:
-        durations, cpu, wall, series = asyncio.run(_run(args.duration, args.gpus, port, not args.no_probe))
+        from agent import eventloop
+
+        run = eventloop.runner(args.event_loop)
+        loop_name = eventloop.resolve(args.event_loop)
+        durations, cpu, wall, series = run(_run(args.duration, args.gpus, port, not args.no_probe))
     finally:
         server.terminate()
     ticks = np.array(durations) * 1000  # columns: see Tick
@@ -178,7 +188,7 @@ def main() -> int:
     print(
         f"servepilot tick benchmark: {args.gpus} GPUs (fake NVML backend) sampled every 100 ms, "
         f"full vLLM scrape ({VLLM_SCRAPE.stat().st_size} bytes)"
-        f"{' + probe' if not args.no_probe else ', no probe'}, 1 s tick, {wall:.0f} s"
+        f"{' + probe' if not args.no_probe else ', no probe'}, 1 s tick, {wall:.0f} s, {loop_name} event loop"
     )
     print(f"  ticks {len(ticks)};  series in store {series};  load average {os.getloadavg()[0]:.2f}")
     if len(ticks) < 300:

@@ -18,7 +18,7 @@ import os
 import signal
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -74,31 +74,23 @@ def _with_overrides(file_cfg: Config | None, args: argparse.Namespace) -> Config
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent import config
+    from agent import config, eventloop
     from agent.cli import UsageError
 
     for flag, port in (("--port", args.port), ("--metrics-port", args.metrics_port)):
         if port is not None and not 0 <= port <= 65535:
             raise UsageError(f"{flag} must be in [0, 65535], got {port}")
     cfg = _with_overrides(config.load(args.config, os.environ) if args.config else None, args)
+    run_loop = eventloop.runner(cfg.agent.event_loop)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        _event_loop_runner()(_serve(cfg, args))
+        run_loop(_serve(cfg, args))
     except OSError as error:
         logging.getLogger("servepilot").error("cannot start the gate: %s", error)
         return 1
     return 0
-
-
-def _event_loop_runner() -> Any:
-    """``uvloop.run`` when uvloop is installed (about twice the relay rate per core), else asyncio's."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run
-    return uvloop.run
 
 
 async def _serve(cfg: Config, args: argparse.Namespace) -> None:

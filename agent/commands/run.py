@@ -27,10 +27,11 @@ def run(args: argparse.Namespace) -> int:
     # a SIGHUP (config reload) that arrives while the sidecar imports and builds itself must not end
     # the process, which is SIGHUP's default; serve() installs the reload handler once it can reload
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    from agent import config
+    from agent import config, eventloop
     from agent.sidecar import serve
 
     cfg = config.load(args.config, os.environ)
+    run_loop = eventloop.runner(cfg.agent.event_loop)  # before logging: a bad choice is exit 2
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         await serve(cfg, stop, config_path=args.config, environ=os.environ)
 
     try:
-        asyncio.run(main())
+        run_loop(main())
     except OSError as error:  # e.g. the listen port is taken
         logging.getLogger("servepilot").error("cannot start: %s", error)
         return 1

@@ -1,0 +1,94 @@
+"""agent.event_loop: `servepilot run`, `gate` and `demo` run on uvloop where it is installed.
+
+The pods' gate lives inside `servepilot run`; before, only `servepilot gate` used uvloop, so the gate
+benchmark measured a loop production did not run."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent import config, eventloop
+from agent.engines.launcher import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def _name() -> str:
+    await asyncio.sleep(0)
+    return eventloop.running_loop_name()
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected"), [("auto", "uvloop"), ("uvloop", "uvloop"), ("asyncio", "asyncio")]
+)
+def test_each_choice_runs_its_loop_where_uvloop_is_installed(
+    choice: eventloop.EventLoopChoice, expected: str
+) -> None:
+    assert eventloop.resolve(choice) == expected
+    assert eventloop.runner(choice)(_name()) == expected
+
+
+def test_without_uvloop_auto_falls_back_and_uvloop_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # `import uvloop` now raises ImportError
+    assert eventloop.resolve("auto") == "asyncio"
+    assert eventloop.runner("auto")(_name()) == "asyncio"
+    with pytest.raises(config.ConfigError, match=r"^agent\.event_loop is uvloop, but it does not import"):
+        eventloop.runner("uvloop")
+
+
+def test_an_unknown_event_loop_is_refused_naming_the_field() -> None:
+    with pytest.raises(config.ConfigError, match=r"^agent\.event_loop"):
+        config.build({"agent": {"event_loop": "trio"}})
+
+
+def _run_sidecar(tmp_path: Path, env: dict[str, str]) -> tuple[int, str]:
+    """`servepilot run` with no source to reach, until its API is up; then SIGTERM. (exit code, log)."""
+    cfg = {
+        "agent": {"listen_port": free_port(), "admin_listen_port": free_port()},
+        "engine": {"url": f"http://127.0.0.1:{free_port()}"},
+        "nvml": {"backend": "off"},
+        "probe": {"enabled": False},
+        "audit": {"path": None},
+    }
+    path = tmp_path / "servepilot.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.cli", "run", "--config", str(path)],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    watchdog = threading.Timer(60, proc.kill)  # a sidecar that never logs must not hang the suite
+    watchdog.start()
+    try:
+        for line in proc.stdout:  # ends when the process does
+            lines.append(line)
+            if "agent API on" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=30)
+    finally:
+        watchdog.cancel()
+    return proc.returncode, "".join(lines) + rest
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"), [({}, "uvloop"), ({"SERVEPILOT_AGENT__EVENT_LOOP": "asyncio"}, "asyncio")]
+)
+def test_servepilot_run_says_which_loop_it_runs(tmp_path: Path, env: dict[str, str], expected: str) -> None:
+    code, log = _run_sidecar(tmp_path, env)
+    assert code == 0, log
+    assert f"({expected} event loop)" in log, log

@@ -229,6 +229,8 @@ class Sidecar:
         self.collectors.extend(self.knobs.collectors)
         #: the gate upstream that is this engine (engine.url and the upstreams need a restart to change)
         self._engine_upstream = engine_upstream(cfg)
+        if self.knobs.gate is not None:
+            self.knobs.gate.mark_engine(self._engine_upstream)
         if cfg.gate.enabled and cfg.gate.eject_stalled_s > 0 and self._engine_upstream is None:
             log.warning(
                 "no gate upstream has engine.url (%s): the engine_stall finding cannot take this engine out "

@@ -6,16 +6,18 @@ alert while a *source* alert fires with the same ``namespace`` and ``pod``:
 
 * ``ServepilotEngineDown`` (the engine does not answer) mutes what follows from it: the stall verdict,
   the TTFT burn alerts, the breaker's degraded level, the control API being unreachable, and the gate's
-  ``primary`` upstream being out;
+  upstream for this engine being out;
 * ``ServepilotEngineStalled`` (it answers but makes no progress) mutes the TTFT burn alerts, the
-  breaker's degraded level and the gate's ``primary`` upstream being out;
+  breaker's degraded level and the gate's upstream for this engine being out;
 * ``ServepilotTTFTBudgetBurnFast`` mutes ``ServepilotTTFTBudgetBurnSlow`` (the SRE workbook's advice:
   the fast burn pages, the slow one would repeat it as a ticket).
 
-Only the upstream named ``primary`` is muted (the convention of the examples and the manifests: this
-pod's own engine). Another upstream out (``fp8``, ``small``) is another engine's problem, and stays
-visible. Memory-leak, fragmentation, actuation and webhook alerts are never muted: they may be the cause,
-or are about the sidecar itself.
+Only the upstream that is this pod's own engine is muted: the alert carries ``role="engine"`` from
+``servepilot_gate_upstream_role`` (the gate upstream whose URL is ``engine.url``), whatever it is named.
+Another upstream out (``fp8``, ``small``) is another engine's problem, and stays visible; so does the
+alert of a gate too old to export the role (two pages rather than a missed one). Memory-leak,
+fragmentation, actuation and webhook alerts are never muted: they may be the cause, or are about the
+sidecar itself.
 
 ``python -m dashboards.rules`` writes the rules twice: as a fragment to merge into ``alertmanager.yml``
 (``dashboards/rules/alertmanager-inhibit.yaml``) and as a Prometheus Operator ``AlertmanagerConfig``
@@ -42,13 +44,13 @@ MUTES: dict[str, tuple[tuple[str, dict[str, str]], ...]] = {
         ("ServepilotTTFTBudgetBurnSlow", {}),
         ("ServepilotBreakerDegraded", {}),
         ("ServepilotEngineControlUnavailable", {}),
-        ("ServepilotGateUpstreamOut", {"upstream": "primary"}),
+        ("ServepilotGateUpstreamOut", {"role": "engine"}),
     ),
     "ServepilotEngineStalled": (
         ("ServepilotTTFTBudgetBurnFast", {}),
         ("ServepilotTTFTBudgetBurnSlow", {}),
         ("ServepilotBreakerDegraded", {}),
-        ("ServepilotGateUpstreamOut", {"upstream": "primary"}),
+        ("ServepilotGateUpstreamOut", {"role": "engine"}),
     ),
     "ServepilotTTFTBudgetBurnFast": (("ServepilotTTFTBudgetBurnSlow", {}),),
 }

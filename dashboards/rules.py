@@ -163,7 +163,13 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
         ),
         _alert(
             "ServepilotGateUpstreamOut",
-            f"min by ({BY}, upstream) (servepilot_gate_upstream_up) == 0",
+            # the role label (engine: this pod's own) for the inhibition rules; a gate older than
+            # servepilot_gate_upstream_role still alerts, without it
+            f"(min by ({BY}, upstream) (servepilot_gate_upstream_up) == 0)\n"
+            f"  * on ({BY}, upstream) group_left (role)\n"
+            f"    max by ({BY}, upstream, role) (servepilot_gate_upstream_role)\n"
+            f"or on ({BY}, upstream)\n"
+            f"  min by ({BY}, upstream) (servepilot_gate_upstream_up) == 0",
             p.for_(300),
             "warning",
             "gate upstream {{ $labels.upstream }} in {{ $labels.pod }} is out of the split",

@@ -79,6 +79,7 @@ AGENT: list[Series] = _agent(
     "servepilot_gate_in_flight",
     "servepilot_gate_queue_depth",
     "servepilot_gate_upstream_up",
+    "servepilot_gate_upstream_role",
     "servepilot_gate_split_ratio",
     "servepilot_gate_late_requests",
     "servepilot_gate_upstream_ejections_total",

@@ -97,6 +97,7 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
     from prometheus_client import CollectorRegistry
 
     from agent.gate.proxy import Gate
+    from agent.sidecar import engine_upstream
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -105,6 +106,7 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
     registry = CollectorRegistry()
     # judged by the SLO the sidecar uses (policies.*_slo_s), so SLO-bad and late counts work here too
     gate = Gate(cfg.gate, registry, slo=(cfg.policies.ttft_slo_s, cfg.policies.itl_slo_s))
+    gate.mark_engine(engine_upstream(cfg))
     watch: asyncio.Task[None] | None = None
     if args.config:
         reloader = _reloader(cfg, args, gate, registry)

@@ -165,6 +165,14 @@ class Gate:
         self._g_split = Gauge(
             "servepilot_gate_split_ratio", "Traffic share.", ["upstream"], registry=registry
         )
+        self._g_role = Gauge(
+            "servepilot_gate_upstream_role",
+            "1 for each upstream, labelled role=engine for this pod's own engine (its URL is engine.url) "
+            "and role=other for another deployment (fp8, small, a long-context pool): what the alert rules "
+            "and Alertmanager's inhibition tell apart, whatever the upstreams are named.",
+            ["upstream", "role"],
+            registry=registry,
+        )
         self._c_ejected = Counter(
             "servepilot_gate_upstream_ejections_total",
             "Times an upstream was taken out of the split for holding requests with no byte for "
@@ -217,6 +225,7 @@ class Gate:
             self._g_up.labels(name).set_function(functools.partial(self._upstream_up, name))
             self._g_split.labels(name).set_function(functools.partial(self._split_of, name))
             self._g_late.labels(name).set_function(functools.partial(self._late_at, name))
+            self._g_role.labels(name, "other").set(1)
             self._c_ejected.labels(name)
             self._c_resent.labels(name)
             for status in cfg.retry_statuses:  # at 0 from the start, so increase() sees the first retry
@@ -412,6 +421,17 @@ class Gate:
             if missed:
                 late[name] = late.get(name, 0) + 1
         return late
+
+    def mark_engine(self, upstream: str | None) -> None:
+        """Name the upstream that is this pod's own engine (None: none is), for
+        ``servepilot_gate_upstream_role``; every other upstream is ``other``."""
+        if upstream is not None and upstream not in self.pool.upstreams:
+            raise ValueError(f"unknown upstream {upstream!r}; known: {', '.join(self.pool.upstreams)}")
+        for name in self.pool.upstreams:
+            role, stale = ("engine", "other") if name == upstream else ("other", "engine")
+            with contextlib.suppress(KeyError):  # the role it did not have
+                self._g_role.remove(name, stale)
+            self._g_role.labels(name, role).set(1)
 
     def set_engine_stalled(self, upstream: str, why: str | None) -> None:
         """What the sidecar's ``engine_stall`` detector says of the engine behind ``upstream`` (this pod's

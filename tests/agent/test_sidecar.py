@@ -745,6 +745,33 @@ async def test_a_gate_with_no_upstream_at_the_engines_url_is_said_at_start(
     assert "no gate upstream" not in caplog.text
 
 
+def _roles(sidecar: Sidecar) -> dict[str, str]:
+    samples = sidecar.exporter.registry.collect()
+    return {
+        s.labels["upstream"]: s.labels["role"]
+        for m in samples
+        if m.name == "servepilot_gate_upstream_role"
+        for s in m.samples
+    }
+
+
+def test_the_gate_exports_which_upstream_is_this_engine_whatever_its_name(tmp_path: Path) -> None:
+    """servepilot_gate_upstream_role carries what the inhibition rules mute on, not the name primary."""
+    cfg = _act_cfg(tmp_path)
+    engine = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"url": "http://localhost:9"})})
+    gate = engine.gate.model_copy(
+        update={
+            "upstreams": {"vllm": "http://127.0.0.1:9", "fp8": "http://127.0.0.1:10"},
+            "split": {"vllm": 1.0},
+        }
+    )
+    assert _roles(Sidecar(engine.model_copy(update={"gate": gate}), collectors=[])) == {
+        "vllm": "engine",
+        "fp8": "other",
+    }
+    assert _roles(Sidecar(cfg, collectors=[])) == {"primary": "other", "fp8": "other"}  # engine on 8000
+
+
 async def test_a_reload_retunes_the_running_policies_and_the_knob_follows_the_new_bounds(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

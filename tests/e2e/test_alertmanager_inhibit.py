@@ -2,8 +2,9 @@
 as Prometheus would send them, then read back with what mutes each.
 
 A hung engine in pod llm-0 fires its stall alert, its TTFT burn alerts, its breaker level and its gate's
-``primary`` upstream out; pod llm-1 burns its budget for its own reason. Only llm-0's consequences are
-muted, and the stall alert, another upstream out and llm-1's burn stay visible.
+upstream for it out (named ``vllm`` here: the ``role="engine"`` label, not the name, marks it); pod llm-1
+burns its budget for its own reason. Only llm-0's consequences are muted, and the stall alert, another
+upstream out, one without a role (a gate older than the role series) and llm-1's burn stay visible.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ MUTED = {
     ("ServepilotTTFTBudgetBurnFast", "llm-0", ""),
     ("ServepilotTTFTBudgetBurnSlow", "llm-0", ""),
     ("ServepilotBreakerDegraded", "llm-0", ""),
-    ("ServepilotGateUpstreamOut", "llm-0", "primary"),
+    ("ServepilotGateUpstreamOut", "llm-0", "vllm"),
     ("ServepilotTTFTBudgetBurnSlow", "llm-1", ""),  # its own fast burn pages instead
 }
 """What the rules must mute: everything else posted stays visible (the stall alert itself, the fp8
-upstream out, the memory leak, llm-1's fast burn)."""
+and role-less upstreams out, the memory leak, llm-1's fast burn)."""
 
 
 def _alert(name: str, pod: str, **labels: str) -> dict[str, Any]:
@@ -67,8 +68,9 @@ async def test_a_hung_engine_pages_once_and_the_rest_of_its_pod_is_muted(tmp_pat
         _alert("ServepilotTTFTBudgetBurnFast", "llm-0", severity="critical"),
         _alert("ServepilotTTFTBudgetBurnSlow", "llm-0"),
         _alert("ServepilotBreakerDegraded", "llm-0"),
+        _alert("ServepilotGateUpstreamOut", "llm-0", upstream="vllm", role="engine"),
+        _alert("ServepilotGateUpstreamOut", "llm-0", upstream="fp8", role="other"),
         _alert("ServepilotGateUpstreamOut", "llm-0", upstream="primary"),
-        _alert("ServepilotGateUpstreamOut", "llm-0", upstream="fp8"),
         _alert("ServepilotMemoryLeak", "llm-0", signal="engine.gpu_memory"),
     ]
     other = [

@@ -1030,6 +1030,28 @@ async def test_a_request_sent_to_a_proven_hung_only_upstream_gets_the_time_the_u
         await gate.stop()
 
 
+async def test_marking_the_engine_upstream_moves_its_role_and_leaves_one_series_each(
+    upstream: Upstream,
+) -> None:
+    gate = await _gate({"primary": upstream.url, "small": upstream.url})
+    try:
+
+        def roles() -> set[tuple[str, str]]:
+            return {
+                (s.labels["upstream"], s.labels["role"]) for m in gate._g_role.collect() for s in m.samples
+            }
+
+        assert roles() == {("primary", "other"), ("small", "other")}
+        gate.mark_engine("small")
+        assert roles() == {("primary", "other"), ("small", "engine")}
+        gate.mark_engine(None)
+        assert roles() == {("primary", "other"), ("small", "other")}
+        with pytest.raises(ValueError, match="unknown upstream 'nope'"):
+            gate.mark_engine("nope")
+    finally:
+        await gate.stop()
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_an_upstream_answering_503_is_retried_on_the_next_and_still_counted_as_its_5xx(
     upstream: Upstream, spare: Upstream, client: aiohttp.ClientSession, stream: bool

@@ -9,6 +9,12 @@ first half of dedup: a finding that stays active for an hour produces two messag
   Alertmanager treats a change of labels;
 * ``ServepilotSourceDown``: a collector (engine, nvml, probe) that has not returned OK for
   ``source_down_after_s`` seconds; a single failed scrape is not worth a page.
+
+One incident, one message (as the Alertmanager inhibition rules do for the Prometheus alerts): while
+the ``engine_stall`` detector finds the engine hung, the general detector's alarms on the engine's own
+signals (``engine.*``: a batch, a queue, a token rate that stopped moving) follow from the hang and are
+not sent, for as long as each lasts, the stall's end included. One that was already firing goes on;
+the general detector's alarms on other sources (the GPUs, the allocator) are sent as usual.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from types import MappingProxyType
 from typing import Any
 
 from agent.state import AgentState
-from detectors.base import Severity
+from detectors.base import Finding, Severity
 from detectors.snapshot import SourceStatus
 
 _RANK = {Severity.INFO.value: 0, Severity.WARNING.value: 1, Severity.CRITICAL.value: 2}
@@ -88,6 +94,8 @@ class AlertTracker:
     Prometheus' ``keep_firing_for``): a finding that blinks tick to tick sends one alert, not hundreds."""
     _failing_since: dict[str, float] = field(default_factory=dict)
     _missing_since: dict[str, float] = field(default_factory=dict)
+    _muted: set[str] = field(default_factory=set)
+    """Findings not sent because they followed from an engine stall, until each ends (module docstring)."""
 
     def restore(self, alerts: Iterable[Alert]) -> None:
         """Resume with alerts that were firing before a restart, so their resolution is still sent."""
@@ -140,6 +148,8 @@ class AlertTracker:
     def _desired(self, state: AgentState, now: float) -> dict[str, Alert]:
         floor = _RANK[self.min_severity]
         out: dict[str, Alert] = {}
+        stalled = any(f.detector == STALL_DETECTOR for f in state.findings)
+        muted: set[str] = set()
         for finding in state.findings:
             if _RANK[finding.severity.value] < floor:
                 continue
@@ -154,7 +164,12 @@ class AlertTracker:
             if finding.hint:
                 notes["hint"] = finding.hint
             alert = Alert(labels, notes, min(finding.since, now))
-            out[alert.fingerprint] = alert
+            key = alert.fingerprint
+            if key not in self.active and (key in self._muted or (stalled and _follows_a_stall(finding))):
+                muted.add(key)
+                continue
+            out[key] = alert
+        self._muted = muted
         snapshot = state.snapshot
         if snapshot is None:
             return out
@@ -193,6 +208,14 @@ class AlertTracker:
                 del self._missing_since[key]
                 changes.append(self.active.pop(key).resolved(now))
         return changes
+
+
+STALL_DETECTOR = "engine_stall"
+
+
+def _follows_a_stall(finding: Finding) -> bool:
+    """A general-detector alarm on one of the engine's own signals: a consequence of a hang."""
+    return finding.detector == "general" and finding.signal.startswith("engine.")
 
 
 def _describe(evidence: Mapping[str, float | str], score: float) -> str:

@@ -172,3 +172,39 @@ def test_settings_that_keep_every_alert_send_nothing() -> None:
     before = dict(tracker.active)
     assert _reconfigure(tracker, 101.0, resolve_after_s=5.0, source_down_after_s=10.0) == []
     assert tracker.active == before and tracker.resolve_after_s == 5.0
+
+
+STALL = Finding("engine_stall", "engine.requests_running", Severity.CRITICAL, 1.0, "engine hung", 50.0)
+BATCH = Finding("general", "engine.batch_size_mean", Severity.WARNING, 0.9, "batch is unusual", 55.0)
+GPU = Finding("general", "nvml.gpu0.power_watts", Severity.WARNING, 0.9, "power is unusual", 55.0)
+
+
+def _sent(changes: list[Alert]) -> list[tuple[str, str, str]]:
+    return sorted((a.labels.get("detector", ""), a.labels.get("signal", ""), a.status) for a in changes)
+
+
+def test_a_stall_pages_once_and_the_engine_alarms_it_causes_are_not_sent_while_they_last() -> None:
+    tracker = AlertTracker()
+    fired = tracker.update(_state(60.0, (STALL, BATCH, GPU)), 60.0)
+    assert _sent(fired) == [
+        ("engine_stall", "engine.requests_running", "firing"),
+        ("general", "nvml.gpu0.power_watts", "firing"),  # another source's alarm is no consequence
+    ]
+    # the stall ends while the batch alarm is still held: it is the same alarm, still not sent
+    assert _sent(tracker.update(_state(70.0, (BATCH, GPU)), 70.0)) == [
+        ("engine_stall", "engine.requests_running", "resolved")
+    ]
+    assert tracker.update(_state(71.0, (BATCH, GPU)), 71.0) == []
+    # once it has ended, a new one with no stall is sent
+    tracker.update(_state(80.0, (GPU,)), 80.0)
+    assert _sent(tracker.update(_state(90.0, (BATCH, GPU)), 90.0)) == [
+        ("general", "engine.batch_size_mean", "firing")
+    ]
+
+
+def test_an_engine_alarm_firing_before_the_stall_goes_on() -> None:
+    tracker = AlertTracker()
+    tracker.update(_state(55.0, (BATCH,)), 55.0)
+    fired = tracker.update(_state(60.0, (STALL, BATCH)), 60.0)
+    assert _sent(fired) == [("engine_stall", "engine.requests_running", "firing")]  # nothing resolved
+    assert {a.labels["detector"] for a in tracker.active.values()} == {"engine_stall", "general"}

@@ -18,6 +18,8 @@ import yaml
 from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from agent.eventloop import EventLoopChoice
+
 ENV_PREFIX = "SERVEPILOT_"
 
 
@@ -63,7 +65,7 @@ class AgentConfig(_Section):
         description="/engine/livez answers 503 once the engine has been stalled this long, for the engine "
         "container's liveness probe (a restart); 0: never",
     )
-    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+    event_loop: EventLoopChoice = Field(
         "auto",
         description="event loop of run, gate and demo: auto = uvloop where installed (the gate relays in "
         "fewer CPU cycles), else asyncio's; uvloop: required (start-up fails without it)",

@@ -6,7 +6,7 @@ on Linux and macOS) does the same socket work in far fewer CPU cycles; ``bench/g
 ``bench/tick.py`` print the figures for both (``--event-loop``). ``agent.event_loop`` chooses:
 
 * ``auto`` (default): uvloop when it imports, asyncio's own loop otherwise (Windows, or a build without
-  it), said once in the log;
+  it); the sidecar's start-up log line says which it runs;
 * ``uvloop``: uvloop or a clear start-up error (exit 2), for a pod that must not silently run slower;
 * ``asyncio``: the standard loop, the fallback should a uvloop release misbehave.
 """
@@ -14,15 +14,11 @@ on Linux and macOS) does the same socket work in far fewer CPU cycles; ``bench/g
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal, TypeVar
 
 T = TypeVar("T")
 EventLoopChoice = Literal["auto", "uvloop", "asyncio"]
-CHOICES: tuple[EventLoopChoice, ...] = ("auto", "uvloop", "asyncio")
-
-log = logging.getLogger(__name__)
 
 
 def resolve(choice: EventLoopChoice) -> Literal["uvloop", "asyncio"]:
@@ -53,6 +49,6 @@ def runner(choice: EventLoopChoice) -> Callable[[Coroutine[Any, Any, T]], T]:
 
 
 def running_loop_name() -> str:
-    """``uvloop`` or ``asyncio``: what the running loop is (for the log and ``/api/state``)."""
+    """``uvloop`` or ``asyncio``: what the running loop is (the sidecar's start-up log line)."""
     module = type(asyncio.get_running_loop()).__module__
     return "uvloop" if module.startswith("uvloop") else "asyncio"

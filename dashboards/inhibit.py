@@ -6,7 +6,7 @@ alert while a *source* alert fires with the same ``namespace`` and ``pod``:
 
 * ``ServepilotEngineDown`` (the engine does not answer) mutes what follows from it: the stall verdict,
   the TTFT burn alerts, the breaker's degraded level, the control API being unreachable, and the gate's
-  upstream for this engine being out;
+  upstream for this engine being out or answering errors the gate retries elsewhere;
 * ``ServepilotEngineStalled`` (it answers but makes no progress) mutes the TTFT burn alerts, the
   breaker's degraded level and the gate's upstream for this engine being out;
 * ``ServepilotTTFTBudgetBurnFast`` mutes ``ServepilotTTFTBudgetBurnSlow`` (the SRE workbook's advice:
@@ -45,6 +45,7 @@ MUTES: dict[str, tuple[tuple[str, dict[str, str]], ...]] = {
         ("ServepilotBreakerDegraded", {}),
         ("ServepilotEngineControlUnavailable", {}),
         ("ServepilotGateUpstreamOut", {"role": "engine"}),
+        ("ServepilotGateUpstreamFailing", {"role": "engine"}),
     ),
     "ServepilotEngineStalled": (
         ("ServepilotTTFTBudgetBurnFast", {}),

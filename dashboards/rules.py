@@ -114,6 +114,19 @@ def recording(p: Profile) -> list[dict[str, Any]]:
     return rules
 
 
+def _with_role(expr: str) -> str:
+    """``expr`` (one series per upstream, values kept) with the upstream's ``role`` label (``engine``:
+    this pod's own) from ``servepilot_gate_upstream_role``, for the inhibition rules; the series of a gate
+    too old to export the role still come through, without the label."""
+    return (
+        f"({expr})\n"
+        f"  * on ({BY}, upstream) group_left (role)\n"
+        f"    max by ({BY}, upstream, role) (servepilot_gate_upstream_role)\n"
+        f"or on ({BY}, upstream)\n"
+        f"  ({expr})"
+    )
+
+
 def _alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str) -> dict[str, Any]:
     return {
         "alert": name,
@@ -163,13 +176,7 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
         ),
         _alert(
             "ServepilotGateUpstreamOut",
-            # the role label (engine: this pod's own) for the inhibition rules; a gate older than
-            # servepilot_gate_upstream_role still alerts, without it
-            f"(min by ({BY}, upstream) (servepilot_gate_upstream_up) == 0)\n"
-            f"  * on ({BY}, upstream) group_left (role)\n"
-            f"    max by ({BY}, upstream, role) (servepilot_gate_upstream_role)\n"
-            f"or on ({BY}, upstream)\n"
-            f"  min by ({BY}, upstream) (servepilot_gate_upstream_up) == 0",
+            _with_role(f"min by ({BY}, upstream) (servepilot_gate_upstream_up) == 0"),
             p.for_(300),
             "warning",
             "gate upstream {{ $labels.upstream }} in {{ $labels.pod }} is out of the split",
@@ -181,9 +188,12 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
         ),
         _alert(
             "ServepilotGateUpstreamFailing",
-            f"sum by ({BY}, upstream) (rate(servepilot_gate_retried_total[{p.w('5m')}]))\n"
-            f"  / on ({BY}) group_left sum by ({BY}) (rate(servepilot_gate_requests_total[{p.w('5m')}]))\n"
-            "  > 0.01",
+            _with_role(
+                f"sum by ({BY}, upstream) (rate(servepilot_gate_retried_total[{p.w('5m')}]))\n"
+                f"  / on ({BY}) group_left sum by ({BY})"
+                f" (rate(servepilot_gate_requests_total[{p.w('5m')}]))\n"
+                "  > 0.01"
+            ),
             p.for_(300),
             "warning",
             "gate upstream {{ $labels.upstream }} in {{ $labels.pod }} answers errors the gate hides",

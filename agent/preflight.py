@@ -209,9 +209,9 @@ async def run_checks(cfg: Config) -> list[CheckResult]:
 
 def check_engine_upstream(cfg: Config) -> CheckResult:
     """Which gate upstream is this pod's engine: where the ``engine_stall`` finding takes it out of the
-    split (agent/sidecar.py ``engine_upstream``). None is no error (a gate before remote replicas), but the
-    hang of this engine then reaches the gate only through its own frozen streams."""
-    from agent.sidecar import engine_upstream
+    split (agent/gate/upstreams.py ``engine_upstream``). None is no error (a gate before remote
+    replicas), but the hang of this engine then reaches the gate only through its own frozen streams."""
+    from agent.gate.upstreams import engine_upstream
 
     started = time.perf_counter()
     name = engine_upstream(cfg)

@@ -22,6 +22,7 @@ from agent.api import build_app
 from agent.collectors.base import Collector
 from agent.config import ActuatorConfig, Config, ConfigError, PolicyConfig
 from agent.exporter import Exporter
+from agent.gate.upstreams import engine_upstream
 from agent.knobs import Knobs
 from agent.loop import Loop
 from agent.modes import Mode
@@ -142,33 +143,6 @@ def _without_pinned_partners(proposals: Sequence[Proposal], pins: Mapping[str, A
 
     held = {knob for group in LINKED if group & set(pins) for knob in group} - set(pins)
     return [p for p in proposals if p.knob not in held]
-
-
-def _endpoint(url: str) -> tuple[str, str, int | None]:
-    """(scheme, host, port) of ``url``, every loopback name one host: ``localhost``, ``127.0.0.1`` and
-    ``::1`` are the same engine in a pod, and a config may well use one for the engine and another for
-    the gate's upstream."""
-    import ipaddress
-
-    from yarl import URL
-
-    parsed = URL(url)
-    host = (parsed.host or "").lower()
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a name, not an address
-        loopback = False
-    return parsed.scheme, "loopback" if loopback else host, parsed.port
-
-
-def engine_upstream(cfg: Config) -> str | None:
-    """The gate upstream that is this pod's engine (its URL is ``engine.url``: the same scheme, host and
-    port, loopback names alike), or None: where the ``engine_stall`` detector's finding applies
-    (:meth:`agent.gate.proxy.Gate.set_engine_stalled`)."""
-    if not cfg.gate.enabled:
-        return None
-    engine = _endpoint(cfg.engine.url)
-    return next((name for name, url in cfg.gate.upstreams.items() if _endpoint(url) == engine), None)
 
 
 def normal_route(cfg: Config) -> str:

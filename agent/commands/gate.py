@@ -97,7 +97,7 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
     from prometheus_client import CollectorRegistry
 
     from agent.gate.proxy import Gate
-    from agent.sidecar import engine_upstream
+    from agent.gate.upstreams import engine_upstream
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

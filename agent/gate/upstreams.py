@@ -19,9 +19,13 @@ import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import aiohttp
 from yarl import URL
+
+if TYPE_CHECKING:
+    from agent.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -151,3 +155,28 @@ async def health_loop(
         await asyncio.gather(*(probe(up) for up in pool.upstreams.values() if up.name not in held))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=interval_s)
+
+
+def _endpoint(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of ``url``, every loopback name one host: ``localhost``, ``127.0.0.1`` and
+    ``::1`` are the same engine in a pod, and a config may well use one for the engine and another for
+    the gate's upstream."""
+    import ipaddress
+
+    parsed = URL(url)
+    host = (parsed.host or "").lower()
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name, not an address
+        loopback = False
+    return parsed.scheme, "loopback" if loopback else host, parsed.port
+
+
+def engine_upstream(cfg: Config) -> str | None:
+    """The gate upstream that is this pod's engine (its URL is ``engine.url``: the same scheme, host and
+    port, loopback names alike), or None: where the ``engine_stall`` detector's finding applies
+    (:meth:`agent.gate.proxy.Gate.set_engine_stalled`)."""
+    if not cfg.gate.enabled:
+        return None
+    engine = _endpoint(cfg.engine.url)
+    return next((name for name, url in cfg.gate.upstreams.items() if _endpoint(url) == engine), None)

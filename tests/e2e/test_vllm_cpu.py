@@ -336,11 +336,23 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
             # four long answers fill max_num_seqs and run; two short ones wait behind them. Started in that
             # order, whatever the machine's speed: the stop must find both kinds at the engine.
+            await tick_until(lambda s: engine_holds(s, 0, 0), "idle")  # the detector's first reading
             running = asyncio.ensure_future(
                 stream_many(session, via_gate, [completion(f"stall {i}", 1800) for i in range(4)])
             )
             sent.append(running)
-            await tick_until(lambda s: engine_holds(s, 4, 0) and gate_holds() == 4, "4 running")
+            # the four are running once each has sent a byte, seen from the gate, not from a scrape: on a
+            # fast machine the 1800-token answers were over 6.2 s after they started, and the scrapes of
+            # tick_until (up to 5 s each on this engine) left too little of them for the short ones
+            for _ in range(600):
+                if gate_holds() == 4 and gate_unstarted() == 0:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError(
+                    f"the four long answers never all started: the gate holds {gate_holds()} at vLLM, "
+                    f"{gate_unstarted()} with no byte yet; the requests sent: {answers()}"
+                )
             waiting = asyncio.ensure_future(
                 stream_many(session, via_gate, [completion(f"wait {i}", 16) for i in range(2)])
             )

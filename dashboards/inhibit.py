@@ -10,7 +10,11 @@ alert while a *source* alert fires with the same ``namespace`` and ``pod``:
 * ``ServepilotEngineStalled`` (it answers but makes no progress) mutes the TTFT burn alerts, the
   breaker's degraded level and the gate's upstream for this engine being out;
 * ``ServepilotTTFTBudgetBurnFast`` mutes ``ServepilotTTFTBudgetBurnSlow`` (the SRE workbook's advice:
-  the fast burn pages, the slow one would repeat it as a ticket).
+  the fast burn pages, the slow one would repeat it as a ticket);
+* ``ServepilotGateUpstreamFailing`` for this pod's own engine (it answers 502/503/504 that the gate
+  retries elsewhere) mutes ``ServepilotBreakerDegraded``: the breaker moved traffic to the fallback
+  upstreams *because* the engine fails, so the failing engine is the page. Only the engine's upstream
+  mutes it (``SOURCE_LABELS``): a failing ``fp8`` upstream does not explain a degraded breaker.
 
 Only the upstream that is this pod's own engine is muted: the alert carries ``role="engine"`` from
 ``servepilot_gate_upstream_role`` (the gate upstream whose URL is ``engine.url``), whatever it is named.
@@ -54,7 +58,11 @@ MUTES: dict[str, tuple[tuple[str, dict[str, str]], ...]] = {
         ("ServepilotGateUpstreamOut", {"role": "engine"}),
     ),
     "ServepilotTTFTBudgetBurnFast": (("ServepilotTTFTBudgetBurnSlow", {}),),
+    "ServepilotGateUpstreamFailing": (("ServepilotBreakerDegraded", {}),),
 }
+
+#: source alert -> labels it must carry to mute anything (absent: its name alone is enough)
+SOURCE_LABELS: dict[str, dict[str, str]] = {"ServepilotGateUpstreamFailing": {"role": "engine"}}
 
 
 def _targets(source: str) -> list[tuple[str, dict[str, str]]]:
@@ -74,7 +82,8 @@ def inhibit_rules() -> list[dict[str, Any]]:
             matcher = f'alertname=~"{names}"' if "|" in names else f'alertname="{names}"'
             rules.append(
                 {
-                    "source_matchers": [f'alertname="{source}"'],
+                    "source_matchers": [f'alertname="{source}"']
+                    + [f'{k}="{v}"' for k, v in SOURCE_LABELS.get(source, {}).items()],
                     "target_matchers": [matcher] + [f'{k}="{v}"' for k, v in extra.items()],
                     "equal": list(EQUAL),
                 }
@@ -98,7 +107,11 @@ def render_operator() -> str:
             target += [{"name": k, "value": v, "matchType": "="} for k, v in extra.items()]
             rules.append(
                 {
-                    "sourceMatch": [{"name": "alertname", "value": source, "matchType": "="}],
+                    "sourceMatch": [{"name": "alertname", "value": source, "matchType": "="}]
+                    + [
+                        {"name": k, "value": v, "matchType": "="}
+                        for k, v in SOURCE_LABELS.get(source, {}).items()
+                    ],
                     "targetMatch": target,
                     "equal": list(EQUAL),
                 }

@@ -3,10 +3,11 @@ as Prometheus would send them, then read back with what mutes each.
 
 A hung engine in pod llm-0 fires its stall alert, its TTFT burn alerts, its breaker level and its gate's
 upstream for it out (named ``vllm`` here: the ``role="engine"`` label, not the name, marks it); pod llm-1
-burns its budget for its own reason and its engine answers 503s; pod llm-2's engine is down, so its
-gate retries that engine's errors elsewhere. Only llm-0's and llm-2's consequences are muted; the stall
-and down alerts themselves, another upstream out or failing, one without a role (a gate older than the
-role series) and llm-1's alerts stay visible.
+burns its budget for its own reason and its engine answers 503s, so its breaker has degraded; pod llm-2's
+engine is down, so its gate retries that engine's errors elsewhere; pod llm-3's breaker has degraded while
+only its fp8 upstream fails. Only the consequences are muted (llm-0's, llm-1's breaker, llm-2's 503s); the
+stall and down alerts themselves, another upstream out or failing, one without a role (a gate older than
+the role series), llm-1's fast burn and llm-3's breaker stay visible.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ MUTED = {
     ("ServepilotGateUpstreamOut", "llm-0", "vllm"),
     ("ServepilotGateUpstreamFailing", "llm-2", "vllm"),  # its engine is down: the 503s follow
     ("ServepilotTTFTBudgetBurnSlow", "llm-1", ""),  # its own fast burn pages instead
+    ("ServepilotBreakerDegraded", "llm-1", ""),  # its engine's 503s page instead
 }
 """What the rules must mute: everything else posted stays visible (the stall and down alerts, the fp8
-and role-less upstreams, the memory leak, llm-1's fast burn and its engine's 503s)."""
+and role-less upstreams, the memory leak, llm-1's fast burn and its engine's 503s, llm-3's breaker, which
+a failing fp8 upstream does not explain)."""
 
 
 def _alert(name: str, pod: str, **labels: str) -> dict[str, Any]:
@@ -80,9 +83,12 @@ async def test_a_hung_engine_pages_once_and_the_rest_of_its_pod_is_muted(tmp_pat
         _alert("ServepilotTTFTBudgetBurnFast", "llm-1", severity="critical"),
         _alert("ServepilotTTFTBudgetBurnSlow", "llm-1"),
         _alert("ServepilotGateUpstreamFailing", "llm-1", upstream="vllm", role="engine"),  # engine up
+        _alert("ServepilotBreakerDegraded", "llm-1"),
         _alert("ServepilotEngineDown", "llm-2", severity="critical"),
         _alert("ServepilotGateUpstreamFailing", "llm-2", upstream="vllm", role="engine"),
         _alert("ServepilotGateUpstreamFailing", "llm-2", upstream="fp8", role="other"),
+        _alert("ServepilotGateUpstreamFailing", "llm-3", upstream="fp8", role="other"),
+        _alert("ServepilotBreakerDegraded", "llm-3"),
     ]
     with process(args, tmp_path / "alertmanager.log"):
         async with aiohttp.ClientSession() as http:

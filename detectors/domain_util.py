@@ -8,6 +8,7 @@ per-GPU signal names in a flat snapshot.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections import deque
@@ -17,6 +18,7 @@ from typing import Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from detectors.base import Finding
 from detectors.snapshot import Snapshot
 
 FloatArray = npt.NDArray[np.float64]
@@ -174,9 +176,46 @@ class KOfN:
             self.since_ = None
         return active
 
+    @property
+    def hits(self) -> int:
+        """Positive checks among the last ``n``."""
+        return sum(self._hits)
+
     def since(self, default: float) -> float:
         """When the current alarm episode started (``default`` when none is active)."""
         return self.since_ if self.since_ is not None else default
+
+
+class LastHit:
+    """What a :class:`KOfN` alarm shows on a check it holds through: its last positive check's finding.
+
+    Three of the last five checks keep the alarm up, so two of its ticks may measure a value back inside
+    the threshold. A finding built from that value read as a contradiction ("12% wasted, threshold 15%";
+    "throughput 3% *above* expected is -3% below") and had score 0, so the exported score and the
+    webhook dropped while the alarm stood. The last hit's finding is shown instead, unchanged but for a
+    note of the value now (in the summary and as ``evidence["now"]``) and ``evidence["held"] = "yes"``.
+    """
+
+    def __init__(self) -> None:
+        self.finding: Finding | None = None
+
+    def show(
+        self, gate: KOfN, active: bool, hit: bool, build: Callable[[], Finding], now: str
+    ) -> Finding | None:
+        """The finding for this check: ``build()`` on a hit, the held last hit on a miss, None when the
+        gate is down (``active``: what ``gate.push`` returned). ``now`` says what this check measured."""
+        if not active:
+            self.finding = None
+            return None
+        if hit or self.finding is None:
+            self.finding = build()
+            return self.finding
+        last = self.finding
+        return dataclasses.replace(
+            last,
+            summary=f"{last.summary} (alarm held: {gate.hits} of the last {gate.n} checks; now {now})",
+            evidence={**last.evidence, "held": "yes", "now": now},
+        )
 
 
 def robust_slope(t: FloatArray, y: FloatArray, alpha: float = 0.95) -> tuple[float, float, float]:

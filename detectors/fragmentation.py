@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from functools import partial
 
 import numpy as np
 
 from detectors.base import Finding, Severity
-from detectors.domain_util import KOfN, PerNameSet
+from detectors.domain_util import KOfN, LastHit, PerNameSet
 from detectors.snapshot import Snapshot
 
 _DEVICE = re.compile(r"^probe\.device(\d+)\.reserved_bytes$")
@@ -50,6 +51,7 @@ def _allocators(snapshot: Snapshot) -> list[tuple[str, str, str]]:
 class _Track:
     def __init__(self, k: int, n: int, points: int) -> None:
         self.gate = KOfN(k, n)
+        self.shown = LastHit()
         self.history: deque[tuple[float, float]] = deque(maxlen=points)
 
 
@@ -86,11 +88,12 @@ class FragmentationDetector:
             if track is None:
                 points = int(self.trend_window_s / self.trend_every_s) + 1
                 track = self.tracks_[signal] = _Track(self.k, self.n, points)
-            active = track.gate.push(ratio > self.threshold, snapshot.now)
-            if active:
-                slope_h = self._slope_per_hour(track, snapshot.now, ratio)
-                since = track.gate.since(snapshot.now)
-                findings.append(self._finding(signal, kind, ratio, slope_h, evidence, since))
+            hit = ratio > self.threshold
+            active = track.gate.push(hit, snapshot.now)
+            build = partial(self._finding, track, snapshot.now, signal, kind, ratio, evidence)
+            shown = track.shown.show(track.gate, active, hit, build, f"{ratio:.0%}")
+            if shown is not None:
+                findings.append(shown)
             if not track.history or snapshot.now - track.history[-1][0] >= self.trend_every_s:
                 track.history.append((snapshot.now, ratio))
         return findings
@@ -137,13 +140,15 @@ class FragmentationDetector:
 
     def _finding(
         self,
+        track: _Track,
+        now: float,
         signal: str,
         kind: str,
         ratio: float,
-        slope_h: float,
         evidence: dict[str, float | str],
-        since: float,
     ) -> Finding:
+        slope_h = self._slope_per_hour(track, now, ratio)
+        since = track.gate.since(now)
         trend = "rising" if slope_h > 0.01 else "falling" if slope_h < -0.01 else "flat"
         severity = Severity.CRITICAL if ratio >= 2 * self.threshold else Severity.WARNING
         if kind == "allocator":

@@ -39,12 +39,13 @@ import math
 from collections import deque
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
 
 from detectors.base import Finding, Severity
-from detectors.domain_util import FloatArray, KOfN
+from detectors.domain_util import FloatArray, KOfN, LastHit
 from detectors.snapshot import Snapshot
 
 DEFAULT_FEATURES: tuple[str, ...] = (
@@ -191,6 +192,7 @@ class MultivariateAnomalyDetector:
         self.threshold_: float = 1.0
         self.since_fit_: int = 0
         self.gate_ = KOfN(k, n)
+        self.shown_ = LastHit()
         # None: refits run inline (deterministic: tests, replay). The live agent passes a worker thread so
         # a refit (sklearn's fit: ~0.1-0.5 s) never stalls a tick; the old forest scores until it lands.
         self.executor = executor
@@ -207,8 +209,12 @@ class MultivariateAnomalyDetector:
             present = present & self.seen_
             filled = np.where(present, row, self.median_)
             score = float(self.forest_.score(self._embed(filled[None, :]))[0])
-            if self.gate_.push(score > self.threshold_, snapshot.now):
-                findings.append(self._finding(filled, present, score, snapshot.now))
+            hit = score > self.threshold_
+            active = self.gate_.push(hit, snapshot.now)
+            build = partial(self._finding, filled, present, score, snapshot.now)
+            shown = self.shown_.show(self.gate_, active, hit, build, f"score {score:.2f}")
+            if shown is not None:
+                findings.append(shown)
         self.rows_.append(row)
         self.since_fit_ += 1
         if self.pending_ is not None and self.pending_.done():

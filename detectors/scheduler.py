@@ -37,9 +37,10 @@ diagnosis checks, in this order, and names the first that holds (all are kept as
 from __future__ import annotations
 
 from collections import deque
+from functools import partial
 
 from detectors.base import Finding, Severity
-from detectors.domain_util import KOfN, RecursiveLeastSquares
+from detectors.domain_util import KOfN, LastHit, RecursiveLeastSquares
 from detectors.snapshot import Snapshot
 
 
@@ -99,6 +100,7 @@ class SchedulerEfficiencyDetector:
         self.n = n
         self.model_ = RecursiveLeastSquares(2, forgetting=forgetting, delta=1.0)
         self.gate_ = KOfN(k, n)
+        self.shown_ = LastHit()
         self.prompt_len_ = _Ewma(baseline_alpha)
         self.queue_p95_ = _Ewma(baseline_alpha)
         self.recent_: deque[tuple[float, float]] = deque(maxlen=smooth)  # (throughput, batch), busy ticks
@@ -138,10 +140,15 @@ class SchedulerEfficiencyDetector:
         expected = self.expected_throughput(batch)
         warm = self.model_.n_ >= self.warmup and expected is not None
         deviation = (throughput - expected) / expected if warm and expected else 0.0
-        active = self.gate_.push(deviation < -self.threshold, snapshot.now) if warm else False
+        hit = deviation < -self.threshold
+        active = self.gate_.push(hit, snapshot.now) if warm else False
         findings: list[Finding] = []
-        if active and expected is not None:
-            findings.append(self._finding(snapshot, throughput, expected, batch, deviation, prompt_len))
+        if expected is not None:
+            build = partial(self._finding, snapshot, throughput, expected, batch, deviation, prompt_len)
+            now = f"{throughput:.0f} tok/s, {deviation:+.0%} against expected"
+            shown = self.shown_.show(self.gate_, active, hit, build, now)
+            if shown is not None:
+                findings.append(shown)
         if not warm or deviation >= -self.threshold:
             self.model_.learn((1.0, batch), batch / throughput)
             self.step_.learn(batch / throughput)

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import math
 import statistics
+from functools import partial
 
 from detectors.base import Finding, Severity
-from detectors.domain_util import KOfN
+from detectors.domain_util import KOfN, LastHit
 from detectors.snapshot import Snapshot
 
 
@@ -70,6 +71,8 @@ class SpecDecodeDetector:
         self.t_: float = -math.inf
         self.drop_gate_ = KOfN(k, n)
         self.pay_gate_ = KOfN(k, n)
+        self.drop_shown_ = LastHit()
+        self.pay_shown_ = LastHit()
 
     def _observe(self, snapshot: Snapshot) -> tuple[float, float, float] | None:
         """(acceptance ratio, tokens per step E, draft tokens per step K) this tick, or None."""
@@ -104,8 +107,9 @@ class SpecDecodeDetector:
         baseline = self.baseline_
         hit = ratio < (1.0 - self.drop) * baseline
         speedup = per_step / (1.0 + k_tokens * self.draft_cost_ratio)
+        paying_hit = speedup < 1.0
         dropping = self.drop_gate_.push(hit, now)
-        not_paying = self.pay_gate_.push(speedup < 1.0, now)
+        not_paying = self.pay_gate_.push(paying_hit, now)
         if not hit and now > self.t_:
             w = 1.0 - 2.0 ** (-(now - self.t_) / self.half_life_s)
             self.baseline_ = baseline + w * (ratio - baseline)
@@ -117,28 +121,39 @@ class SpecDecodeDetector:
             "draft_tokens_per_step": k_tokens,
             "expected_speedup": speedup,
         }
-        if not_paying:
-            return [
-                Finding(
-                    self.name, "engine.spec_acceptance_ratio", Severity.CRITICAL,
-                    min(1.0, 1.0 - speedup + 0.5),
-                    f"speculative decoding no longer pays: expected speedup {speedup:.2f}x "
-                    f"(acceptance {ratio:.2f}, {per_step:.2f} tokens per step)",
-                    self.pay_gate_.since(now), evidence,
-                    "turn speculation off or shorten the draft (num_speculative_tokens); check whether the "
-                    "traffic mix changed away from what the draft model was trained on",
-                )
-            ]  # fmt: skip
-        if dropping:
-            score = min(1.0, (baseline - ratio) / max(baseline, 1e-9) / max(self.drop, 1e-9) * 0.5)
-            return [
-                Finding(
-                    self.name, "engine.spec_acceptance_ratio", Severity.WARNING, score,
-                    f"spec-decode acceptance {ratio:.2f} is {1 - ratio / baseline:.0%} below its "
-                    f"baseline {baseline:.2f} (expected speedup {speedup:.2f}x)",
-                    self.drop_gate_.since(now), evidence,
-                    "compare the traffic mix with the draft's training data; run servepilot specdec-eval "
-                    "on recent prompts",
-                )
-            ]  # fmt: skip
-        return []
+        measured = f"acceptance {ratio:.2f}, expected speedup {speedup:.2f}x"
+        # both always shown (and so kept current), the critical one reported when both stand
+        paying = self.pay_shown_.show(
+            self.pay_gate_, not_paying, paying_hit, partial(self._not_paying, now, evidence), measured
+        )
+        drop = self.drop_shown_.show(
+            self.drop_gate_, dropping, hit, partial(self._dropping, now, evidence), measured
+        )
+        shown = paying or drop
+        return [] if shown is None else [shown]
+
+    def _not_paying(self, now: float, evidence: dict[str, float | str]) -> Finding:
+        speedup, ratio = float(evidence["expected_speedup"]), float(evidence["acceptance_ratio"])
+        per_step = float(evidence["tokens_per_step"])
+        return Finding(
+            self.name, "engine.spec_acceptance_ratio", Severity.CRITICAL,
+            min(1.0, 1.0 - speedup + 0.5),
+            f"speculative decoding no longer pays: expected speedup {speedup:.2f}x "
+            f"(acceptance {ratio:.2f}, {per_step:.2f} tokens per step)",
+            self.pay_gate_.since(now), evidence,
+            "turn speculation off or shorten the draft (num_speculative_tokens); check whether the "
+            "traffic mix changed away from what the draft model was trained on",
+        )  # fmt: skip
+
+    def _dropping(self, now: float, evidence: dict[str, float | str]) -> Finding:
+        speedup, ratio = float(evidence["expected_speedup"]), float(evidence["acceptance_ratio"])
+        baseline = float(evidence["baseline"])
+        score = min(1.0, (baseline - ratio) / max(baseline, 1e-9) / max(self.drop, 1e-9) * 0.5)
+        return Finding(
+            self.name, "engine.spec_acceptance_ratio", Severity.WARNING, score,
+            f"spec-decode acceptance {ratio:.2f} is {1 - ratio / baseline:.0%} below its "
+            f"baseline {baseline:.2f} (expected speedup {speedup:.2f}x)",
+            self.drop_gate_.since(now), evidence,
+            "compare the traffic mix with the draft's training data; run servepilot specdec-eval "
+            "on recent prompts",
+        )  # fmt: skip

@@ -24,9 +24,10 @@ display-clock reasons are ignored.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 from detectors.base import Finding, Severity
-from detectors.domain_util import KOfN, RecursiveLeastSquares, gpu_indices
+from detectors.domain_util import KOfN, LastHit, RecursiveLeastSquares, gpu_indices
 from detectors.snapshot import Snapshot
 
 _EVIDENCE = ("sm_clock_hz.mean", "temperature_celsius.mean", "power_watts.mean", "utilization_ratio.mean")
@@ -62,6 +63,7 @@ class _Gpu:
     def __init__(self, forgetting: float, k: int, n: int) -> None:
         self.rls = RecursiveLeastSquares(3, forgetting=forgetting, delta=1000.0)
         self.gate = KOfN(k, n)
+        self.shown = LastHit()
         self.util: float | None = None
         self.power: float | None = None
         self.t = -math.inf
@@ -158,8 +160,26 @@ class ThermalDetector:
         hit = excess > max(self.min_excess_c, self.z_threshold * gpu.rls.residual_std)
         if not hit:
             gpu.rls.learn(x, temp)
-        if not gpu.gate.push(hit, snapshot.now):
-            return None
+        active = gpu.gate.push(hit, snapshot.now)
+        build = partial(
+            self._temperature_finding, i, names, gpu, snapshot.now, temp, predicted, gpu.util, power
+        )
+        return gpu.shown.show(
+            gpu.gate, active, hit, build, f"{temp:.0f}°C, {excess:+.0f}°C against the model"
+        )
+
+    def _temperature_finding(
+        self,
+        i: int,
+        names: _Names,
+        gpu: _Gpu,
+        now: float,
+        temp: float,
+        predicted: float,
+        util: float,
+        power: float | None,
+    ) -> Finding:
+        excess = temp - predicted
         return Finding(
             detector=self.name,
             signal=names.temperature,
@@ -167,14 +187,14 @@ class ThermalDetector:
             score=excess / (2 * self.min_excess_c),
             summary=(
                 f"GPU{i} at {temp:.0f}°C, {excess:.0f}°C above the {predicted:.0f}°C its utilisation "
-                f"({gpu.util:.0%}) explains"
+                f"({util:.0%}) explains"
             ),
-            since=gpu.gate.since(snapshot.now),
+            since=gpu.gate.since(now),
             evidence={
                 "temperature_celsius": temp,
                 "predicted_celsius": predicted,
                 "excess_celsius": excess,
-                "utilization_ratio_lagged": gpu.util,
+                "utilization_ratio_lagged": util,
                 "power_watts": power if power is not None else "absent",
                 "residual_std_celsius": gpu.rls.residual_std,
             },

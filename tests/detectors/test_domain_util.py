@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from detectors.domain_util import PerNameSet, RecursiveLeastSquares
+from detectors.base import Finding, Severity
+from detectors.domain_util import KOfN, LastHit, PerNameSet, RecursiveLeastSquares
 from detectors.snapshot import Reading, Snapshot, SourceStatus
 
 
@@ -75,3 +76,24 @@ def test_per_name_set_recomputes_only_when_the_names_change() -> None:
     assert cached(_snap({"a": 1.0, "c": 2.0})) == ["a", "c"]
     assert cached(_snap({})) == []
     assert len(calls) == 3
+
+
+def _finding(value: float) -> Finding:
+    return Finding("d", "s", Severity.WARNING, value, f"value {value:.2f}", 0.0, {"value": value})
+
+
+def test_last_hit_shows_the_last_positive_check_while_the_gate_holds() -> None:
+    """3 of 5: two misses inside a standing alarm show the last hit, noted with the value now."""
+    gate, shown = KOfN(3, 5), LastHit()
+    seen = []
+    for t, value in enumerate([0.9, 0.8, 0.7, 0.1, 0.2, 0.1, 0.1]):
+        hit = value > 0.5
+        seen.append(shown.show(gate, gate.push(hit, float(t)), hit, lambda v=value: _finding(v), f"{value}"))
+    assert seen[:2] == [None, None]
+    assert seen[2] is not None and seen[2].score == pytest.approx(0.7) and "held" not in seen[2].evidence
+    for held, now in ((seen[3], "0.1"), (seen[4], "0.2")):  # still 3 of the last 5: held at 0.7
+        assert held is not None and held.score == pytest.approx(0.7)
+        assert held.evidence["held"] == "yes" and held.evidence["now"] == now and held.evidence["value"] == 0.7
+        assert held.summary == f"value 0.70 (alarm held: 3 of the last 5 checks; now {now})"
+    assert seen[5:] == [None, None]  # 2 of 5, then 1: the alarm is down and the last hit forgotten
+    assert shown.finding is None

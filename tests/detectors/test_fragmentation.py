@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from detectors.base import Severity
 from detectors.fragmentation import FragmentationDetector
 from detectors.snapshot import Reading, Snapshot, SourceStatus
@@ -90,3 +92,16 @@ def test_deterministic() -> None:
         return [f.to_json() for i in range(50) for f in detector.update(_allocator(float(i), 0.1 + i / 200))]
 
     assert run() == run()
+
+
+def test_a_held_alarm_shows_its_last_hit_not_a_ratio_back_under_the_threshold() -> None:
+    """3 of 5 keeps the alarm up through a tick at 10%: it shows the 20% it fired on, and the 10% now
+    (before, its summary read "10% ... (threshold 15%)" with score 0 while active)."""
+    detector = FragmentationDetector()
+    findings = [detector.update(_allocator(float(i), r)) for i, r in enumerate([0.2, 0.2, 0.2, 0.1])]
+    fired, held = findings[2], findings[3]
+    assert len(held) == 1 and held[0].score == fired[0].score > 0.5
+    assert held[0].evidence["ratio"] == fired[0].evidence["ratio"] == pytest.approx(0.2)
+    assert held[0].evidence["now"] == "10%" and held[0].evidence["held"] == "yes"
+    assert held[0].summary.startswith("20% allocator memory") and held[0].summary.endswith("; now 10%)")
+    assert held[0].since == fired[0].since == 2.0

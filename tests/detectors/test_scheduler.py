@@ -148,3 +148,16 @@ def test_a_steady_batch_does_not_extrapolate_an_unidentified_slope() -> None:
     low, high = detector.expected_throughput(1.0), detector.expected_throughput(1.1)
     assert low is not None and high is not None
     assert low == pytest.approx(300.0, rel=0.1) and high / low == pytest.approx(1.1, rel=0.01)
+
+
+def test_the_recovery_ticks_an_alarm_holds_through_show_the_shortfall_not_the_recovered_rate() -> None:
+    """After a shortfall, the smoothed rate recovers within a few ticks the 3-of-5 gate still holds:
+    those findings show the last tick that fell short (and the rate now), never a deviation inside the
+    threshold with score 0."""
+    detector = SchedulerEfficiencyDetector()
+    _run(_healthy(600), detector)
+    findings = _run(_degraded() + _healthy(30, seed=2), detector)
+    held = [f for f in findings if f.evidence.get("held") == "yes"]
+    assert held, "the gate holds the alarm through at least one recovered tick"
+    assert all(float(f.evidence["deviation"]) < -0.15 and f.score > 0.5 for f in findings)
+    assert all("against expected" in str(f.evidence["now"]) for f in held)

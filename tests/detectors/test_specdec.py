@@ -50,6 +50,16 @@ def test_speedup_below_one_is_critical() -> None:
     assert last[0].evidence["expected_speedup"] < 1
 
 
+def test_a_recovered_tick_inside_a_standing_alarm_shows_the_drop_it_fired_on() -> None:
+    detector = SpecDecodeDetector()
+    _run(detector, np.full(60, 0.7))
+    fired, held = _run(detector, np.array([0.45] * 3 + [0.7]), start=60)[2:]
+    assert fired and held and held[0].score == fired[0].score > 0
+    assert held[0].evidence["acceptance_ratio"] == pytest.approx(0.45)
+    assert str(held[0].evidence["now"]).startswith("acceptance 0.70, expected speedup ")
+    assert held[0].summary.startswith("spec-decode acceptance 0.45 is 36% below its baseline 0.70")
+
+
 def test_lasting_drop_is_not_learned_as_the_new_baseline() -> None:
     detector = SpecDecodeDetector(half_life_s=10.0)
     _run(detector, np.full(60, 0.7))

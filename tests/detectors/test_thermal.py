@@ -52,6 +52,20 @@ def test_fires_when_temperature_exceeds_what_utilisation_explains() -> None:
     assert findings[-1].severity is Severity.WARNING
 
 
+def test_a_cooled_tick_inside_a_standing_alarm_shows_the_hot_one() -> None:
+    """5 hot ticks fire (3 of 5); the next one is back on the model, yet 4 of the last 5 still hit: the
+    finding stays the last hot tick's (its excess, its score), with the temperature now beside it."""
+    detector = ThermalDetector()
+    _run(detector, 3000)
+    hot = _run(detector, 5, start=3000.0, hot=12.0)
+    held = _run(detector, 1, start=3005.0)
+    assert hot and len(held) == 1
+    assert held[0].score == hot[-1].score > 0.5 and held[0].since == hot[-1].since
+    assert held[0].evidence["excess_celsius"] == hot[-1].evidence["excess_celsius"]
+    assert held[0].evidence["held"] == "yes" and "against the model" in str(held[0].evidence["now"])
+    assert held[0].summary.startswith(hot[-1].summary + " (alarm held: 4 of the last 5 checks; now ")
+
+
 def test_hot_ticks_are_not_learned() -> None:
     detector = ThermalDetector()
     _run(detector, 3000)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import math
@@ -25,13 +24,14 @@ from collections.abc import Callable, Mapping
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from agent.config import GateConfig
 from agent.gate.admission import AdmissionQueue, Priority, Ticket, TicketState
 from agent.gate.cache import Entry, Fill, ResponseCache, cache_key, response_identity
 from agent.gate.ejection import BlindWatch, StallEjector, UpstreamStalled
 from agent.gate.isolation import IsolationLane
+from agent.gate.metrics import GateMetrics
 from agent.gate.openai import (
     ADMITTED_PATHS,
     BadRequest,
@@ -152,84 +152,22 @@ class Gate:
         self.in_progress = 0
         self.cut = 0
         self._draining = False
-        self._g_in_flight = Gauge("servepilot_gate_in_flight", "Requests upstream now.", registry=registry)
-        self._g_queue = Gauge(
-            "servepilot_gate_queue_depth", "Requests waiting for admission.", registry=registry
-        )
-        self._g_limit = Gauge(
-            "servepilot_gate_limit", "In-flight limit (effective batch).", registry=registry
-        )
-        self._g_up = Gauge(
-            "servepilot_gate_upstream_up", "Upstream health (1 up).", ["upstream"], registry=registry
-        )
-        self._g_split = Gauge(
-            "servepilot_gate_split_ratio", "Traffic share.", ["upstream"], registry=registry
-        )
-        self._g_role = Gauge(
-            "servepilot_gate_upstream_role",
-            "1 for each upstream, labelled role=engine for this pod's own engine (its URL is engine.url) "
-            "and role=other for another deployment (fp8, small, a long-context pool): what the alert rules "
-            "and Alertmanager's inhibition tell apart, whatever the upstreams are named.",
-            ["upstream", "role"],
-            registry=registry,
-        )
-        self._c_ejected = Counter(
-            "servepilot_gate_upstream_ejections_total",
-            "Times an upstream was taken out of the split for holding requests with no byte for "
-            "gate.eject_stalled_s (a hung engine whose health check still passes).",
-            ["upstream"],
-            registry=registry,
+        self.metrics = GateMetrics(
+            registry,
+            self.pool.upstreams,
+            cfg.retry_statuses,
+            in_flight=lambda: self.admission.in_flight,
+            queue_depth=lambda: self.admission.queue_depth,
+            limit=lambda: self.admission.limit,
+            up=self._upstream_up,
+            split=self._split_of,
+            late=self._late_at,
         )
         self.ejector = StallEjector(cfg.eject_stalled_s, on_eject=self._count_ejection)
-        self._c_blind = Counter(
-            "servepilot_gate_blind_seconds",
-            "Seconds the gate went unscheduled, a second or more at a time (its event loop blocked, or the "
-            "node stalled). An upstream's silence across them is not taken as a hang.",
-            registry=registry,
-        )
         self.blind = BlindWatch(on_blind=self._went_blind)
         self._blind_task: asyncio.Task[None] | None = None
-        self._c_resent = Counter(
-            "servepilot_gate_resent_total",
-            "Requests taken back from a hung upstream before any byte of their answer and sent to the next "
-            "upstream (gate.cut_stalled_streams), by the upstream that hung.",
-            ["upstream"],
-            registry=registry,
-        )
-        self._c_retried = Counter(
-            "servepilot_gate_retried",
-            "Requests an upstream answered with one of gate.retry_statuses, sent to the next upstream "
-            "instead of passing the error on, by that upstream and its status.",
-            ["upstream", "status"],
-            registry=registry,
-        )
-        self._c_retry_denied = Counter(
-            "servepilot_gate_retry_budget_exceeded",
-            "Errors passed on that a retry could have hidden, had the retry budget allowed it "
-            "(gate.retry_budget_ratio).",
-            registry=registry,
-        )
         #: requests on a retry now, held to the budget
         self._retrying = 0
-        self._g_late = Gauge(
-            "servepilot_gate_late_requests",
-            "Requests an upstream holds now that will miss the latency SLO whatever comes next: no first "
-            "token past the TTFT SLO, or decoding past what the ITL SLO allows for max_tokens.",
-            ["upstream"],
-            registry=registry,
-        )
-        self._g_in_flight.set_function(lambda: self.admission.in_flight)
-        self._g_queue.set_function(lambda: self.admission.queue_depth)
-        self._g_limit.set_function(lambda: self.admission.limit)
-        for name in self.pool.upstreams:
-            self._g_up.labels(name).set_function(functools.partial(self._upstream_up, name))
-            self._g_split.labels(name).set_function(functools.partial(self._split_of, name))
-            self._g_late.labels(name).set_function(functools.partial(self._late_at, name))
-            self._g_role.labels(name, "other").set(1)
-            self._c_ejected.labels(name)
-            self._c_resent.labels(name)
-            for status in cfg.retry_statuses:  # at 0 from the start, so increase() sees the first retry
-                self._c_retried.labels(name, str(status))
         self.app = web.Application(client_max_size=cfg.max_body_bytes)
         self.app.router.add_route("*", "/{tail:.*}", self._handle)
 
@@ -237,13 +175,13 @@ class Gate:
         return float(self.pool.upstreams[name].healthy)
 
     def _count_ejection(self, name: str) -> None:
-        self._c_ejected.labels(name).inc()
+        self.metrics.ejected.labels(name).inc()
 
     def _awake_since(self) -> float:
         return self.blind.awake_since(asyncio.get_running_loop().time(), self.clock())
 
     def _went_blind(self, seconds: float) -> None:
-        self._c_blind.inc(seconds)
+        self.metrics.blind.inc(seconds)
         log.warning(
             "the gate was not scheduled for %.1f s (its event loop blocked, or the node stalled): upstream "
             "silences count again from now",
@@ -427,11 +365,7 @@ class Gate:
         ``servepilot_gate_upstream_role``; every other upstream is ``other``."""
         if upstream is not None and upstream not in self.pool.upstreams:
             raise ValueError(f"unknown upstream {upstream!r}; known: {', '.join(self.pool.upstreams)}")
-        for name in self.pool.upstreams:
-            role, stale = ("engine", "other") if name == upstream else ("other", "engine")
-            with contextlib.suppress(KeyError):  # the role it did not have
-                self._g_role.remove(name, stale)
-            self._g_role.labels(name, role).set(1)
+        self.metrics.mark_engine(upstream)
 
     def set_engine_stalled(self, upstream: str, why: str | None) -> None:
         """What the sidecar's ``engine_stall`` detector says of the engine behind ``upstream`` (this pod's
@@ -757,7 +691,7 @@ class Gate:
             return True
         budget = max(3.0, self.cfg.retry_budget_ratio * len(self._at_upstream))
         if self._retrying + 1 > budget:
-            self._c_retry_denied.inc()
+            self.metrics.retry_denied.inc()
             return False
         self._retrying += 1
         return True
@@ -766,7 +700,7 @@ class Gate:
         """Drop ``upstream``'s error answer (nothing of it reached the client) and count it: as a retry,
         and in the gate's answers as that upstream's 5xx, so the breaker and the canary still see an
         engine failing half its requests while the clients get the next upstream's answers."""
-        self._c_retried.labels(upstream, str(up.status)).inc()
+        self.metrics.retried.labels(upstream, str(up.status)).inc()
         log.debug("upstream %s answered %d: asking the next upstream", upstream, up.status)
         up.release()
         if record is not None:
@@ -775,7 +709,7 @@ class Gate:
     def _resent(self, upstream: str, record: RequestRecord) -> str:
         """Note a request taken back from a hung ``upstream`` before any of its answer; returns why."""
         log.warning("took a request back, before any of its answer, from upstream %s", record.abandoned)
-        self._c_resent.labels(upstream).inc()
+        self.metrics.resent.labels(upstream).inc()
         return f"upstream {record.abandoned}"
 
     def _others(self, tried: set[str]) -> list[Upstream]:

@@ -531,7 +531,7 @@ async def test_a_request_held_past_the_ttft_slo_without_a_token_is_late_at_its_u
         values = (await collector.collect(1.0)).values
         assert (values["gate.upstream.primary.late"], values["gate.upstream.fp8.late"]) == (1, 0)
         assert values[knobs.GATE_LATE] == 1
-        exported = {s.labels["upstream"]: s.value for m in gate._g_late.collect() for s in m.samples}
+        exported = {s.labels["upstream"]: s.value for m in gate.metrics.late.collect() for s in m.samples}
         assert exported == {"primary": 1.0, "fp8": 0.0}  # servepilot_gate_late_requests{upstream}
         upstream.release.set()  # the first token comes (late): the request is answered, no longer pending
         resp = await asyncio.wait_for(held, TIMEOUT)
@@ -584,7 +584,7 @@ async def test_a_hung_upstream_is_ejected_from_the_split_and_returns_when_it_sen
         assert gate.pool.upstreams["primary"].last_error == stalled["primary"]
         await asyncio.sleep(0.3)  # health rounds pass: its /health answers 200, yet it stays out
         assert not gate.pool.upstreams["primary"].healthy
-        ejected = gate._c_ejected.collect()
+        ejected = gate.metrics.ejected.collect()
         ejections = {
             s.labels["upstream"]: s.value for m in ejected for s in m.samples if s.name.endswith("_total")
         }
@@ -699,7 +699,7 @@ async def test_the_silence_of_a_hung_upstream_outlasts_clients_that_give_up_and_
             "primary": "stalled: 1 streaming request(s) held, no byte from it for 72 s"
         }
         await give_up(third)
-        ejected = gate._c_ejected.collect()  # one hang, one ejection (probation: test_ejection.py)
+        ejected = gate.metrics.ejected.collect()  # one hang, one ejection (probation: test_ejection.py)
         assert [s.value for m in ejected for s in m.samples if s.name.endswith("_total")] == [1.0]
     finally:
         upstream.release.set()
@@ -727,7 +727,7 @@ async def test_silence_across_the_gates_own_blind_spot_is_not_a_hang(
         time.sleep(BLIND_AFTER_S + 0.2)  # the event loop blocked: the gate hears nothing
         now[0] = 160.0  # 60 s since the last byte, the last second of it unheard
         assert gate.stalled_upstreams() == {}
-        assert gate._c_blind._value.get() >= BLIND_AFTER_S  # servepilot_gate_blind_seconds_total
+        assert gate.metrics.blind._value.get() >= BLIND_AFTER_S  # servepilot_gate_blind_seconds_total
         now[0] = 219.0
         assert gate.stalled_upstreams() == {}
         now[0] = 220.0  # 60 s heard since the gate woke
@@ -763,7 +763,7 @@ async def test_a_health_check_that_timed_out_across_the_gates_blind_spot_marks_n
         seen = len(marks)
         await asyncio.wait_for(_until(lambda: len(marks) >= seen + 2), TIMEOUT)  # rounds after it
         assert all(healthy for _, healthy in marks), marks
-        assert gate._c_blind._value.get() >= 2.0
+        assert gate.metrics.blind._value.get() >= 2.0
     finally:
         await gate.stop()
 
@@ -842,7 +842,7 @@ async def test_a_started_stream_of_a_hung_upstream_ends_with_an_error_event_and_
         await asyncio.wait_for(_until(lambda: upstream.running == 0), TIMEOUT)  # both dropped upstream
         outcomes = _totals(gate.stats.requests, "outcome")
         assert outcomes == {"upstream_error": 2.0}
-        assert _totals(gate._c_resent, "upstream") == {"primary": 1.0}
+        assert _totals(gate.metrics.resent, "upstream") == {"primary": 1.0}
     finally:
         await gate.stop()
 
@@ -876,7 +876,7 @@ async def test_requests_a_hung_upstream_never_answered_go_to_the_next_one_unnoti
         assert spare.seen == 1 and upstream.seen == 2
         assert b"upstream_stalled" in await asyncio.wait_for(started.read(), TIMEOUT)
         await asyncio.wait_for(_until(lambda: upstream.running == 0), TIMEOUT)  # the engine's copy dropped
-        assert _totals(gate._c_resent, "upstream") == {"primary": 1.0, "small": 0.0}
+        assert _totals(gate.metrics.resent, "upstream") == {"primary": 1.0, "small": 0.0}
         outcomes = _totals(gate.stats.requests, "outcome")
         assert outcomes == {"upstream_error": 1.0, "ok": 1.0}  # the frozen stream; the one resent
     finally:
@@ -945,7 +945,7 @@ async def test_the_sidecars_stall_finding_proves_a_hang_that_holds_no_stream(
             assert resp.status == 200 and b'"abc"' in await asyncio.wait_for(resp.read(), TIMEOUT)
         assert spare.seen == 2 and upstream.seen == 2
         await asyncio.wait_for(_until(lambda: upstream.running == 0), TIMEOUT)  # the engine's copies dropped
-        assert _totals(gate._c_resent, "upstream") == {"primary": 2.0, "small": 0.0}
+        assert _totals(gate.metrics.resent, "upstream") == {"primary": 2.0, "small": 0.0}
         gate.set_engine_stalled("primary", None)  # it moves again
         assert gate.stalled_upstreams() == {}
         with pytest.raises(ValueError, match="unknown upstream 'fp8'; known: primary, small"):
@@ -1038,7 +1038,7 @@ async def test_marking_the_engine_upstream_moves_its_role_and_leaves_one_series_
 
         def roles() -> set[tuple[str, str]]:
             return {
-                (s.labels["upstream"], s.labels["role"]) for m in gate._g_role.collect() for s in m.samples
+                (s.labels["upstream"], s.labels["role"]) for m in gate.metrics.role.collect() for s in m.samples
             }
 
         assert roles() == {("primary", "other"), ("small", "other")}
@@ -1064,8 +1064,8 @@ async def test_an_upstream_answering_503_is_retried_on_the_next_and_still_counte
         text = await resp.text()
         assert ("t2" in text) if stream else ("abc" in text)
         assert (upstream.seen, spare.seen) == (1, 1)
-        assert _totals(gate._c_retried, "upstream") == {"primary": 1.0, "fp8": 0.0}
-        assert _totals(gate._c_retried, "status") == {"502": 0.0, "503": 1.0, "504": 0.0}
+        assert _totals(gate.metrics.retried, "upstream") == {"primary": 1.0, "fp8": 0.0}
+        assert _totals(gate.metrics.retried, "status") == {"502": 0.0, "503": 1.0, "504": 0.0}
         # the breaker's and the canary's error shares still see primary's 5xx, not the client's 200
         assert (gate.stats.answered, gate.stats.errors) == (2, 1)
         assert gate.stats.by_upstream["primary"] == (1, 1, 0)
@@ -1123,7 +1123,7 @@ async def test_the_retry_budget_passes_errors_on_rather_than_doubling_the_load(
         sent = [asyncio.ensure_future(_post(client, gate, _body())) for _ in range(5)]
         await _until(lambda: upstream.seen == 5 and spare.seen == 3)
         [denied] = [
-            s.value for m in gate._c_retry_denied.collect() for s in m.samples if s.name.endswith("_total")
+            s.value for m in gate.metrics.retry_denied.collect() for s in m.samples if s.name.endswith("_total")
         ]
         assert denied == 2
         spare.release.set()

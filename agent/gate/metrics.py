@@ -1,0 +1,118 @@
+"""The admission gate's own Prometheus series, apart from the proxy that moves them.
+
+Gauges of state the gate already holds (in flight, queue depth, limit, per-upstream health, split and
+late requests) are read when scraped, through the callables given here, so they can never disagree with
+the admission queue or the pool. Per-upstream children exist from the start at 0: ``increase()`` needs a
+sample before the first event, and the dashboards' queries need a series to show "none" rather than "no
+data" (a counter with no child until its first retry made the e2e dashboard test fail once).
+
+Per-request histograms are :class:`agent.gate.records.GateStats`'; the response cache and the long
+request lane register their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+Reader = Callable[[], float]
+PerUpstream = Callable[[str], float]
+
+
+class GateMetrics:
+    """The gate's series in one registry: what the proxy counts and the state it exposes."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        upstreams: Iterable[str],
+        retry_statuses: Iterable[int],
+        *,
+        in_flight: Reader,
+        queue_depth: Reader,
+        limit: Reader,
+        up: PerUpstream,
+        split: PerUpstream,
+        late: PerUpstream,
+    ) -> None:
+        self.upstreams = tuple(upstreams)
+        in_flight_g = Gauge("servepilot_gate_in_flight", "Requests upstream now.", registry=registry)
+        queue_g = Gauge("servepilot_gate_queue_depth", "Requests waiting for admission.", registry=registry)
+        limit_g = Gauge("servepilot_gate_limit", "In-flight limit (effective batch).", registry=registry)
+        up_g = Gauge(
+            "servepilot_gate_upstream_up", "Upstream health (1 up).", ["upstream"], registry=registry
+        )
+        split_g = Gauge("servepilot_gate_split_ratio", "Traffic share.", ["upstream"], registry=registry)
+        self.role = Gauge(
+            "servepilot_gate_upstream_role",
+            "1 for each upstream, labelled role=engine for this pod's own engine (its URL is engine.url) "
+            "and role=other for another deployment (fp8, small, a long-context pool): what the alert rules "
+            "and Alertmanager's inhibition tell apart, whatever the upstreams are named.",
+            ["upstream", "role"],
+            registry=registry,
+        )
+        self.ejected = Counter(
+            "servepilot_gate_upstream_ejections_total",
+            "Times an upstream was taken out of the split for holding requests with no byte for "
+            "gate.eject_stalled_s (a hung engine whose health check still passes).",
+            ["upstream"],
+            registry=registry,
+        )
+        self.blind = Counter(
+            "servepilot_gate_blind_seconds",
+            "Seconds the gate went unscheduled, a second or more at a time (its event loop blocked, or the "
+            "node stalled). An upstream's silence across them is not taken as a hang.",
+            registry=registry,
+        )
+        self.resent = Counter(
+            "servepilot_gate_resent_total",
+            "Requests taken back from a hung upstream before any byte of their answer and sent to the next "
+            "upstream (gate.cut_stalled_streams), by the upstream that hung.",
+            ["upstream"],
+            registry=registry,
+        )
+        self.retried = Counter(
+            "servepilot_gate_retried",
+            "Requests an upstream answered with one of gate.retry_statuses, sent to the next upstream "
+            "instead of passing the error on, by that upstream and its status.",
+            ["upstream", "status"],
+            registry=registry,
+        )
+        self.retry_denied = Counter(
+            "servepilot_gate_retry_budget_exceeded",
+            "Errors passed on that a retry could have hidden, had the retry budget allowed it "
+            "(gate.retry_budget_ratio).",
+            registry=registry,
+        )
+        self.late = Gauge(
+            "servepilot_gate_late_requests",
+            "Requests an upstream holds now that will miss the latency SLO whatever comes next: no first "
+            "token past the TTFT SLO, or decoding past what the ITL SLO allows for max_tokens.",
+            ["upstream"],
+            registry=registry,
+        )
+        in_flight_g.set_function(in_flight)
+        queue_g.set_function(queue_depth)
+        limit_g.set_function(limit)
+        statuses = [str(status) for status in retry_statuses]
+        for name in self.upstreams:
+            up_g.labels(name).set_function(functools.partial(up, name))
+            split_g.labels(name).set_function(functools.partial(split, name))
+            self.late.labels(name).set_function(functools.partial(late, name))
+            self.role.labels(name, "other").set(1)
+            self.ejected.labels(name)
+            self.resent.labels(name)
+            for status in statuses:  # at 0 from the start, so increase() sees the first retry
+                self.retried.labels(name, status)
+
+    def mark_engine(self, upstream: str | None) -> None:
+        """``role="engine"`` for ``upstream`` (None: no upstream is this pod's engine), ``other`` for the
+        rest; a role an upstream no longer has is removed, not left at 1 beside the new one."""
+        for name in self.upstreams:
+            role, stale = ("engine", "other") if name == upstream else ("other", "engine")
+            with contextlib.suppress(KeyError):  # the role it did not have
+                self.role.remove(name, stale)
+            self.role.labels(name, role).set(1)

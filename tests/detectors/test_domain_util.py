@@ -93,7 +93,9 @@ def test_last_hit_shows_the_last_positive_check_while_the_gate_holds() -> None:
     assert seen[2] is not None and seen[2].score == pytest.approx(0.7) and "held" not in seen[2].evidence
     for held, now in ((seen[3], "0.1"), (seen[4], "0.2")):  # still 3 of the last 5: held at 0.7
         assert held is not None and held.score == pytest.approx(0.7)
-        assert held.evidence["held"] == "yes" and held.evidence["now"] == now and held.evidence["value"] == 0.7
+        assert (
+            held.evidence["held"] == "yes" and held.evidence["now"] == now and held.evidence["value"] == 0.7
+        )
         assert held.summary == f"value 0.70 (alarm held: 3 of the last 5 checks; now {now})"
     assert seen[5:] == [None, None]  # 2 of 5, then 1: the alarm is down and the last hit forgotten
     assert shown.finding is None

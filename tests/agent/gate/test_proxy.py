@@ -1038,7 +1038,9 @@ async def test_marking_the_engine_upstream_moves_its_role_and_leaves_one_series_
 
         def roles() -> set[tuple[str, str]]:
             return {
-                (s.labels["upstream"], s.labels["role"]) for m in gate.metrics.role.collect() for s in m.samples
+                (s.labels["upstream"], s.labels["role"])
+                for m in gate.metrics.role.collect()
+                for s in m.samples
             }
 
         assert roles() == {("primary", "other"), ("small", "other")}
@@ -1123,7 +1125,10 @@ async def test_the_retry_budget_passes_errors_on_rather_than_doubling_the_load(
         sent = [asyncio.ensure_future(_post(client, gate, _body())) for _ in range(5)]
         await _until(lambda: upstream.seen == 5 and spare.seen == 3)
         [denied] = [
-            s.value for m in gate.metrics.retry_denied.collect() for s in m.samples if s.name.endswith("_total")
+            s.value
+            for m in gate.metrics.retry_denied.collect()
+            for s in m.samples
+            if s.name.endswith("_total")
         ]
         assert denied == 2
         spare.release.set()

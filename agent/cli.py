@@ -43,12 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from agent import version
 
-    try:
-        return version("servepilot")
-    except PackageNotFoundError:
-        return "unknown"
+    return version()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector as PromCollector
 
+from agent import build_info
 from agent.state import AgentState
 from detectors.snapshot import SourceStatus
 
@@ -293,6 +294,7 @@ class Exporter:
         self.registry = CollectorRegistry(auto_describe=False)
         self.state_collector = StateCollector(slo)
         self.registry.register(self.state_collector)
+        build_info.register(self.registry)
         self.tick_duration = Histogram(
             "servepilot_tick_duration_seconds",
             "Wall time of one control-loop tick (collect + think).",

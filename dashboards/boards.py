@@ -256,6 +256,12 @@ def overview() -> dashboard.Dashboard:
             )
         )
         .with_panel(tab("Active findings", q("servepilot_finding_score{@POD}")))
+        .with_panel(
+            tab(
+                "Versions (pods per servepilot version, Python and event loop)",
+                q("count by (version, python_version, event_loop) (servepilot_build_info{@POD})"),
+            )
+        )
     )
     return board
 

@@ -58,6 +58,7 @@ AGENT: list[Series] = _agent(
     "servepilot_finding_score",
     "servepilot_knob_value",
     "servepilot_tick_duration_seconds_bucket",
+    "servepilot_build_info",
     "servepilot_webhook_deliveries_total",
     "servepilot_webhook_oldest_pending_age_seconds",
     # forecasts (forecast.enabled; once a model is fitted: restored state or enough live minutes)

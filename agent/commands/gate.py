@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(cfg: Config, args: argparse.Namespace) -> None:
     from prometheus_client import CollectorRegistry
 
+    from agent import build_info
     from agent.gate.proxy import Gate
     from agent.gate.upstreams import engine_upstream
 
@@ -104,6 +105,7 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     registry = CollectorRegistry()
+    build_info.register(registry)
     # judged by the SLO the sidecar uses (policies.*_slo_s), so SLO-bad and late counts work here too
     gate = Gate(cfg.gate, registry, slo=(cfg.policies.ttft_slo_s, cfg.policies.itl_slo_s))
     gate.mark_engine(engine_upstream(cfg))

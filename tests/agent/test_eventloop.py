@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import platform
 import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
+import agent
 from agent import config, eventloop
 from agent.engines.launcher import free_port
 
@@ -50,10 +54,12 @@ def test_an_unknown_event_loop_is_refused_naming_the_field() -> None:
         config.build({"agent": {"event_loop": "trio"}})
 
 
-def _run_sidecar(tmp_path: Path, env: dict[str, str]) -> tuple[int, str]:
-    """`servepilot run` with no source to reach, until its API is up; then SIGTERM. (exit code, log)."""
+def _run_sidecar(tmp_path: Path, env: dict[str, str]) -> tuple[int, str, str]:
+    """`servepilot run` with no source to reach, until its API is up; one scrape of its /metrics; then
+    SIGTERM. (exit code, log, the scrape)."""
+    port = free_port()
     cfg = {
-        "agent": {"listen_port": free_port(), "admin_listen_port": free_port()},
+        "agent": {"listen_port": port, "admin_listen_port": free_port()},
         "engine": {"url": f"http://127.0.0.1:{free_port()}"},
         "nvml": {"backend": "off"},
         "probe": {"enabled": False},
@@ -78,17 +84,29 @@ def _run_sidecar(tmp_path: Path, env: dict[str, str]) -> tuple[int, str]:
             lines.append(line)
             if "agent API on" in line:
                 break
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            scrape = response.read().decode()
         proc.send_signal(signal.SIGTERM)
         rest, _ = proc.communicate(timeout=30)
     finally:
         watchdog.cancel()
-    return proc.returncode, "".join(lines) + rest
+    return proc.returncode, "".join(lines) + rest, scrape
 
 
 @pytest.mark.parametrize(
     ("env", "expected"), [({}, "uvloop"), ({"SERVEPILOT_AGENT__EVENT_LOOP": "asyncio"}, "asyncio")]
 )
 def test_servepilot_run_says_which_loop_it_runs(tmp_path: Path, env: dict[str, str], expected: str) -> None:
-    code, log = _run_sidecar(tmp_path, env)
+    """In its start-up log line, and in servepilot_build_info on its /metrics (with the version)."""
+    code, log, scrape = _run_sidecar(tmp_path, env)
     assert code == 0, log
     assert f"({expected} event loop)" in log, log
+    families = text_string_to_metric_families(scrape)
+    (info,) = [s for f in families if f.name == "servepilot_build_info" for s in f.samples]
+    assert info.value == 1.0
+    assert info.labels == {
+        "version": agent.version(),
+        "python_version": platform.python_version(),
+        "event_loop": expected,
+    }
+    assert agent.version() != "unknown"  # the test environment installs the package (pip install -e)

@@ -93,3 +93,32 @@ def test_a_collector_with_nothing_yet_is_no_data_not_an_error() -> None:
         for s in ("ok", "no_data", "error")
     }
     assert status == {"ok": 0.0, "no_data": 1.0, "error": 0.0}
+
+
+def test_build_info_says_the_version_and_the_loop_that_serves_the_scrape() -> None:
+    """servepilot_build_info{version, python_version, event_loop} 1: the loop is the one running the scrape
+    (the agent's API handler), none outside one."""
+    import asyncio
+    import platform
+
+    import agent
+
+    registry = Exporter().registry
+
+    def labels() -> dict[str, str]:
+        (family,) = [f for f in text_string_to_metric_families(generate_latest(registry).decode())
+                     if f.name == "servepilot_build_info"]  # fmt: skip
+        (sample,) = family.samples
+        assert sample.value == 1.0
+        return dict(sample.labels)
+
+    async def scraped_in_a_loop() -> dict[str, str]:
+        return labels()
+
+    outside = labels()
+    assert outside == {
+        "version": agent.version(),
+        "python_version": platform.python_version(),
+        "event_loop": "none",
+    }
+    assert asyncio.run(scraped_in_a_loop())["event_loop"] == "asyncio"

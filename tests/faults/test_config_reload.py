@@ -248,6 +248,7 @@ async def test_the_standalone_gate_reloads_on_sighup_keeping_its_command_line_ov
             assert 'servepilot_config_reloads_total{result="applied"} 1.0' in metrics
             assert 'servepilot_config_reloads_total{result="refused"} 1.0' in metrics
             assert 'servepilot_gate_requests_total{line="batch",outcome="ok",priority="normal"}' in metrics
+            assert 'servepilot_build_info{event_loop="uvloop",python_version=' in metrics  # what runs here
             async with http.get(f"http://127.0.0.1:{metrics_port}/readyz") as response:
                 assert response.status == 200 and (await response.json())["healthy_upstreams"] == ["primary"]
             # judged by the policies' SLO (0.1 s ITL): a stream held 0.3 s after its first token with

@@ -154,8 +154,11 @@ async def test_auto_policy_settles_within_15_percent_of_the_best_static_limit(
     # measured at 1216 and 1487 tok/s against 1064-1104 on quiet runs, so the machine was faster during
     # the measurement than during the replays; limits 1-4 met the SLO for 0% of requests, 16 for 4-100%,
     # and the engine's ITL during a replay equalled its ITL alone). Then the sweep is run again at a
-    # quarter of capacity, and the table says which load was used.
-    for load in (0.5, 0.25):
+    # lighter load, and the table says which load was used. 0.35 comes before 0.25: on 2026-12-01 CI
+    # measured 954 tok/s with the engine's ITL at 1.9 ms alone (4.2 ms on a quiet run), fell back from
+    # 0.5 to 0.25, and there every limit, 1 included, met the SLO for 100% of requests: a sweep that
+    # tells no limit from another, so auto stuck at 1 would have passed too.
+    for load in (0.5, 0.35, 0.25):
         trace = scaled_trace(tps, load=load, seconds=40.0)
         sweep = [await replay(engine.url, trace, slo, limit=n, window=window) for n in limits]
         if sum(r.attainment >= 0.9 for r in sweep) >= 2:

@@ -20,6 +20,7 @@ Every write goes through :meth:`Actuation.execute` (mode, pause, pins, audit), n
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -29,7 +30,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from agent.audit import AuditLog
 from agent.collectors.base import Collector
 from agent.config import Config, ConfigError
-from agent.control.base import ControlError
+from agent.control.base import ControlError, KnobSpec
 from agent.modes import Actuation, Mode
 from policies import knobs
 
@@ -38,6 +39,11 @@ log = logging.getLogger(__name__)
 
 #: The generic control API's SM clock knob (published by the simulator; DESIGN.md section 4).
 ENGINE_CLOCK = "sm_clock_mhz"
+
+
+def _checked(spec: KnobSpec, value: Any) -> str | None:
+    """Why the engine would refuse ``value`` for the knob ``spec`` describes (None when it would not)."""
+    return spec.check(spec.coerce(value))
 
 
 class Knobs:
@@ -56,7 +62,7 @@ class Knobs:
             registry=registry,
         )
         for name in Mode:
-            mode.labels(name.value).set_function(lambda name=name: float(self.actuation.mode is name))
+            mode.labels(name.value).set_function(functools.partial(self._mode_is, name))
         Gauge(
             "servepilot_actuation_paused",
             "1 while an operator has paused actuation (admin API).",
@@ -206,9 +212,7 @@ class Knobs:
                 return result.read_back.get(name, value)
 
             spec = caps.knobs[name]
-            self.actuation.bind(
-                f"engine.{name}", read, write, lambda value, spec=spec: spec.check(spec.coerce(value))
-            )
+            self.actuation.bind(f"engine.{name}", read, write, functools.partial(_checked, spec))
         if self.gpu is None and ENGINE_CLOCK in caps.knobs:
             # no GPU actuator of the agent's own (actuators.gpu: off): an engine whose control API manages
             # its GPU's clock (the simulator's does) carries the energy ladder's knob, under its lease
@@ -279,6 +283,10 @@ class Knobs:
                 f"{gate.max_queue_wait_s:g} s and split"
             )
         return done
+
+    def _mode_is(self, mode: Mode) -> float:
+        """1.0 while ``mode`` is the actuation mode in force (``servepilot_actuation_mode``)."""
+        return float(self.actuation.mode is mode)
 
     def values(self) -> dict[str, float | str]:
         out: dict[str, float | str] = {}

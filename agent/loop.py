@@ -26,7 +26,7 @@ from policies.base import Policy, Proposal
 
 log = logging.getLogger(__name__)
 
-Listener = Callable[[AgentState], None]
+Listener = Callable[[AgentState], object]
 Derive = Callable[[Mapping[str, float], float], Mapping[str, float]]
 """Signals computed from the tick's own values (e.g. cost per token), merged in as source ``derived``."""
 Enrich = Callable[[tuple[Finding, ...], Snapshot], Awaitable[tuple[Finding, ...]]]

@@ -19,7 +19,7 @@ import argparse
 import os
 import string
 
-import gguf  # type: ignore[import-not-found]
+import gguf
 import numpy as np
 
 _WORDS_TEXT = (

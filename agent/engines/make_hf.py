@@ -16,9 +16,9 @@ import argparse
 import os
 import shutil
 
-import torch  # type: ignore[import-not-found]
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # type: ignore[import-not-found]
-from transformers import (  # type: ignore[import-not-found]
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedTokenizerFast,

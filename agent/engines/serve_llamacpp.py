@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 
-import xllamacpp  # type: ignore[import-not-found]
+import xllamacpp
 
 
 def main() -> None:

@@ -162,12 +162,14 @@ class StallEjector:
                 since = self._silent_since[name] = max(heard, quiet, awake_since)
             if now - since < self.after_s:
                 continue
-            ejection = self._ejections.get(name)
-            if ejection is None or (ejection.until is not None and ejection.until <= now):
-                ejection = self._ejections[name] = _Ejection((ejection.count if ejection else 0) + 1, now)
+            previous = self._ejections.get(name)
+            if previous is None or (previous.until is not None and previous.until <= now):
+                current = self._ejections[name] = _Ejection((previous.count if previous else 0) + 1, now)
                 if self._on_eject is not None:
                     self._on_eject(name)
-            ejection.until = None
+            else:
+                current = previous
+            current.until = None
             out[name] = f"stalled: {count} streaming request(s) held, no byte from it for {now - since:.0f} s"
         for name, ejection in self._ejections.items():
             if name in out:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 CHARS_PER_TOKEN = 4.0
 #: Paths whose requests are admitted through the queue; anything else is passed straight through.
@@ -99,7 +99,7 @@ def _parse(path: str, body: bytes) -> RequestInfo:
     )
 
 
-def _count(value: Any) -> bool:
+def _count(value: Any) -> TypeGuard[int]:
     """A plain positive integer (what ``n``/``best_of`` must be; anything else is the engine's to refuse)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 

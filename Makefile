@@ -12,7 +12,7 @@ ARGS ?=
 help:
 	@echo 'make demo   - set up .venv and run servepilot demo (simulated engine + sidecar + load); ARGS="--duration 60"'
 	@echo 'make test   - set up .venv, system packages and the real CPU engines (cached), run every test (ARGS="-k name")'
-	@echo 'make lint   - ruff, import layers, mypy --strict on detectors/ and policies/'
+	@echo 'make lint   - ruff, import layers, mypy --strict on every package'
 	@echo 'make bench  - print the tick benchmark figures'
 
 system-deps:
@@ -33,7 +33,7 @@ test: $(STAMP)
 	$(BIN)/pytest $(ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports && $(BIN)/mypy detectors policies
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports && $(BIN)/mypy detectors policies agent simulator dashboards
 
 bench: $(STAMP)
 	$(BIN)/python bench/tick.py

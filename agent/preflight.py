@@ -68,7 +68,7 @@ async def check_sources(cfg: Config) -> list[CheckResult]:
 
     NVML is sampled in the background like in the sidecar, so it is read after three sample periods, to
     have samples to aggregate."""
-    from agent.sidecar import build_collectors
+    from agent.assembly import build_collectors
 
     collectors = build_collectors(cfg)
     try:

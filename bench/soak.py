@@ -37,6 +37,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agent.assembly import build_detectors
 from agent.audit import Action, AuditLog
 from agent.config import AuditConfig, WebhookConfig
 from agent.exporter import Exporter
@@ -44,7 +45,6 @@ from agent.replay.brain import Brain
 from agent.replay.driver import Replay, Slo
 from agent.replay.runner import vllm_defaults
 from agent.replay.workload import Workload
-from agent.sidecar import build_detectors
 from agent.state import AgentState
 from agent.store import Store
 from agent.webhooks.dispatcher import WebhookDispatcher

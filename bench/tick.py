@@ -76,6 +76,7 @@ async def _run(
     duration_s: float, gpus: int, port: int, with_probe: bool = True
 ) -> tuple[list[Tick], float, float, int]:
     from agent import config
+    from agent.assembly import build_detectors, warm_imports
     from agent.collectors.base import Collector
     from agent.collectors.engine_metrics import EngineMetricsCollector
     from agent.collectors.nvml import NvmlCollector
@@ -85,7 +86,6 @@ async def _run(
     from agent.heap import settle_after_start_up
     from agent.loop import Loop
     from agent.refits import AfterTickExecutor
-    from agent.sidecar import build_detectors, warm_imports
     from agent.state import AgentState
     from agent.store import Store
 

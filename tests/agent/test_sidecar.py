@@ -15,8 +15,10 @@ import trustme
 from aiohttp import web
 
 from agent import config
+from agent.assembly import breaker_levels, build_policies, normal_route
 from agent.engines.launcher import free_port as _free_port
-from agent.sidecar import Sidecar, breaker_levels, build_policies, engine_upstream, normal_route
+from agent.gate.upstreams import engine_upstream
+from agent.sidecar import Sidecar
 from detectors.snapshot import Reading, Snapshot, SourceStatus
 from policies.base import Proposal
 

@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from agent.assembly import build_detectors
 from agent.collectors.engine_metrics import EngineMetricsCollector
 from agent.collectors.nvml import NvmlCollector
 from agent.config import EngineConfig, NvmlConfig
 from agent.loop import Loop
-from agent.sidecar import build_detectors
 from agent.store import Store
 from detectors.base import Finding
 from simulator.engine import make_core

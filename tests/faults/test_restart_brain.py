@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from agent import config, persist
+from agent.assembly import build_detectors
 from agent.engines.launcher import free_port as _free_port
 from agent.loop import Loop
-from agent.sidecar import Sidecar, build_detectors
+from agent.sidecar import Sidecar
 from agent.store import Store
 from detectors.snapshot import Reading, Snapshot, SourceStatus
 from policies.breaker import Breaker, BreakerState

@@ -340,6 +340,18 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
     def gate_unstarted() -> int:
         return sum(1 for name, r, _ in gate._at_upstream.values() if name == "primary" and r.heard_at is None)
 
+    async def gate_sees(held: int, unstarted: int, failure: str) -> None:
+        """Polls (real time, 30 s) until the gate holds ``held`` requests at vLLM, ``unstarted`` of them
+        with no byte yet; fails with ``failure`` and what it saw."""
+        for _ in range(600):
+            if gate_holds() == held and gate_unstarted() == unstarted:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(
+            f"{failure}: the gate holds {gate_holds()} at vLLM, {gate_unstarted()} with no byte yet; "
+            f"the requests sent: {answers()}"
+        )
+
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
             # four long answers fill max_num_seqs and run; two short ones wait behind them. Started in that
@@ -352,15 +364,7 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
             # the four are running once each has sent a byte, seen from the gate, not from a scrape: on a
             # fast machine the 1800-token answers were over 6.2 s after they started, and the scrapes of
             # tick_until (up to 5 s each on this engine) left too little of them for the short ones
-            for _ in range(600):
-                if gate_holds() == 4 and gate_unstarted() == 0:
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                raise AssertionError(
-                    f"the four long answers never all started: the gate holds {gate_holds()} at vLLM, "
-                    f"{gate_unstarted()} with no byte yet; the requests sent: {answers()}"
-                )
+            await gate_sees(4, 0, "the four long answers never all started")
             waiting = asyncio.ensure_future(
                 stream_many(session, via_gate, [completion(f"wait {i}", 16) for i in range(2)])
             )
@@ -368,15 +372,7 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
             # the short ones are seen queued behind the four from the gate (held, no byte yet), not from a
             # scrape: in CI a scrape that waited 5 s on a paused vLLM covered the whole moment, and the
             # 1800-token answers were over 8.5 s after they started
-            for _ in range(600):
-                if gate_holds() == 6 and gate_unstarted() == 2:
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                raise AssertionError(
-                    f"the short requests never queued behind the long ones: the gate holds {gate_holds()} at "
-                    f"vLLM, {gate_unstarted()} with no byte yet; the requests sent: {answers()}"
-                )
+            await gate_sees(6, 2, "the short requests never queued behind the long ones")
             try:
                 os.kill(core, signal.SIGSTOP)
                 await asyncio.sleep(0.5)  # a step that was running ends; nothing after it

@@ -199,14 +199,14 @@ class LastHit:
     def __init__(self) -> None:
         self.finding: Finding | None = None
 
-    def show(
-        self, gate: KOfN, active: bool, hit: bool, build: Callable[[], Finding], now: str
-    ) -> Finding | None:
-        """The finding for this check: ``build()`` on a hit, the held last hit on a miss, None when the
-        gate is down (``active``: what ``gate.push`` returned). ``now`` says what this check measured."""
-        if not active:
-            self.finding = None
-            return None
+    def clear(self) -> None:
+        """The gate is down: forget the last hit (called instead of :meth:`show`, so a tick with no alarm
+        builds nothing)."""
+        self.finding = None
+
+    def show(self, gate: KOfN, hit: bool, build: Callable[[], Finding], now: str) -> Finding:
+        """The finding for a check while ``gate`` is up: ``build()`` on a hit, the last hit held on a miss.
+        ``now`` says what this check measured."""
         if hit or self.finding is None:
             self.finding = build()
             return self.finding

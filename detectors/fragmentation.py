@@ -90,10 +90,11 @@ class FragmentationDetector:
                 track = self.tracks_[signal] = _Track(self.k, self.n, points)
             hit = ratio > self.threshold
             active = track.gate.push(hit, snapshot.now)
-            build = partial(self._finding, track, snapshot.now, signal, kind, ratio, evidence)
-            shown = track.shown.show(track.gate, active, hit, build, f"{ratio:.0%}")
-            if shown is not None:
-                findings.append(shown)
+            if active:
+                build = partial(self._finding, track, snapshot.now, signal, kind, ratio, evidence)
+                findings.append(track.shown.show(track.gate, hit, build, f"{ratio:.0%}"))
+            else:
+                track.shown.clear()
             if not track.history or snapshot.now - track.history[-1][0] >= self.trend_every_s:
                 track.history.append((snapshot.now, ratio))
         return findings

@@ -211,10 +211,11 @@ class MultivariateAnomalyDetector:
             score = float(self.forest_.score(self._embed(filled[None, :]))[0])
             hit = score > self.threshold_
             active = self.gate_.push(hit, snapshot.now)
-            build = partial(self._finding, filled, present, score, snapshot.now)
-            shown = self.shown_.show(self.gate_, active, hit, build, f"score {score:.2f}")
-            if shown is not None:
-                findings.append(shown)
+            if active:
+                build = partial(self._finding, filled, present, score, snapshot.now)
+                findings.append(self.shown_.show(self.gate_, hit, build, f"score {score:.2f}"))
+            else:
+                self.shown_.clear()
         self.rows_.append(row)
         self.since_fit_ += 1
         if self.pending_ is not None and self.pending_.done():

@@ -143,12 +143,12 @@ class SchedulerEfficiencyDetector:
         hit = deviation < -self.threshold
         active = self.gate_.push(hit, snapshot.now) if warm else False
         findings: list[Finding] = []
-        if expected is not None:
+        if active and expected is not None:
             build = partial(self._finding, snapshot, throughput, expected, batch, deviation, prompt_len)
             now = f"{throughput:.0f} tok/s, {deviation:+.0%} against expected"
-            shown = self.shown_.show(self.gate_, active, hit, build, now)
-            if shown is not None:
-                findings.append(shown)
+            findings.append(self.shown_.show(self.gate_, hit, build, now))
+        else:
+            self.shown_.clear()
         if not warm or deviation >= -self.threshold:
             self.model_.learn((1.0, batch), batch / throughput)
             self.step_.learn(batch / throughput)

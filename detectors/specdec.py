@@ -122,15 +122,17 @@ class SpecDecodeDetector:
             "expected_speedup": speedup,
         }
         measured = f"acceptance {ratio:.2f}, expected speedup {speedup:.2f}x"
-        # both always shown (and so kept current), the critical one reported when both stand
-        paying = self.pay_shown_.show(
-            self.pay_gate_, not_paying, paying_hit, partial(self._not_paying, now, evidence), measured
-        )
-        drop = self.drop_shown_.show(
-            self.drop_gate_, dropping, hit, partial(self._dropping, now, evidence), measured
-        )
-        shown = paying or drop
-        return [] if shown is None else [shown]
+        # each gate's last hit kept current, the critical finding reported when both stand
+        shown: list[Finding] = []
+        for active, gate, last, gate_hit, build in (
+            (not_paying, self.pay_gate_, self.pay_shown_, paying_hit, self._not_paying),
+            (dropping, self.drop_gate_, self.drop_shown_, hit, self._dropping),
+        ):
+            if active:
+                shown.append(last.show(gate, gate_hit, partial(build, now, evidence), measured))
+            else:
+                last.clear()
+        return shown[:1]
 
     def _not_paying(self, now: float, evidence: dict[str, float | str]) -> Finding:
         speedup, ratio = float(evidence["expected_speedup"]), float(evidence["acceptance_ratio"])

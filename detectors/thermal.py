@@ -160,13 +160,13 @@ class ThermalDetector:
         hit = excess > max(self.min_excess_c, self.z_threshold * gpu.rls.residual_std)
         if not hit:
             gpu.rls.learn(x, temp)
-        active = gpu.gate.push(hit, snapshot.now)
+        if not gpu.gate.push(hit, snapshot.now):
+            gpu.shown.clear()
+            return None
         build = partial(
             self._temperature_finding, i, names, gpu, snapshot.now, temp, predicted, gpu.util, power
         )
-        return gpu.shown.show(
-            gpu.gate, active, hit, build, f"{temp:.0f}°C, {excess:+.0f}°C against the model"
-        )
+        return gpu.shown.show(gpu.gate, hit, build, f"{temp:.0f}°C, {excess:+.0f}°C against the model")
 
     def _temperature_finding(
         self,

@@ -85,10 +85,14 @@ def _finding(value: float) -> Finding:
 def test_last_hit_shows_the_last_positive_check_while_the_gate_holds() -> None:
     """3 of 5: two misses inside a standing alarm show the last hit, noted with the value now."""
     gate, shown = KOfN(3, 5), LastHit()
-    seen = []
+    seen: list[Finding | None] = []
     for t, value in enumerate([0.9, 0.8, 0.7, 0.1, 0.2, 0.1, 0.1]):
         hit = value > 0.5
-        seen.append(shown.show(gate, gate.push(hit, float(t)), hit, lambda v=value: _finding(v), f"{value}"))
+        if gate.push(hit, float(t)):
+            seen.append(shown.show(gate, hit, lambda v=value: _finding(v), f"{value}"))
+        else:  # as the detectors do: nothing is built while the gate is down
+            shown.clear()
+            seen.append(None)
     assert seen[:2] == [None, None]
     assert seen[2] is not None and seen[2].score == pytest.approx(0.7) and "held" not in seen[2].evidence
     for held, now in ((seen[3], "0.1"), (seen[4], "0.2")):  # still 3 of the last 5: held at 0.7

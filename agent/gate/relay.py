@@ -1,0 +1,203 @@
+"""One upstream answer relayed to the client, and what the request's record learns from it.
+
+A JSON answer is read whole and sent on. An SSE stream is written chunk by chunk as it comes, and its
+response headers go with the first byte: until then the client has had nothing, so a hang can still be
+taken back (:class:`Unanswered`) and the request sent to another upstream. The record gets the TTFT, the
+gaps between chunks (its ITL), the usage the answer reports (else one token per event), the status and
+the outcome, and ``finish`` counts it. A client that leaves closes the upstream connection, so the
+engine aborts the request instead of generating for nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from agent.gate.cache import Fill
+from agent.gate.ejection import UpstreamStalled
+from agent.gate.openai import error_body, usage_from_json, usage_from_sse_tail
+from agent.gate.ratelimit import retry_after_header
+from agent.gate.records import RequestRecord
+
+log = logging.getLogger(__name__)
+
+#: RFC 9110 hop-by-hop headers, plus those aiohttp recomputes for the new connection.
+HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailer",
+        "Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Content-Encoding",
+    )
+)  # fmt: skip
+
+Filled = Callable[[Fill, aiohttp.ClientResponse, bool, "RequestRecord | None"], None]
+"""Called with a complete 200 answer's fill, its response, whether it streamed, and its record."""
+
+
+def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
+    """``headers`` without the hop-by-hop ones: what goes on to the other side."""
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
+
+
+def json_error(
+    status: int, message: str, kind: str, code: str, retry_after_s: float | None = None
+) -> web.Response:
+    """An OpenAI-shaped JSON error, with ``Retry-After`` where waiting helps."""
+    headers = {"Retry-After": retry_after_header(retry_after_s)} if retry_after_s is not None else None
+    return web.json_response(error_body(message, kind, code), status=status, headers=headers)
+
+
+class Unanswered(Exception):
+    """A hung upstream's answer was taken back before any of it reached the client (the gate sends the
+    request to the next upstream)."""
+
+
+def _outcome(status: int) -> str:
+    return "ok" if status < 400 else "client_error" if status < 500 else "upstream_error"
+
+
+@dataclass(frozen=True)
+class Relay:
+    """Relays answers: ``clock`` times them, ``finish`` counts each record once its outcome is known,
+    ``filled`` gets each complete 200 answer's cache fill."""
+
+    clock: Callable[[], float]
+    finish: Callable[[RequestRecord], None]
+    filled: Filled | None = None
+
+    async def __call__(
+        self,
+        request: web.Request,
+        up: aiohttp.ClientResponse,
+        record: RequestRecord | None,
+        fill: Fill | None = None,
+        token_event: bytes = b"",
+    ) -> web.StreamResponse:
+        """Relay ``up`` to ``request``'s client; ``record`` is None for pass-through paths;
+        ``token_event``: what marks a stream's events that carry tokens (empty: every event does; see
+        :attr:`~agent.gate.openai.RequestInfo.token_event`). Raises :class:`Unanswered` when a hang was
+        taken back before the client had anything."""
+        if up.headers.get("Content-Type", "").startswith("text/event-stream"):
+            return await self._stream(request, up, record, fill, token_event)
+        return await self._json(up, record, fill)
+
+    async def _json(
+        self, up: aiohttp.ClientResponse, record: RequestRecord | None, fill: Fill | None
+    ) -> web.Response:
+        try:
+            payload = await up.read()
+        except UpstreamStalled:  # nothing of it reached the client: another upstream may answer
+            up.close()
+            raise Unanswered from None
+        if record is not None:
+            now = record.heard_at = self.clock()
+            record.status, record.e2e_s = up.status, now - record.arrived
+            record.ttft_s = record.e2e_s
+            usage = usage_from_json(payload) if up.status < 300 else None
+            if usage is not None:
+                record.prompt_tokens, record.output_tokens = usage
+            record.outcome = _outcome(up.status)
+            self.finish(record)
+        if fill is not None and self.filled is not None and up.status == 200:
+            fill.feed(payload)
+            fill.head = payload  # the whole JSON: its model fields name the model
+            self.filled(fill, up, False, record)
+        return web.Response(status=up.status, body=payload, headers=forward_headers(up.headers))
+
+    async def _stream(
+        self,
+        request: web.Request,
+        up: aiohttp.ClientResponse,
+        record: RequestRecord | None,
+        fill: Fill | None,
+        token_event: bytes,
+    ) -> web.StreamResponse:
+        clock = self.clock  # read per chunk
+        resp = web.StreamResponse(status=up.status, headers=forward_headers(up.headers))
+        last: float | None = None  # the last chunk that carried tokens
+        events = 0  # SSE events (every one carries tokens), or token events (with token_event)
+        tail = b""
+        itl = record.itl_s if record is not None else []
+
+        def failed(status: int) -> None:
+            if record is not None:
+                record.outcome, record.status = "upstream_error", status
+                record.e2e_s = self.clock() - record.arrived
+                self.finish(record)
+
+        try:
+            async for chunk in up.content.iter_any():
+                now = clock()
+                if not resp.prepared:
+                    # the headers go with the first byte: until then, a hang can still be taken back
+                    await resp.prepare(request)  # the client may have gone while the upstream was busy
+                if record is not None:
+                    record.heard_at = now
+                carried = chunk.count(token_event) if token_event else chunk.count(b"data:")
+                events += carried
+                if carried or not token_event:
+                    if last is None:
+                        if record is not None:
+                            record.ttft_s = now - record.arrived
+                    else:
+                        itl.append(now - last)
+                    last = now
+                tail = chunk if len(chunk) > 256 else (tail + chunk)[-4096:]
+                if fill is not None:
+                    fill.feed(chunk)
+                await resp.write(chunk)
+            if not resp.prepared:  # an empty stream
+                await resp.prepare(request)
+            await resp.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError) as error:
+            up.close()  # the client is gone: drop the upstream connection so the engine aborts
+            if record is not None:
+                record.outcome, record.status = "disconnected", 499
+                record.e2e_s = self.clock() - record.arrived
+                self.finish(record)
+            if isinstance(error, asyncio.CancelledError):
+                raise
+            return resp  # nobody to answer: not a server error worth a traceback in the log
+        except UpstreamStalled as stalled:  # its upstream hung mid-stream: say so, rather than hang on
+            up.close()
+            if not resp.prepared:  # before its first byte: the client has had nothing, ask another
+                raise Unanswered from None
+            log.warning("ended a stream from a hung upstream: %s", stalled)
+            failed(504)
+            event = error_body(f"upstream {stalled}", "upstream_error", "upstream_stalled")
+            with contextlib.suppress(ConnectionResetError):
+                await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                await resp.write_eof()
+            return resp
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as error:
+            up.close()
+            log.warning("upstream stream broke: %s", error)
+            failed(up.status if resp.prepared else 502)
+            if not resp.prepared:  # nothing sent yet: a clear error rather than an empty 200
+                message = f"the upstream's stream broke before its first byte: {error}"
+                return json_error(502, message, "upstream_error", "bad_gateway")
+            with contextlib.suppress(ConnectionResetError):
+                await resp.write_eof()
+            return resp
+        if record is not None:
+            record.status, record.e2e_s = up.status, self.clock() - record.arrived
+            usage = usage_from_sse_tail(tail)
+            if usage is not None:
+                record.prompt_tokens, record.output_tokens = usage
+            elif token_event:  # one token per token event is the norm
+                record.output_tokens = float(events)
+            else:  # one token per event is the norm; "[DONE]" is not a token
+                record.output_tokens = float(max(0, events - 1))
+            record.outcome = _outcome(up.status)
+            self.finish(record)
+        if fill is not None and self.filled is not None and up.status == 200:
+            self.filled(fill, up, True, record)
+        return resp

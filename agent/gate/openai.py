@@ -1,5 +1,10 @@
 """What the gate needs to know about an OpenAI-style request body, and its JSON error bodies. Pure.
 
+Besides OpenAI's paths, SGLang's native ``/generate`` (``text`` or ``input_ids``, one prompt or a batch,
+``sampling_params.max_new_tokens``; each answer's ``meta_info`` counts its tokens) is read too: it is
+what SGLang's own clients, router and RL frameworks send. So is llama.cpp's native ``/completion``
+(``prompt``, ``n_predict``; each event counts ``tokens_evaluated`` and ``tokens_predicted``).
+
 The gate does not tokenize (that would cost more than the proxying itself): prompt length is estimated
 at 4 characters per token, OpenAI's rule of thumb for English, or counted exactly when the prompt is
 already token ids. The estimate only picks a length bucket and charges a token budget; the usage the
@@ -13,8 +18,22 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 CHARS_PER_TOKEN = 4.0
+RESPONSES_PATH = "/v1/responses"
+"""OpenAI's Responses API (vLLM and SGLang serve it): generation like chat, with its own body and events."""
+SGLANG_GENERATE_PATH = "/generate"
+"""SGLang's native generation API."""
+LLAMACPP_COMPLETION_PATHS = frozenset({"/completion", "/completions"})
+"""llama.cpp's native completion API (``/completions`` is its alias)."""
 #: Paths whose requests are admitted through the queue; anything else is passed straight through.
-ADMITTED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
+ADMITTED_PATHS = frozenset(
+    {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", RESPONSES_PATH, SGLANG_GENERATE_PATH}
+    | LLAMACPP_COMPLETION_PATHS
+)
+RESPONSES_TOKEN_EVENT = b'.delta"'
+"""In a Responses stream, what marks an event that carries generated tokens: its ``type`` ends in
+``.delta`` (``response.output_text.delta``, ``response.reasoning_text.delta``, a tool call's arguments);
+``response.created`` and the other lifecycle events carry none. Inside a JSON string a quote is escaped,
+so generated text cannot forge it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +44,10 @@ class RequestInfo:
     model: str = ""
     choices: int = 1
     """Answers generated per request (``n``, or ``best_of`` when larger): each may run to ``max_tokens``."""
+    token_event: bytes = b""
+    """In a stream, the bytes that mark an event carrying tokens; empty when every event carries some
+    (completions, chat). The first such event is the first token (TTFT), the gaps between them the ITL,
+    and without a ``usage`` their count is the output token count."""
 
 
 class BadRequest(ValueError):
@@ -38,8 +61,10 @@ def _text_tokens(value: Any) -> float:
         if value and all(isinstance(v, int) for v in value):
             return float(len(value))  # already token ids
         return sum(_text_tokens(v) for v in value)
-    if isinstance(value, dict):  # chat content part {"type": "text", "text": ...}
-        return _text_tokens(value.get("text", ""))
+    if isinstance(value, dict):  # a content part {"type": "text", "text": ...}, or a Responses input item
+        for key in ("text", "content", "output"):  # (a message's content, a tool call's output)
+            if key in value:
+                return _text_tokens(value[key])
     return 0.0
 
 
@@ -51,7 +76,7 @@ def _reject_constant(name: str) -> Any:
 
 
 def parse_request(path: str, body: bytes) -> RequestInfo:
-    """Stream flag, estimated prompt tokens and ``max_tokens`` of a completion/chat/embedding body.
+    """Stream flag, estimated prompt tokens and ``max_tokens`` of a completion/chat/embedding/Responses body.
 
     Hostile bodies get a :class:`BadRequest` (400), never an unexpected exception: NaN/Infinity literals
     are refused (they would poison a token bucket), and so is nesting deep enough to hit the recursion
@@ -79,15 +104,19 @@ def _parse(path: str, body: bytes) -> RequestInfo:
         prompt = sum(_text_tokens(m.get("content", "")) for m in messages if isinstance(m, dict))
     elif path == "/v1/completions":
         prompt = _text_tokens(doc.get("prompt", ""))
+    elif path == RESPONSES_PATH:
+        prompt = _text_tokens(doc.get("input", "")) + _text_tokens(doc.get("instructions") or "")
+    elif path == SGLANG_GENERATE_PATH:
+        return _parse_generate(doc)
+    elif path in LLAMACPP_COMPLETION_PATHS:
+        return _parse_llamacpp(doc)
     else:
         prompt = _text_tokens(doc.get("input", ""))
-    max_tokens = doc.get("max_completion_tokens", doc.get("max_tokens")) or 0
-    if (
-        not isinstance(max_tokens, int | float)
-        or isinstance(max_tokens, bool)
-        or not 0 <= max_tokens <= MAX_TOKENS_LIMIT
-    ):
-        raise BadRequest(f"'max_tokens' must be a number in [0, {MAX_TOKENS_LIMIT}]")
+    if path == RESPONSES_PATH:
+        max_tokens = doc.get("max_output_tokens") or 0
+    else:
+        max_tokens = doc.get("max_completion_tokens", doc.get("max_tokens")) or 0
+    _check_max_tokens(max_tokens)
     model = doc.get("model")
     choices = max((v for v in (doc.get("n"), doc.get("best_of")) if _count(v)), default=1)
     return RequestInfo(
@@ -96,6 +125,51 @@ def _parse(path: str, body: bytes) -> RequestInfo:
         float(max_tokens),
         model if isinstance(model, str) else "",
         choices,
+        RESPONSES_TOKEN_EVENT if path == RESPONSES_PATH else b"",
+    )
+
+
+def _check_max_tokens(max_tokens: Any, name: str = "max_tokens") -> None:
+    if (
+        not isinstance(max_tokens, int | float)
+        or isinstance(max_tokens, bool)
+        or not 0 <= max_tokens <= MAX_TOKENS_LIMIT
+    ):
+        raise BadRequest(f"'{name}' must be a number in [0, {MAX_TOKENS_LIMIT}]")
+
+
+def _parse_generate(doc: dict[str, Any]) -> RequestInfo:
+    """SGLang's ``/generate``: ``text`` (a prompt or a list of them) or ``input_ids`` (a list of ids, or
+    a list of such lists); a batch is as many answers, each ``sampling_params.n`` times."""
+    text, ids = doc.get("text"), doc.get("input_ids")
+    if text is not None:
+        prompts = text if isinstance(text, list) else [text]
+    elif isinstance(ids, list) and ids and all(isinstance(i, list) for i in ids):
+        prompts = ids
+    else:
+        prompts = [ids] if ids is not None else []
+    params = doc.get("sampling_params")
+    if params is not None and not isinstance(params, dict):
+        raise BadRequest("'sampling_params' must be an object")
+    params = params or {}
+    max_tokens = params.get("max_new_tokens") or 0
+    _check_max_tokens(max_tokens, "sampling_params.max_new_tokens")
+    n = params.get("n")
+    choices = max(1, len(prompts)) * (n if _count(n) else 1)
+    return RequestInfo(bool(doc.get("stream", False)), _text_tokens(prompts), float(max_tokens), "", choices)
+
+
+def _parse_llamacpp(doc: dict[str, Any]) -> RequestInfo:
+    """llama.cpp's ``/completion``: ``prompt`` (text, token ids, or a list of prompts: as many answers)
+    and ``n_predict`` (-1, its default, runs to the context's end: no bound the gate can use)."""
+    prompt = doc.get("prompt", "")
+    many = isinstance(prompt, list) and bool(prompt) and all(isinstance(p, str | list) for p in prompt)
+    n_predict = doc.get("n_predict", -1)
+    if isinstance(n_predict, int) and not isinstance(n_predict, bool) and n_predict < 0:
+        n_predict = 0
+    _check_max_tokens(n_predict, "n_predict")
+    return RequestInfo(
+        bool(doc.get("stream", False)), _text_tokens(prompt), float(n_predict), "", len(prompt) if many else 1
     )
 
 
@@ -109,28 +183,69 @@ def error_body(message: str, kind: str, code: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "code": code}}
 
 
+def _usage(usage: Any) -> tuple[float, float] | None:
+    """``(prompt, completion)`` tokens from a ``usage`` object: chat/completions (and SGLang's
+    ``meta_info``) name them ``prompt_tokens``/``completion_tokens``, the Responses API
+    ``input_tokens``/``output_tokens``, llama.cpp's answers ``tokens_evaluated``/``tokens_predicted``."""
+    if not isinstance(usage, dict):
+        return None
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens", usage.get("tokens_evaluated")))
+    completion = usage.get("completion_tokens", usage.get("output_tokens", usage.get("tokens_predicted", 0)))
+    if not isinstance(prompt, int | float) or not isinstance(completion, int | float):
+        return None
+    if isinstance(prompt, bool) or isinstance(completion, bool):
+        return None
+    return float(prompt), float(completion)
+
+
 def usage_from_json(body: bytes) -> tuple[float, float] | None:
     """``(prompt_tokens, completion_tokens)`` from a non-streamed response's ``usage``, if any."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return None
-    usage = doc.get("usage") if isinstance(doc, dict) else None
-    if not isinstance(usage, dict):
-        return None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens", 0)
-    if not isinstance(prompt, int | float) or not isinstance(completion, int | float):
-        return None
-    return float(prompt), float(completion)
+    if isinstance(doc, dict):
+        if "usage" in doc or "meta_info" in doc:
+            return _usage(doc["usage"] if "usage" in doc else doc["meta_info"])
+        return _usage(doc) if "tokens_predicted" in doc else None  # llama.cpp: the counts in the answer
+    if isinstance(doc, list) and doc:  # SGLang's answer to a batch: one object per prompt
+        each = [_usage(item.get("meta_info")) if isinstance(item, dict) else None for item in doc]
+        if any(u is None for u in each):
+            return None
+        return sum(u[0] for u in each if u), sum(u[1] for u in each if u)
+    return None
 
 
 def usage_from_sse_tail(tail: bytes) -> tuple[float, float] | None:
-    """The ``usage`` of the last SSE event that has one (``stream_options.include_usage``), if any."""
-    at = tail.rfind(b'"usage"')
+    """The last ``usage`` object in a stream's tail, if any: a chat or completion stream's last chunk
+    (``stream_options.include_usage``), or the Responses API's ``response.completed`` event, whose
+    ``response`` repeats the whole answer before its ``usage`` (so the event can be longer than the tail
+    the gate keeps: the object is decoded where it starts, not from the start of its event), or an SGLang
+    ``/generate`` stream's last ``meta_info`` (its counts are cumulative; in a batched stream it is the
+    last answer's alone)."""
+    at, key = max((tail.rfind(key), key) for key in (b'"usage"', b'"meta_info"'))
     if at < 0:
+        return _llamacpp_usage(tail)
+    rest = tail[at + len(key) :].lstrip()
+    return _usage(_json_at(rest[1:])) if rest.startswith(b":") else None
+
+
+def _llamacpp_usage(tail: bytes) -> tuple[float, float] | None:
+    """A llama.cpp ``/completion`` stream's counts: its last event's own ``tokens_evaluated`` and
+    ``tokens_predicted`` (cumulative), if that whole event is in the tail."""
+    at = tail.rfind(b'"tokens_predicted"')
+    start = tail.rfind(b"data:", 0, at) if at >= 0 else -1
+    return _usage(_json_at(tail[start + 5 :])) if start >= 0 else None
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _json_at(data: bytes) -> Any:
+    """The JSON value ``data`` starts with (after whitespace), ignoring what follows it; None when it is
+    cut short or not JSON."""
+    try:
+        value, _ = _DECODER.raw_decode(data.decode("utf-8", "replace").lstrip())
+    except ValueError:
         return None
-    start = tail.rfind(b"data:", 0, at)
-    end = tail.find(b"\n", at)
-    if start < 0:
-        return None
-    return usage_from_json(tail[start + 5 : end if end >= 0 else len(tail)])
+    return value

@@ -3,7 +3,7 @@
 Request path: size limit (413) -> business line and priority -> the line's token buckets (429) ->
 admission (queue; 429 when full, 503 after ``max_queue_wait_s``) -> an upstream chosen by the split,
 failing over to the next on a connection error (502 when every one fails, 503 when none is usable) ->
-the response relayed chunk by chunk (SSE stays streaming) -> a :class:`RequestRecord`.
+the response relayed chunk by chunk (SSE stays streaming; agent/gate/relay.py) -> a :class:`RequestRecord`.
 
 A client that disconnects cancels its handler (the runner is created with ``handler_cancellation``),
 which closes the upstream connection, so the engine aborts the request instead of generating for nobody.
@@ -23,42 +23,27 @@ from collections.abc import Callable, Mapping
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry
 
 from agent.config import GateConfig
 from agent.gate.admission import AdmissionQueue, Priority, Ticket, TicketState
 from agent.gate.cache import Entry, Fill, ResponseCache, cache_key, response_identity
-from agent.gate.ejection import BlindWatch, StallEjector, UpstreamStalled
+from agent.gate.ejection import BlindWatch, StallEjector
+from agent.gate.held import HeldRequests
 from agent.gate.isolation import IsolationLane
 from agent.gate.metrics import GateMetrics
 from agent.gate.openai import (
     ADMITTED_PATHS,
     BadRequest,
     RequestInfo,
-    error_body,
     parse_request,
-    usage_from_json,
-    usage_from_sse_tail,
 )
-from agent.gate.ratelimit import LineLimits, LineResolver, retry_after_header
+from agent.gate.ratelimit import LineLimits, LineResolver
 from agent.gate.records import GateStats, LengthBuckets, RequestRecord
+from agent.gate.relay import Relay, Unanswered, forward_headers, json_error
 from agent.gate.upstreams import Upstream, UpstreamPool, health_loop
 
 log = logging.getLogger(__name__)
-
-#: RFC 9110 hop-by-hop headers, plus those aiohttp recomputes for the new connection.
-HOP_BY_HOP = frozenset(
-    h.lower()
-    for h in (
-        "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailer",
-        "Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Content-Encoding",
-    )
-)  # fmt: skip
-
-
-def _forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
 
 
 def client_max_wait_s(header: str | None) -> float | None:
@@ -77,18 +62,6 @@ def client_max_wait_s(header: str | None) -> float | None:
     if not math.isfinite(milliseconds) or milliseconds < 0:
         raise ValueError(f"must be a number of milliseconds >= 0, got {header!r}")
     return milliseconds / 1000.0
-
-
-def _json_error(
-    status: int, message: str, kind: str, code: str, retry_after_s: float | None = None
-) -> web.Response:
-    headers = {"Retry-After": retry_after_header(retry_after_s)} if retry_after_s is not None else None
-    return web.json_response(error_body(message, kind, code), status=status, headers=headers)
-
-
-class _Unanswered(Exception):
-    """A hung upstream's answer was taken back before any of it reached the client (:meth:`Gate._forward`
-    sends the request to the next upstream)."""
 
 
 class Gate:
@@ -132,17 +105,6 @@ class Gate:
         self.stats.slo = slo
         self._rng = rng or random.Random()
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
-        #: requests sent to an upstream and not yet finished, by ``id`` of their record: the upstream's
-        #: name, the record and whether it streams (:meth:`late_at_upstreams`, :meth:`stalled_upstreams`)
-        self._at_upstream: dict[int, tuple[str, RequestRecord, bool]] = {}
-        #: the upstream responses being relayed, by the same key
-        self._relaying: dict[int, aiohttp.ClientResponse] = {}
-        #: the sends still waiting for the upstream's response headers, by the same key
-        self._sending: dict[int, asyncio.Timeout] = {}
-        #: upstreams out of the split whose hang a started stream proved, and when (:meth:`stalled_upstreams`)
-        self._proven_hung: dict[str, float] = {}
-        #: upstreams the engine_stall detector finds hung, and its summary (:meth:`set_engine_stalled`)
-        self._engine_stalled: dict[str, str] = {}
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None  # opened on the first stale-connection retry
         self._runner: web.AppRunner | None = None
@@ -164,10 +126,14 @@ class Gate:
             late=self._late_at,
         )
         self.ejector = StallEjector(cfg.eject_stalled_s, on_eject=self._count_ejection)
+        #: the requests at upstreams: which will miss the SLO, which a hung upstream must give back
+        self.held = HeldRequests(self.ejector)
         self.blind = BlindWatch(on_blind=self._went_blind)
         self._blind_task: asyncio.Task[None] | None = None
         #: requests on a retry now, held to the budget
         self._retrying = 0
+        # the clock is read through self: tests replace it after the start
+        self._relayer = Relay(lambda: self.clock(), self._finish, self._fill_cache)
         self.app = web.Application(client_max_size=cfg.max_body_bytes)
         self.app.router.add_route("*", "/{tail:.*}", self._handle)
 
@@ -335,30 +301,11 @@ class Gate:
             self.cache.set_model_version(max(weights, key=lambda name: (weights[name], name)))
 
     def late_at_upstreams(self) -> dict[str, int]:
-        """Per upstream, the requests it holds whose answer will miss the latency SLO whatever comes next:
-        no first token yet and past the TTFT SLO, or streaming for so long since the first token that the
-        mean ITL would exceed the ITL SLO even if every token still allowed (``max_tokens``) came at once.
-
-        Their verdict is known before they finish: each will be an SLO-bad answer. The canary counts them
-        with its candidate's answers, so an upstream too slow to answer within a step is judged in that
-        step, not a step later as missing data (seen live: fp8 slowed 30x passed its 5% step and was
-        rolled back only at 25%). A candidate with a fast first token and slow decoding is seen the same
-        way. Empty without a latency SLO.
-        """
+        """Per upstream, the requests it holds whose answer will miss the latency SLO whatever comes next
+        (:meth:`HeldRequests.late`); empty without a latency SLO."""
         if self.stats.slo is None:
             return {}
-        ttft_slo, itl_slo = self.stats.slo
-        now = self.clock()
-        late: dict[str, int] = {}
-        for name, record, streams in self._at_upstream.values():
-            if record.ttft_s is None:
-                missed = now - record.arrived > ttft_slo
-            else:  # the ITL SLO is on the mean over the answer, as GateStats.missed_slo judges it
-                decoding_s = now - record.arrived - record.ttft_s
-                missed = streams and record.max_tokens > 1 and decoding_s > itl_slo * (record.max_tokens - 1)
-            if missed:
-                late[name] = late.get(name, 0) + 1
-        return late
+        return self.held.late(self.stats.slo, self.clock())
 
     def mark_engine(self, upstream: str | None) -> None:
         """Name the upstream that is this pod's own engine (None: none is), for
@@ -379,69 +326,13 @@ class Gate:
         proven hung: see :meth:`stalled_upstreams`."""
         if upstream not in self.pool.upstreams:
             raise ValueError(f"unknown upstream {upstream!r}; known: {', '.join(self.pool.upstreams)}")
-        if why is None:
-            self._engine_stalled.pop(upstream, None)
-        else:
-            self._engine_stalled[upstream] = why
+        self.held.set_engine_stalled(upstream, why)
 
     def stalled_upstreams(self) -> dict[str, str]:
         """Upstreams to keep out of the split as hung, with why (agent/gate/ejection.py); the health loop
-        asks every round. Empty when ``eject_stalled_s`` is 0.
-
-        With ``cut_stalled_streams``, the requests a hung upstream holds are taken from it:
-
-        * the streams it had started and then left without a byte for ``eject_stalled_s`` end here with
-          an OpenAI-shaped error event, instead of waiting for ``read_timeout_s`` (300 s): their clients
-          have had the headers and some tokens, so an error event is the only way to tell them;
-        * once one such stream proves the hang, the requests it has not answered at all (a stream's
-          first token, a whole non-streamed answer) are sent again to a healthy upstream: their clients
-          have had nothing yet, so they do not notice. Without that proof they are left alone: a very
-          long prompt keeps a healthy engine silent as long, but it does not stop a started stream,
-          since engines interleave a prefill with the decode steps of the others (chunked prefill).
-          The sidecar's ``engine_stall`` finding on the upstream's engine is proof too
-          (:meth:`set_engine_stalled`)."""
-        now = self.clock()
-        awake = self._awake_since()  # no silence counts from before it
-        held = (
-            (name, record.sent_at, record.heard_at)
-            for name, record, streams in self._at_upstream.values()
-            if streams
-        )
-        verdicts = self.ejector.verdicts(held, now, awake)
-        stalled = self._engine_stalled if self.ejector.after_s > 0 else {}
-        for name, why in stalled.items():
-            verdicts.setdefault(name, f"{why} (the sidecar's engine_stall detector)")
-        for name in set(self._proven_hung) - set(verdicts):  # back in the split: a new hang needs new proof
-            del self._proven_hung[name]
-        hung = {name for name in verdicts if self.ejector.hung(name, now)} | set(stalled)  # not merely out
-        if not self.cfg.cut_stalled_streams or not (hung or self._proven_hung):
-            return verdicts
-        for name in stalled:  # the detector's finding is the proof
-            self._proven_hung.setdefault(name, now)
-        after = self.ejector.after_s
-        for key, (name, record, _) in list(self._at_upstream.items()):
-            up, heard = self._relaying.get(key), record.heard_at
-            if name not in hung or up is None or heard is None or record.abandoned:
-                continue  # not a relayed stream, or one with no first byte yet, or ended already
-            if now - max(heard, awake) >= after:
-                record.abandoned = f"{name} stalled: no byte for {now - heard:.0f} s"
-                up.content.set_exception(UpstreamStalled(record.abandoned))
-                self._proven_hung.setdefault(name, now)
-        for key, (name, record, _) in list(self._at_upstream.items()):
-            proven = self._proven_hung.get(name)
-            if proven is None or record.heard_at is not None or record.abandoned:
-                continue
-            if record.sent_at > proven and now - max(record.sent_at, awake) < after:
-                # sent after the proof (the only upstream, tried anyway): it may have recovered, and this
-                # one may be a long prompt; it is judged as the upstream was, after eject_stalled_s
-                continue
-            record.abandoned = f"{name} stalled: no byte for {now - record.sent_at:.0f} s"
-            up, sending = self._relaying.get(key), self._sending.get(key)
-            if up is not None:
-                up.content.set_exception(UpstreamStalled(record.abandoned))
-            elif sending is not None:  # still waiting for the response headers
-                sending.reschedule(asyncio.get_running_loop().time())
-        return verdicts
+        asks every round. With ``cut_stalled_streams``, their requests are taken back from them
+        (:meth:`HeldRequests.stalled`)."""
+        return self.held.stalled(self.clock(), self._awake_since(), cut=self.cfg.cut_stalled_streams)
 
     def snapshot_values(self) -> dict[str, float]:
         """The gate's signals for the Snapshot (see :meth:`GateStats.values`) plus the admission state."""
@@ -495,14 +386,14 @@ class Gate:
         body = await self._read_body(request)
         if body is None:
             message = f"request body exceeds the gate's limit of {self.cfg.max_body_bytes} bytes"
-            return _json_error(413, message, "invalid_request_error", "request_too_large")
+            return json_error(413, message, "invalid_request_error", "request_too_large")
         path = request.rel_url.path
         if path not in ADMITTED_PATHS:
             return await self._forward(request, body, None, RequestInfo())
         try:
             info = parse_request(path, body)
         except BadRequest as error:
-            return _json_error(400, str(error), "invalid_request_error", "bad_request")
+            return json_error(400, str(error), "invalid_request_error", "bad_request")
         line = self.resolver.resolve(request.headers)
         limiter = self.lines.get(line, arrived)
         priority = Priority.parse(
@@ -512,7 +403,7 @@ class Gate:
             own_wait_s = client_max_wait_s(request.headers.get(self.cfg.max_wait_header))
         except ValueError as error:
             message = f"{self.cfg.max_wait_header}: {error}"
-            return _json_error(400, message, "invalid_request_error", "bad_request")
+            return json_error(400, message, "invalid_request_error", "bad_request")
         record = RequestRecord(line, priority.name.lower(), path, info.prompt_tokens, arrived)
         record.max_tokens = info.max_tokens * info.choices
         est_tokens = info.prompt_tokens + info.max_tokens
@@ -589,7 +480,7 @@ class Gate:
     ) -> web.Response:
         record.outcome, record.status = outcome, status
         self.stats.record(record, self.clock())
-        return _json_error(
+        return json_error(
             status, message, "rate_limit_error" if status == 429 else "overloaded_error", code, retry_s
         )
 
@@ -606,7 +497,7 @@ class Gate:
         candidate gets it when an upstream refuses the connection, or when it hung before sending any of
         its answer (:meth:`stalled_upstreams`): the client has had nothing yet."""
         assert self._session is not None, "Gate.start() was not called"
-        headers = _forward_headers(request.headers)
+        headers = forward_headers(request.headers)
         candidates = self.pool.candidates(self._rng.random())
         if prefer is not None:
             candidates.sort(key=lambda up: up.name != prefer)  # stable: the rest keep their order
@@ -621,20 +512,18 @@ class Gate:
                 url = upstream.url + request.rel_url.path_qs
                 key = id(record)
                 if record is not None:
-                    record.sent_at, record.heard_at, record.abandoned = self.clock(), None, ""
-                    self._at_upstream[key] = (upstream.name, record, info.stream)
-                    self._relaying.pop(key, None)  # the answer of the upstream it was taken back from
+                    self.held.sent(record, upstream.name, info.stream, self.clock())
                 try:
                     body_for = self._body_for(upstream.name, body, info)
                     if record is None:
                         up = await self._send(request.method, url, body_for, headers)
                     else:  # a hang before the response headers is taken back by expiring this at once
                         async with asyncio.timeout(None) as taken_back:
-                            self._sending[key] = taken_back
+                            self.held.sending[key] = taken_back
                             try:
                                 up = await self._send(request.method, url, body_for, headers)
                             finally:
-                                del self._sending[key]
+                                del self.held.sending[key]
                 except (aiohttp.ClientConnectionError, TimeoutError, OSError) as error:
                     if record is None or not record.abandoned:  # not taken back: the upstream failed
                         self.pool.mark(upstream.name, False, self.clock(), f"{type(error).__name__}: {error}")
@@ -654,9 +543,10 @@ class Gate:
                     continue
                 if record is not None:
                     record.upstream = upstream.name
+                    self.held.relaying[key] = up  # so a hang can take its answer back (stalled_upstreams)
                 try:
-                    return await self._relay(request, up, record, info, fill)
-                except _Unanswered:
+                    return await self._relayer(request, up, record, fill, info.token_event)
+                except Unanswered:
                     assert record is not None
                     stalled.append(self._resent(upstream.name, record))
                     candidates = self._others(tried)
@@ -665,22 +555,19 @@ class Gate:
         finally:
             self._retrying -= min(retried, 1)
             if record is not None:
-                self._at_upstream.pop(id(record), None)
-                self._relaying.pop(id(record), None)
-                if record.upstream and record.heard_at is not None:
-                    self.ejector.heard(record.upstream, record.heard_at)
+                self.held.done(record)
         if stalled:  # it hung before answering, and no other upstream was left to ask
             message = "; ".join(stalled + errors)
             if record is not None:
                 record.outcome, record.status = "upstream_error", 504
                 record.e2e_s = self.clock() - record.arrived
                 self.stats.record(record, self.clock())
-            return _json_error(504, message, "upstream_error", "upstream_stalled")
+            return json_error(504, message, "upstream_error", "upstream_stalled")
         message = "no upstream reachable (" + "; ".join(errors) + ")" if errors else "no upstream configured"
         if record is not None:
             record.outcome, record.status, record.e2e_s = "upstream_error", 502, self.clock() - record.arrived
             self.stats.record(record, self.clock())
-        return _json_error(502, message, "upstream_error", "bad_gateway")
+        return json_error(502, message, "upstream_error", "bad_gateway")
 
     def _may_retry(self, retried: int) -> bool:
         """Whether a request that met a retriable error may try the next upstream: a request already on
@@ -689,7 +576,7 @@ class Gate:
         budget: an upstream failing every request cannot double the load on the others)."""
         if retried:
             return True
-        budget = max(3.0, self.cfg.retry_budget_ratio * len(self._at_upstream))
+        budget = max(3.0, self.cfg.retry_budget_ratio * len(self.held))
         if self._retrying + 1 > budget:
             self.metrics.retry_denied.inc()
             return False
@@ -750,117 +637,8 @@ class Gate:
                 self._fresh = self._new_session(fresh=True)
             return await self._fresh.request(method, url, data=body or None, headers=headers)
 
-    async def _relay(
-        self,
-        request: web.Request,
-        up: aiohttp.ClientResponse,
-        record: RequestRecord | None,
-        info: RequestInfo,
-        fill: Fill | None = None,
-    ) -> web.StreamResponse:
-        clock = self.clock
-        streaming = up.headers.get("Content-Type", "").startswith("text/event-stream")
-        if record is not None:  # so a hung upstream's answer can be taken back (:meth:`stalled_upstreams`)
-            self._relaying[id(record)] = up
-        if not streaming:
-            try:
-                payload = await up.read()
-            except UpstreamStalled:  # nothing of it reached the client: another upstream may answer
-                up.close()
-                raise _Unanswered from None
-            if record is not None:
-                now = record.heard_at = clock()
-                record.status, record.e2e_s = up.status, now - record.arrived
-                record.ttft_s = record.e2e_s
-                usage = usage_from_json(payload) if up.status < 300 else None
-                if usage is not None:
-                    record.prompt_tokens, record.output_tokens = usage
-                record.outcome = (
-                    "ok" if up.status < 400 else "client_error" if up.status < 500 else "upstream_error"
-                )
-                self.stats.record(record, now)
-            if fill is not None and up.status == 200:
-                fill.feed(payload)
-                fill.head = payload  # the whole JSON: its model fields name the model
-                self._fill_cache(fill, up, False, record)
-            return web.Response(status=up.status, body=payload, headers=_forward_headers(up.headers))
-        resp = web.StreamResponse(status=up.status, headers=_forward_headers(up.headers))
-        last: float | None = None
-        events = 0
-        tail = b""
-        itl = record.itl_s if record is not None else []
-        try:
-            async for chunk in up.content.iter_any():
-                now = clock()
-                if last is None:
-                    # the headers go with the first byte: until then, a hang can still be taken back
-                    await resp.prepare(request)  # the client may have gone while the upstream was busy
-                    if record is not None:
-                        record.ttft_s = now - record.arrived
-                else:
-                    itl.append(now - last)
-                if record is not None:
-                    record.heard_at = now
-                last = now
-                events += chunk.count(b"data:")
-                tail = chunk if len(chunk) > 256 else (tail + chunk)[-4096:]
-                if fill is not None:
-                    fill.feed(chunk)
-                await resp.write(chunk)
-            if not resp.prepared:  # an empty stream
-                await resp.prepare(request)
-            await resp.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError) as error:
-            up.close()  # the client is gone: drop the upstream connection so the engine aborts
-            if record is not None:
-                record.outcome, record.status = "disconnected", 499
-                record.e2e_s = clock() - record.arrived
-                self.stats.record(record, clock())
-            if isinstance(error, asyncio.CancelledError):
-                raise
-            return resp  # nobody to answer: not a server error worth a traceback in the log
-        except UpstreamStalled as stalled:  # its upstream hung mid-stream: say so, rather than hang on
-            up.close()
-            if not resp.prepared:  # before its first byte: the client has had nothing, ask another
-                raise _Unanswered from None
-            log.warning("ended a stream from a hung upstream: %s", stalled)
-            if record is not None:
-                record.outcome, record.status = "upstream_error", 504
-                record.e2e_s = clock() - record.arrived
-                self.stats.record(record, clock())
-            event = error_body(f"upstream {stalled}", "upstream_error", "upstream_stalled")
-            with contextlib.suppress(ConnectionResetError):
-                await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-                await resp.write_eof()
-            return resp
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as error:
-            up.close()
-            log.warning("upstream stream broke: %s", error)
-            status = up.status if resp.prepared else 502
-            if record is not None:
-                record.outcome, record.status = "upstream_error", status
-                record.e2e_s = clock() - record.arrived
-                self.stats.record(record, clock())
-            if not resp.prepared:  # nothing sent yet: a clear error rather than an empty 200
-                message = f"the upstream's stream broke before its first byte: {error}"
-                return _json_error(502, message, "upstream_error", "bad_gateway")
-            with contextlib.suppress(ConnectionResetError):
-                await resp.write_eof()
-            return resp
-        if record is not None:
-            record.status, record.e2e_s = up.status, clock() - record.arrived
-            usage = usage_from_sse_tail(tail)
-            if usage is not None:
-                record.prompt_tokens, record.output_tokens = usage
-            else:  # one token per event is the norm; "[DONE]" is not a token
-                record.output_tokens = float(max(0, events - 1))
-            record.outcome = (
-                "ok" if up.status < 400 else "client_error" if up.status < 500 else "upstream_error"
-            )
-            self.stats.record(record, clock())
-        if fill is not None and up.status == 200:
-            self._fill_cache(fill, up, True, record)
-        return resp
+    def _finish(self, record: RequestRecord) -> None:
+        self.stats.record(record, self.clock())
 
     # --- the response cache ------------------------------------------------------------------------
     def _fill_cache(

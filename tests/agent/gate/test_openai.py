@@ -40,3 +40,25 @@ def test_bad_bodies_are_a_bad_request_naming_what_is_wrong(body: bytes, message:
     path = "/v1/chat/completions" if b"messages" in body else "/v1/completions"
     with pytest.raises(BadRequest, match=message.replace("[", r"\[")):
         parse_request(path, body)
+
+
+def test_llamacpp_native_completion_is_read_for_prompt_n_predict_and_its_counts() -> None:
+    from agent.gate.openai import usage_from_json, usage_from_sse_tail
+
+    info = parse_request("/completion", b'{"prompt": "' + b"x" * 40 + b'", "n_predict": 16, "stream": true}')
+    assert info == RequestInfo(True, 10.0, 16.0, "", 1)
+    assert parse_request("/completions", b'{"prompt": [1, 2, 3]}') == RequestInfo(False, 3.0, 0.0, "", 1)
+    assert parse_request("/completion", b'{"prompt": "p", "n_predict": -1}').max_tokens == 0.0  # to the end
+    assert parse_request("/completion", b'{"prompt": ["aaaa", "bb"]}').choices == 2  # two prompts
+    with pytest.raises(BadRequest, match="'n_predict' must be a number"):
+        parse_request("/completion", b'{"prompt": "p", "n_predict": "8"}')
+    # the shapes llama.cpp's server sends (tests/e2e/test_llamacpp.py checks them against a real one)
+    plain = b'{"content": "abc", "stop": true, "tokens_predicted": 5, "tokens_evaluated": 11}'
+    assert usage_from_json(plain) == (11.0, 5.0)
+    assert usage_from_json(b'{"content": "abc"}') is None
+    stream = (
+        b'data: {"index":0,"content":"a","stop":false,"tokens_predicted":1,"tokens_evaluated":11}\n\n'
+        b'data: {"index":0,"content":"","stop":true,"tokens_predicted":5,"tokens_evaluated":11}\n\n'
+    )
+    assert usage_from_sse_tail(stream) == (11.0, 5.0)
+    assert usage_from_sse_tail(stream[-40:]) is None  # its event cut off: the events are counted instead

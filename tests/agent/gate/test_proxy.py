@@ -549,7 +549,7 @@ async def test_a_request_held_past_the_ttft_slo_without_a_token_is_late_at_its_u
     try:
         assert (await _post(client, dead, _body(stream=True))).status == 502
         now[0] = 200.0
-        assert dead.late_at_upstreams() == {} and dead._at_upstream == {}
+        assert dead.late_at_upstreams() == {} and len(dead.held) == 0
     finally:
         await dead.stop()
 
@@ -670,7 +670,7 @@ async def test_the_silence_of_a_hung_upstream_outlasts_clients_that_give_up_and_
 
     async def give_up(task: asyncio.Task[aiohttp.ClientResponse]) -> None:
         task.cancel()  # the client's timeout: the gate drops the upstream request
-        await asyncio.wait_for(_until(lambda: upstream.running == 0 and not gate._at_upstream), TIMEOUT)
+        await asyncio.wait_for(_until(lambda: upstream.running == 0 and not gate.held), TIMEOUT)
 
     try:
         upstream.release.clear()  # hung: nothing comes back

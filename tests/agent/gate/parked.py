@@ -1,0 +1,62 @@
+"""A fake engine on loopback for the gate's API tests: one generation route whose answers wait for ``go``.
+
+Subclasses write the answer in their engine's shape (:meth:`ParkedEngine.answer`); the base counts the
+requests at the engine (``running``, ``peak``), so a test sees whether the gate held them to its limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+
+class ParkedEngine:
+    """Serves ``path`` (POST) and ``/health``; answers through :meth:`answer`, which awaits ``go``."""
+
+    path = ""
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.running = 0
+        self.peak = 0
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        raise NotImplementedError
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        try:
+            return await self.answer(request, body)
+        finally:
+            self.running -= 1
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post(self.path, self._generate)
+        app.router.add_get("/health", self._health)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+
+
+E = TypeVar("E", bound=ParkedEngine)
+
+
+async def serving(engine: E) -> AsyncIterator[E]:
+    """Start ``engine``, yield it, and stop it (answering whatever still waits)."""
+    await engine.start()
+    yield engine
+    engine.go.set()
+    assert engine.runner is not None
+    await engine.runner.cleanup()

@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import os
 import threading
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import aiohttp
 import openai
@@ -33,7 +35,7 @@ from agent.gate.proxy import Gate
 from detectors.base import Finding
 from detectors.scheduler import SchedulerEfficiencyDetector
 from detectors.snapshot import Snapshot
-from tests.engines.client import completion, normalised, stream, stream_many
+from tests.engines.client import completion, gate_tokens, normalised, stream, stream_many
 from tests.engines.fixture import running
 from tests.engines.tap import Tap
 from tests.engines.throttle import throttled
@@ -147,6 +149,44 @@ async def test_in_flight_limit_holds_against_the_real_slots(engine: RunningEngin
     assert all(r.usage["completion_tokens"] == 256 for r in results)
     assert max(busy_seen) == 2  # reached the limit, never beyond it, though the engine has 4 slots
     assert max(queue_seen) >= 1
+
+
+async def test_the_native_completion_api_is_held_to_the_limit_and_counted_from_its_answers(
+    engine: RunningEngine,
+) -> None:
+    """llama.cpp's own ``POST /completion`` (not the OpenAI path): before, the gate passed it straight
+    through, past the limit. Now the engine's slots never run more than the limit, and the gate's token
+    counts are the ``tokens_evaluated``/``tokens_predicted`` llama.cpp reports, streamed or not."""
+    slots = LlamaCppSlotsCollector(EngineConfig(url=engine.url, kind="llamacpp"))
+    busy_seen: list[float] = []
+
+    async def native(session: aiohttp.ClientSession, url: str, i: int, stream: bool) -> dict[str, Any]:
+        body = {"prompt": f"native {i}", "n_predict": 128, "stream": stream}
+        async with session.post(url + "/completion", json=body) as r:
+            assert r.status == 200
+            if not stream:
+                return dict(await r.json())
+            events = [line for line in (await r.text()).splitlines() if line.startswith("data:")]
+            return dict(json.loads(events[-1].removeprefix("data:")))  # the last one counts it all
+
+    async with (
+        gate_for(engine.url, max_in_flight=2, high_reserved_ratio=0.0) as (_, url, registry),
+        aiohttp.ClientSession() as session,
+    ):
+        load = asyncio.gather(*(native(session, url, i, stream=i % 2 == 0) for i in range(6)))
+        while not load.done():
+            reading = await slots.collect(now=0.0)
+            busy_seen.append(reading.values.get("engine.slots_busy", -1.0))
+            await asyncio.sleep(0.01)
+        answers = load.result()
+    await slots.close()
+    assert all(a["stop"] and a["tokens_predicted"] > 0 for a in answers), answers
+    assert max(busy_seen) == 2  # the limit, though the engine has 4 slots
+    tokens = gate_tokens(registry)
+    assert tokens == {
+        "prompt": sum(a["tokens_evaluated"] for a in answers),
+        "output": sum(a["tokens_predicted"] for a in answers),
+    }, tokens
 
 
 # --- the collectors agree with the traffic ----------------------------------------------------------

@@ -12,6 +12,8 @@ command when vLLM is not installed. One server for the module: its cold start ta
 from __future__ import annotations
 
 import asyncio
+import json
+import statistics
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,8 +28,8 @@ from agent.control.client import ControlClient
 from agent.control.vllm import VllmAdapter
 from agent.engines.launcher import RunningEngine
 from policies.batch_auto import AutoBatch
-from tests.engines.client import completion, stream_many
-from tests.engines.closed_loop import Slo, capacity, replay, scaled_trace
+from tests.engines.client import completion, gate_tokens, stream_many
+from tests.engines.closed_loop import RunResult, Slo, capacity, replay, scaled_trace
 from tests.engines.fixture import running
 
 MAPPINGS = load_mappings()
@@ -72,6 +74,70 @@ async def test_live_scrapes_parse_and_map_to_the_canonical_signals(engine: Runni
     assert (finished, generated) == (4, 4 * 24)
     e2e_count = after.histograms["e2e_seconds"].count or 0
     assert e2e_count - (before.histograms["e2e_seconds"].count or 0) == 4
+
+
+# --- the Responses API through the gate ---------------------------------------------------------------
+
+
+async def test_the_responses_api_is_admitted_by_the_gate_and_counted_from_vllms_usage(
+    engine: RunningEngine,
+) -> None:
+    """``POST /v1/responses`` through the gate, streamed and not: held to the in-flight limit like chat,
+    and its tokens counted from the ``usage`` vLLM reports (in a stream, in the ``response.completed``
+    event, which repeats the whole answer first). Before, the path was passed straight through."""
+    from prometheus_client import CollectorRegistry
+
+    from agent.config import GateConfig
+    from agent.gate.proxy import Gate
+
+    registry = CollectorRegistry()
+    cfg = GateConfig(
+        enabled=True,
+        upstreams={"primary": engine.url},
+        max_in_flight=1,
+        high_reserved_ratio=0.0,
+        health_interval_s=600,
+    )
+    gate = Gate(cfg, registry)
+    url = f"http://127.0.0.1:{await gate.start('127.0.0.1', 0)}/v1/responses"
+    body = {"model": "tiny-random-llama", "input": "Say hello", "max_output_tokens": 24}
+    queued: list[int] = []
+
+    async def watch() -> None:
+        while True:
+            queued.append(gate.admission.queue_depth)
+            await asyncio.sleep(0.005)
+
+    async def streamed(session: aiohttp.ClientSession) -> tuple[int, dict[str, Any]]:
+        async with session.post(url, json={**body, "stream": True}) as r:
+            text = await r.text()
+        ends = ('"response.completed"', '"response.incomplete"')  # incomplete: max_output_tokens reached
+        events = [line for line in text.splitlines() if line.startswith("data:")]
+        done = [line for line in events if any(end in line for end in ends)]
+        assert len(done) == 1, text[-400:]
+        return r.status, json.loads(done[0].removeprefix("data:"))["response"]["usage"]
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            async with session.post(url, json=body) as r:
+                plain = (r.status, await r.json())
+            streams = await asyncio.gather(*(streamed(session) for _ in range(3)))
+    finally:
+        watcher.cancel()
+        await gate.stop()
+    assert plain[0] == 200 and plain[1]["status"] in ("completed", "incomplete"), plain
+    assert all(status == 200 for status, _ in streams), streams
+    usages = [plain[1]["usage"], *(usage for _, usage in streams)]
+    assert all(u["output_tokens"] > 0 for u in usages), usages
+    assert max(queued) >= 1  # three streams at a limit of 1: two waited for admission
+    tokens = gate_tokens(registry)
+    assert tokens == {
+        "prompt": sum(u["input_tokens"] for u in usages),
+        "output": sum(u["output_tokens"] for u in usages),
+    }, (tokens, usages)
+    ttft = registry.get_sample_value("servepilot_gate_ttft_seconds_count", {"bucket": "le256"})
+    assert ttft == 4
 
 
 # --- capability discovery and the sleep lever ---------------------------------------------------------
@@ -128,14 +194,37 @@ async def _engine_itl(engine: RunningEngine) -> float:
     return itl
 
 
+CALIBRATIONS = 3
+"""Rounds of (ITL alone, capacity) the SLO and the load are taken from, as medians: one round caught the
+shared machine at a fast or a slow moment, and a 2x swing either way left the sweep telling no limit from
+another (2026-12-02: 6.0 ms ITL and 458 tok/s on one round, 2.2 ms and 814 tok/s on a run 20 minutes
+before; every limit, 1 included, then met the too loose SLO for 100% of requests)."""
+
+
+async def _calibrate(engine: RunningEngine) -> tuple[float, float, str]:
+    """Median ITL alone (s) and median capacity (tok/s) over :data:`CALIBRATIONS` rounds, and the rounds."""
+    shape = scaled_trace(1.0, 1.0, 1e9)[:64]
+    rounds = [(await _engine_itl(engine), await capacity(engine.url, shape)) for _ in range(CALIBRATIONS)]
+    shown = ", ".join(f"{itl * 1000:.1f} ms / {tps:.0f} tok/s" for itl, tps in rounds)
+    return statistics.median(r[0] for r in rounds), statistics.median(r[1] for r in rounds), shown
+
+
+def _tells_apart(sweep: list[RunResult]) -> bool | None:
+    """Whether the sweep (limits in ascending order) tells the limits apart: True when at least two
+    limits serve 90% of requests within the SLO and the smallest, the starved one, does not; False when
+    fewer than two do (the load is past the engine); None when the smallest does too (the load is too
+    light to matter: 2026-12-02, limit 1 at 100% and limit 2 at 79% in one sweep, which is noise)."""
+    met = [r.attainment >= 0.9 for r in sweep]
+    return False if sum(met) < 2 else None if met[0] else True
+
+
 # Timing-sensitive on 2 shared cores (real engine, wall-clock load): one rerun, reported by pytest as
 # "rerun", never hidden; a real regression fails both attempts.
 @pytest.mark.flaky(reruns=1)
 async def test_auto_policy_settles_within_15_percent_of_the_best_static_limit(
     engine: RunningEngine, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    itl = await _engine_itl(engine)
-    tps = await capacity(engine.url, scaled_trace(1.0, 1.0, 1e9)[:64])
+    itl, tps, calibration = await _calibrate(engine)
     # The engine's ITL is measured alone; during a replay the load generator, the gate and the collectors
     # share its 2 cores, so a per-token allowance of 4x that left no setting inside the SLO in CI. 8x keeps
     # the SLO reachable for the right limits and out of reach for the starved ones (1, 2).
@@ -148,37 +237,60 @@ async def test_auto_policy_settles_within_15_percent_of_the_best_static_limit(
     window = (20.0, 40.0)
     limits = (1, 2, 4, 8, 16)
     # Capacity is measured closed loop (always 8 busy); the trace's bursts queue at far less. The replay
-    # runs at half of it, unless fewer than two static limits then serve 90% of requests within the SLO:
-    # a load the engine serves has a range of good settings, and the comparison means little when the
-    # load is past the engine at all but the largest. That happened in CI twice on 2026-11-30 (capacity
-    # measured at 1216 and 1487 tok/s against 1064-1104 on quiet runs, so the machine was faster during
-    # the measurement than during the replays; limits 1-4 met the SLO for 0% of requests, 16 for 4-100%,
-    # and the engine's ITL during a replay equalled its ITL alone). Then the sweep is run again at a
-    # lighter load, and the table says which load was used. 0.35 comes before 0.25: on 2026-12-01 CI
-    # measured 954 tok/s with the engine's ITL at 1.9 ms alone (4.2 ms on a quiet run), fell back from
-    # 0.5 to 0.25, and there every limit, 1 included, met the SLO for 100% of requests: a sweep that
-    # tells no limit from another, so auto stuck at 1 would have passed too.
-    for load in (0.5, 0.35, 0.25):
+    # runs at 0.35 of it: on quiet runs and in CI that told the starved limits from the rest (limits 1
+    # and 2 met the SLO for 48-50% of requests, 4-16 for 99-100%), while 0.5 put the load past the
+    # engine whenever the shared machine slowed by 2x for a while (3d1115c's CI run: static 16 met the
+    # SLO for 100% of requests, then for 1% on its run again). A sweep that tells no limit apart is run
+    # again: at 0.25 when the load is past the engine (fewer than two limits serve 90%), and at 0.5,
+    # 0.7, then 1.0, while even limit 1 does; a heavier load past the engine returns to the sweep before
+    # it. The steps span the 4x by which the calibration's capacity varies on this machine: 2026-12-02,
+    # 319-1330 tok/s, lower in the full suite than alone; at a median of 336 limit 1 still served 100%
+    # at 0.7, and at one of 567 every limit served 97-100% at 0.35 and 0.5. The table says which load
+    # was used; its last column, the engine's own mean ITL over each run, shows a swing of the machine.
+    sweeps: dict[float, list[RunResult]] = {}
+
+    async def sweep_at(load: float) -> list[RunResult]:
         trace = scaled_trace(tps, load=load, seconds=40.0)
-        sweep = [await replay(engine.url, trace, slo, limit=n, window=window) for n in limits]
-        if sum(r.attainment >= 0.9 for r in sweep) >= 2:
+        sweeps[load] = [
+            await replay(engine.url, trace, slo, limit=n, window=window, name=f"static {n} at {load}")
+            for n in limits
+        ]
+        return sweeps[load]
+
+    load = 0.35
+    verdict = _tells_apart(await sweep_at(load))
+    if verdict is False:
+        load = 0.25
+        await sweep_at(load)
+    for heavier in (0.5, 0.7, 1.0):
+        if verdict is not None:  # it tells the limits apart, or the load is past the engine
             break
-    best_limit = limits[max(range(len(sweep)), key=lambda i: sweep[i].goodput_tps)]
+        verdict = _tells_apart(await sweep_at(heavier))
+        if verdict is not False:
+            load = heavier
+    sweep, trace = sweeps[load], scaled_trace(tps, load=load, seconds=40.0)
+    # The best limit in hindsight; of those within 1% of it, the largest: the one with the most headroom,
+    # so its run again is the least likely to tip into a backlog (2026-12-02: limits 2, 4 and 16 all
+    # served 100% at 0.5; 2, the first, was picked and served 0% on its run again minutes later).
+    top = max(r.goodput_tps for r in sweep)
+    best_limit = max(n for n, r in zip(limits, sweep, strict=True) if r.goodput_tps >= 0.99 * top)
     auto = AutoBatch(slo.ttft_s, slo.itl_s, lower=1, upper=16, initial=1)
-    result = await replay(engine.url, trace, slo, limit=1, window=window, policy=auto)
+    result = await replay(engine.url, trace, slo, limit=1, window=window, policy=auto, name=f"auto at {load}")
     # The sweep picks the best limit; auto is compared with that limit measured again right after it.
     # The sweep's own best run is the maximum of five noisy runs, biased upwards by the noise (on 2 shared
     # cores one static row measured 98% within the SLO in one run and 14% in the next), while auto is a
     # single run: that comparison failed first attempts with auto already at the best limit.
     best = await replay(
-        engine.url, trace, slo, limit=best_limit, window=window, name=f"static {best_limit} again"
+        engine.url, trace, slo, limit=best_limit, window=window, name=f"static {best_limit} again at {load}"
     )
     table = "\n".join(
         [
             f"capacity {tps:.0f} tok/s (trace-shaped), load {load} of it, engine ITL {itl * 1000:.1f} ms, "
-            f"{len(trace)} requests",
-            "| run | goodput tok/s | throughput tok/s | SLO met | requests | final limit |",
-            "|---|---|---|---|---|---|",
+            f"{len(trace)} requests (medians of ITL alone / capacity: {calibration}; sweeps run at loads "
+            f"{', '.join(map(str, sweeps))})",
+            "| run | goodput tok/s | throughput tok/s | SLO met | requests | final limit | engine ITL ms |",
+            "|---|---|---|---|---|---|---|",
+            *(r.row() for other in sweeps.values() if other is not sweep for r in other),  # the other load's
             *(r.row() for r in [*sweep, result, best]),
             f"auto limits per tick: {result.limits}",
             "auto's control ticks (its inputs, then its proposal or hold):",
@@ -240,7 +352,9 @@ def _engine_core(parent: int) -> int:
 # Wall-clock on 2 shared cores: the machine itself stopped for up to 5.9 s here under this engine, and
 # its streams for up to 2.8 s more (EJECT_S). One rerun, reported by pytest as "rerun", never hidden.
 @pytest.mark.flaky(reruns=1)
-async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: RunningEngine) -> None:
+async def test_a_stopped_engine_core_is_a_stall_while_health_answers(
+    engine: RunningEngine, capsys: pytest.CaptureFixture[str]
+) -> None:
     """SIGSTOP on the engine-core process is a hang the way a collective that never returns is one: the
     API server keeps answering /health and /metrics (frozen), and the engine_stall detector finds it once
     60 s of ticks (virtual time) pass with requests held; SIGCONT, and it clears once vLLM moves again.
@@ -250,7 +364,6 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
     error event rather than leaving them to ``read_timeout_s``, sends the waiting ones (no byte yet) to
     ``small``, which answers them and a new request, and vLLM is back in the split after its hold once
     it answers again."""
-    import json
     import os
     import signal
 
@@ -335,17 +448,21 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
         )
 
     def gate_holds() -> int:
-        return sum(1 for name, _, _ in gate._at_upstream.values() if name == "primary")
+        return sum(1 for name, _, _ in gate.held.at_upstream.values() if name == "primary")
 
     def gate_unstarted() -> int:
-        return sum(1 for name, r, _ in gate._at_upstream.values() if name == "primary" and r.heard_at is None)
+        held = gate.held.at_upstream.values()
+        return sum(1 for name, r, _ in held if name == "primary" and r.heard_at is None)
 
-    async def gate_sees(held: int, unstarted: int, failure: str) -> None:
+    async def gate_sees(held: int, unstarted: int, failure: str, while_: asyncio.Future[Any]) -> None:
         """Polls (real time, 30 s) until the gate holds ``held`` requests at vLLM, ``unstarted`` of them
-        with no byte yet; fails with ``failure`` and what it saw."""
+        with no byte yet; fails with ``failure`` and what it saw, at once when ``while_`` (the long
+        answers) is over, since the moment can no longer come."""
         for _ in range(600):
             if gate_holds() == held and gate_unstarted() == unstarted:
                 return
+            if while_.done():
+                break
             await asyncio.sleep(0.05)
         raise AssertionError(
             f"{failure}: the gate holds {gate_holds()} at vLLM, {gate_unstarted()} with no byte yet; "
@@ -355,24 +472,38 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
             # four long answers fill max_num_seqs and run; two short ones wait behind them. Started in that
-            # order, whatever the machine's speed: the stop must find both kinds at the engine.
-            await tick_until(lambda s: engine_holds(s, 0, 0), "idle")  # the detector's first reading
-            running = asyncio.ensure_future(
-                stream_many(session, via_gate, [completion(f"stall {i}", 1800) for i in range(4)])
-            )
-            sent.append(running)
-            # the four are running once each has sent a byte, seen from the gate, not from a scrape: on a
-            # fast machine the 1800-token answers were over 6.2 s after they started, and the scrapes of
-            # tick_until (up to 5 s each on this engine) left too little of them for the short ones
-            await gate_sees(4, 0, "the four long answers never all started")
-            waiting = asyncio.ensure_future(
-                stream_many(session, via_gate, [completion(f"wait {i}", 16) for i in range(2)])
-            )
-            sent.append(waiting)
-            # the short ones are seen queued behind the four from the gate (held, no byte yet), not from a
-            # scrape: in CI a scrape that waited 5 s on a paused vLLM covered the whole moment, and the
-            # 1800-token answers were over 8.5 s after they started
-            await gate_sees(6, 2, "the short requests never queued behind the long ones")
+            # order, whatever the machine's speed: the stop must find both kinds at the engine. That is
+            # the set-up, not what is tested, so it has three tries: on 2 shared cores the moment can be
+            # over before the gate sees it (2026-12-02: vLLM created the short ones 7 s after the long
+            # ones, whose answers took 6.3 s: their first bytes came so late that the short ones were sent
+            # when they were all but over). Each failed try is printed, never hidden.
+            for attempt in range(1, 4):
+                await tick_until(lambda s: engine_holds(s, 0, 0), "idle")  # the detector's first reading
+                running = asyncio.ensure_future(
+                    stream_many(session, via_gate, [completion(f"stall {i}", 1800) for i in range(4)])
+                )
+                sent.append(running)
+                try:
+                    # the four are running once each has sent a byte, seen from the gate, not from a
+                    # scrape: on a fast machine the 1800-token answers were over 6.2 s after they
+                    # started, and the scrapes of tick_until (up to 5 s each on this engine) left too
+                    # little of them for the short ones
+                    await gate_sees(4, 0, "the four long answers never all started", running)
+                    waiting = asyncio.ensure_future(
+                        stream_many(session, via_gate, [completion(f"wait {i}", 16) for i in range(2)])
+                    )
+                    sent.append(waiting)
+                    # the short ones are seen queued behind the four from the gate (held, no byte yet),
+                    # not from a scrape: in CI a scrape that waited 5 s on a paused vLLM covered the whole
+                    # moment, and the 1800-token answers were over 8.5 s after they started
+                    await gate_sees(6, 2, "the short requests never queued behind the long ones", running)
+                    break
+                except AssertionError as missed:
+                    if attempt == 3:
+                        raise
+                    with capsys.disabled():  # straight to the terminal, past capture
+                        print(f"\nset-up try {attempt} of 3 missed its moment: {missed}", flush=True)
+                    await asyncio.wait_for(asyncio.gather(*sent), 120)
             try:
                 os.kill(core, signal.SIGSTOP)
                 await asyncio.sleep(0.5)  # a step that was running ends; nothing after it
@@ -393,7 +524,7 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(engine: Run
                 async with session.post(via_gate + "/v1/completions", json=completion("meanwhile", 4)) as r:
                     meanwhile = (r.status, await r.text())
                 for _ in range(200):  # ended or sent elsewhere with the proof, a health round ago
-                    if all(name != "primary" for name, _, _ in gate._at_upstream.values()):
+                    if all(name != "primary" for name, _, _ in gate.held.at_upstream.values()):
                         break
                     await asyncio.sleep(0.05)
                 await asyncio.sleep(1.0)

@@ -101,3 +101,9 @@ def normalised(body: bytes) -> bytes:
     for pattern, replacement in _PER_REQUEST:
         body = pattern.sub(replacement, body)
     return body
+
+
+def gate_tokens(registry: Any, line: str = "default") -> dict[str, float | None]:
+    """A gate's ``servepilot_gate_tokens_total`` for ``line``, by kind (prompt, output)."""
+    name = "servepilot_gate_tokens_total"
+    return {k: registry.get_sample_value(name, {"line": line, "kind": k}) for k in ("prompt", "output")}

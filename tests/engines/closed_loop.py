@@ -53,11 +53,15 @@ class RunResult:
     limits: list[int] = field(default_factory=list)
     ticks: list[str] = field(default_factory=list)
     """Per control tick (auto only): what the policy saw and did, so a failed run says why it held."""
+    engine_itl_s: float | None = None
+    """The engine's own mean inter-token latency over the whole run (its ITL histogram): how fast the
+    shared machine let it run, so two runs of one setting that differ can be told apart by it."""
 
     def row(self) -> str:
+        itl = "-" if self.engine_itl_s is None else f"{self.engine_itl_s * 1000:.1f}"
         return (
             f"| {self.name} | {self.goodput_tps:.0f} | {self.throughput_tps:.0f} | {self.attainment:.0%} | "
-            f"{self.requests} | {self.limits[-1] if self.limits else '-'} |"
+            f"{self.requests} | {self.limits[-1] if self.limits else '-'} | {itl} |"
         )
 
 
@@ -197,12 +201,14 @@ async def replay(
     port = await gate.start("127.0.0.1", 0)
     url = f"http://127.0.0.1:{port}"
     metrics = EngineMetricsCollector(EngineConfig(url=engine_url, kind="vllm", quantile_window_s=5.0))
+    whole = EngineMetricsCollector(EngineConfig(url=engine_url, kind="vllm", quantile_window_s=3600.0))
     sources = (metrics, GateCollector(gate))
     done: list[_Done] = []
     limits: list[int] = []
     ticks: list[str] = []
     state: Any = None
     try:
+        await whole.collect(0.0)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             start = time.monotonic()
             load = asyncio.gather(*(_one(session, url, row, start, done) for row in trace))
@@ -221,10 +227,13 @@ async def replay(
                 limits.append(gate.limit)
             load.cancel()
             await asyncio.gather(load, return_exceptions=True)
+        engine_itl = (await whole.collect(time.monotonic() - start)).values.get("engine.itl_seconds.mean")
     finally:
+        await whole.close()
         await metrics.close()
         await gate.stop()
     result = score(done, slo, window, name or (f"static {limit}" if policy is None else "auto"))
     result.limits = limits
     result.ticks = ticks
+    result.engine_itl_s = engine_itl
     return result

@@ -283,6 +283,12 @@ class GateConfig(_Section):
     drain_s: float = Field(
         10.0, ge=0.1, le=3600, description="on shutdown, in-flight requests get this long to finish"
     )
+    admit_paths: tuple[str, ...] = Field(
+        (),
+        description="more request paths admitted through the queue (a custom or newer engine route), "
+        "beside the generation, embedding, pooling, scoring and audio routes of vLLM, SGLang and "
+        "llama.cpp (docs/gate.md); any other path is passed straight through",
+    )
     health_path: str = Field("/health", description="upstream health-check path")
     health_interval_s: float = Field(5.0, ge=0.1, le=600, description="upstream health-check period")
     length_edges: tuple[int, ...] = Field((256, 1024, 4096), description="prompt-token bucket edges")
@@ -372,6 +378,16 @@ class GateConfig(_Section):
                 f"must be 5xx statuses (a 4xx is the client's, and would fail again), got {value}"
             )
         return tuple(sorted(set(value)))
+
+    @field_validator("admit_paths")
+    @classmethod
+    def _admit_paths(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for path in value:
+            if not path.startswith("/") or any(c in path for c in "?# ") or "*" in path:
+                raise ValueError(
+                    "each must be a path such as /v1/rerank (starting with /, no query or wildcard)"
+                )
+        return tuple(dict.fromkeys(value))
 
     @field_validator("length_edges")
     @classmethod

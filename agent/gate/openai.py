@@ -3,7 +3,14 @@
 Besides OpenAI's paths, SGLang's native ``/generate`` (``text`` or ``input_ids``, one prompt or a batch,
 ``sampling_params.max_new_tokens``; each answer's ``meta_info`` counts its tokens) is read too: it is
 what SGLang's own clients, router and RL frameworks send. So is llama.cpp's native ``/completion``
-(``prompt``, ``n_predict``; each event counts ``tokens_evaluated`` and ``tokens_predicted``).
+(``prompt``, ``n_predict``; each event counts ``tokens_evaluated`` and ``tokens_predicted``), and its
+``/infill`` (the same, with the code around the cursor in ``input_prefix``/``input_suffix``/``input_extra``).
+
+The engines' other model-running routes are admitted too (:data:`POOLING_PATHS`, :data:`AUDIO_PATHS`):
+a rerank or score request runs a forward pass over every document, and a transcription decodes like a
+chat, so passed straight through they took engine capacity past the in-flight limit and the buckets.
+Their bodies are read for what prompt they carry, by field name (:func:`_by_field`); an audio upload
+is a multipart form, admitted unread. Paths named in ``gate.admit_paths`` are read the same way.
 
 The gate does not tokenize (that would cost more than the proxying itself): prompt length is estimated
 at 4 characters per token, OpenAI's rule of thumb for English, or counted exactly when the prompt is
@@ -24,11 +31,38 @@ SGLANG_GENERATE_PATH = "/generate"
 """SGLang's native generation API."""
 LLAMACPP_COMPLETION_PATHS = frozenset({"/completion", "/completions"})
 """llama.cpp's native completion API (``/completions`` is its alias)."""
+LLAMACPP_INFILL_PATH = "/infill"
+"""llama.cpp's code infill: a completion whose prompt is the code around the cursor."""
+POOLING_PATHS = frozenset(
+    {
+        "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",  # vLLM
+        "/encode", "/v1/classify",  # SGLang (which serves /classify, /v1/rerank and /v1/score too)
+        "/embedding", "/embeddings", "/reranking", "/v1/reranking",  # llama.cpp
+    }
+)  # fmt: skip
+"""Routes that run the model over their input without generating: pooling, classification, scoring and
+reranking (cross-encoders read every query-document pair), embeddings by the engines' native names."""
+AUDIO_PATHS = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations"})
+"""OpenAI's speech-to-text API (vLLM serves it for Whisper-like models): a multipart upload, read by no
+one but the engine; the gate admits it without a token estimate."""
+AUDIO_STREAM_FIELD = b'name="stream"\r\n\r\ntrue'
+"""A multipart form's ``stream`` field set to true, as clients (OpenAI's, aiohttp, ``curl -F``) write it."""
 #: Paths whose requests are admitted through the queue; anything else is passed straight through.
 ADMITTED_PATHS = frozenset(
     {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", RESPONSES_PATH, SGLANG_GENERATE_PATH}
     | LLAMACPP_COMPLETION_PATHS
+    | {LLAMACPP_INFILL_PATH}
+    | POOLING_PATHS
+    | AUDIO_PATHS
 )
+PROMPT_FIELDS = (
+    "prompt", "messages", "input", "instructions", "text", "input_ids", "content", "query", "documents",
+    "text_1", "text_2", "queries", "items", "data_1", "data_2", "input_prefix", "input_suffix", "input_extra",
+)  # fmt: skip
+"""Where the routes read by field name (:func:`_by_field`) carry their input: OpenAI's (``prompt``,
+``messages``, ``input``), SGLang's (``text``, ``input_ids``), llama.cpp's (``content``, the infill
+parts), and the scoring APIs' (``query`` and ``documents`` for rerank; ``text_1``/``text_2``, or
+``queries``/``items`` and ``data_1``/``data_2`` in later vLLM releases, for score)."""
 RESPONSES_TOKEN_EVENT = b'.delta"'
 """In a Responses stream, what marks an event that carries generated tokens: its ``type`` ends in
 ``.delta`` (``response.output_text.delta``, ``response.reasoning_text.delta``, a tool call's arguments);
@@ -84,19 +118,59 @@ def parse_request(path: str, body: bytes) -> RequestInfo:
     """
     if path not in ADMITTED_PATHS or not body:
         return RequestInfo()
+    if path in AUDIO_PATHS:  # a form: only whether it streams (vLLM's ``stream`` field) is read
+        return RequestInfo(stream=AUDIO_STREAM_FIELD in body)
     try:
         return _parse(path, body)
     except RecursionError:
         raise BadRequest("request body is nested too deeply") from None
 
 
-def _parse(path: str, body: bytes) -> RequestInfo:
+def parse_any(body: bytes) -> RequestInfo:
+    """A body of a path the operator admits (``gate.admit_paths``), read by field name (:func:`_by_field`).
+    Such a path may carry anything, so a body that is not a JSON object (a form, an upload, a NaN) is
+    admitted as it is, with no estimate, rather than refused: the engine behind it is the judge."""
+    try:
+        return _by_field(_load(body)) if body else RequestInfo()
+    except BadRequest:
+        return RequestInfo()
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply") from None
+
+
+def _by_field(doc: dict[str, Any]) -> RequestInfo:
+    """The prompt in any of :data:`PROMPT_FIELDS`, and the generation bound by any of its names (OpenAI's
+    ``max_completion_tokens``/``max_tokens``/``max_output_tokens``, llama.cpp's ``n_predict``, SGLang's
+    ``sampling_params.max_new_tokens``); a bound that is not a plain count is no bound (0)."""
+    prompt = sum(_text_tokens(doc[key]) for key in PROMPT_FIELDS if key in doc)
+    params = doc.get("sampling_params")
+    bounds = (
+        doc.get("max_completion_tokens"),
+        doc.get("max_tokens"),
+        doc.get("max_output_tokens"),
+        doc.get("n_predict"),
+        params.get("max_new_tokens") if isinstance(params, dict) else None,
+    )
+    max_tokens = next((float(b) for b in bounds if _count(b) and b <= MAX_TOKENS_LIMIT), 0.0)
+    model = doc.get("model")
+    return RequestInfo(doc.get("stream") is True, prompt, max_tokens, model if isinstance(model, str) else "")
+
+
+def _load(body: bytes) -> dict[str, Any]:
+    """``body`` as a JSON object, NaN and Infinity refused; :class:`BadRequest` otherwise."""
     try:
         doc = json.loads(body, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as error:
         raise BadRequest(f"request body is not valid JSON: {error}") from None
     if not isinstance(doc, dict):
         raise BadRequest("request body must be a JSON object")
+    return doc
+
+
+def _parse(path: str, body: bytes) -> RequestInfo:
+    doc = _load(body)
+    if path in POOLING_PATHS:
+        return _by_field(doc)
     if path == "/v1/chat/completions":
         messages = doc.get("messages")
         if not isinstance(messages, list):
@@ -108,7 +182,7 @@ def _parse(path: str, body: bytes) -> RequestInfo:
         prompt = _text_tokens(doc.get("input", "")) + _text_tokens(doc.get("instructions") or "")
     elif path == SGLANG_GENERATE_PATH:
         return _parse_generate(doc)
-    elif path in LLAMACPP_COMPLETION_PATHS:
+    elif path in LLAMACPP_COMPLETION_PATHS or path == LLAMACPP_INFILL_PATH:
         return _parse_llamacpp(doc)
     else:
         prompt = _text_tokens(doc.get("input", ""))
@@ -161,15 +235,20 @@ def _parse_generate(doc: dict[str, Any]) -> RequestInfo:
 
 def _parse_llamacpp(doc: dict[str, Any]) -> RequestInfo:
     """llama.cpp's ``/completion``: ``prompt`` (text, token ids, or a list of prompts: as many answers)
-    and ``n_predict`` (-1, its default, runs to the context's end: no bound the gate can use)."""
+    and ``n_predict`` (-1, its default, runs to the context's end: no bound the gate can use); its
+    ``/infill`` adds the code around the cursor (``input_prefix``, ``input_suffix``, and ``input_extra``:
+    other files' chunks, ``{"filename", "text"}`` each)."""
     prompt = doc.get("prompt", "")
     many = isinstance(prompt, list) and bool(prompt) and all(isinstance(p, str | list) for p in prompt)
     n_predict = doc.get("n_predict", -1)
     if isinstance(n_predict, int) and not isinstance(n_predict, bool) and n_predict < 0:
         n_predict = 0
     _check_max_tokens(n_predict, "n_predict")
+    tokens = _text_tokens(prompt) + sum(
+        _text_tokens(doc[key]) for key in ("input_prefix", "input_suffix", "input_extra") if key in doc
+    )
     return RequestInfo(
-        bool(doc.get("stream", False)), _text_tokens(prompt), float(n_predict), "", len(prompt) if many else 1
+        bool(doc.get("stream", False)), tokens, float(n_predict), "", len(prompt) if many else 1
     )
 
 

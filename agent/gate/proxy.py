@@ -36,6 +36,7 @@ from agent.gate.openai import (
     ADMITTED_PATHS,
     BadRequest,
     RequestInfo,
+    parse_any,
     parse_request,
 )
 from agent.gate.ratelimit import LineLimits, LineResolver
@@ -388,10 +389,11 @@ class Gate:
             message = f"request body exceeds the gate's limit of {self.cfg.max_body_bytes} bytes"
             return json_error(413, message, "invalid_request_error", "request_too_large")
         path = request.rel_url.path
-        if path not in ADMITTED_PATHS:
+        known = path in ADMITTED_PATHS
+        if not known and path not in self.cfg.admit_paths:
             return await self._forward(request, body, None, RequestInfo())
         try:
-            info = parse_request(path, body)
+            info = parse_request(path, body) if known else parse_any(body)
         except BadRequest as error:
             return json_error(400, str(error), "invalid_request_error", "bad_request")
         line = self.resolver.resolve(request.headers)
@@ -611,7 +613,7 @@ class Gate:
         model = self.cfg.upstream_models.get(upstream)
         if model is None or not info.model or info.model == model:
             return body
-        doc = json.loads(body)  # parsed once already by parse_request: a JSON object
+        doc = json.loads(body)  # parsed once already (parse_request, parse_any): a JSON object
         doc["model"] = model
         return json.dumps(doc).encode()
 

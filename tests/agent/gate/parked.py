@@ -14,9 +14,11 @@ from aiohttp import web
 
 
 class ParkedEngine:
-    """Serves ``path`` (POST) and ``/health``; answers through :meth:`answer`, which awaits ``go``."""
+    """Serves ``path`` and ``more_paths`` (POST) and ``/health``; answers through :meth:`answer`, which
+    awaits ``go``. A body that is not JSON reaches :meth:`answer` as ``{"raw": bytes}``."""
 
     path = ""
+    more_paths: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self.go = asyncio.Event()
@@ -29,7 +31,11 @@ class ParkedEngine:
         raise NotImplementedError
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+        body = (
+            await request.json()
+            if request.content_type == "application/json"
+            else {"raw": await request.read()}
+        )
         self.running += 1
         self.peak = max(self.peak, self.running)
         try:
@@ -42,7 +48,8 @@ class ParkedEngine:
 
     async def start(self) -> None:
         app = web.Application()
-        app.router.add_post(self.path, self._generate)
+        for path in (self.path, *self.more_paths):
+            app.router.add_post(path, self._generate)
         app.router.add_get("/health", self._health)
         self.runner = web.AppRunner(app)
         await self.runner.setup()

@@ -17,25 +17,23 @@ import contextlib
 import json
 import os
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
-from prometheus_client import CollectorRegistry
 
 from agent.collectors.engine_metrics import EngineMetricsCollector, parse
 from agent.collectors.llamacpp_slots import LlamaCppSlotsCollector
 from agent.collectors.metric_mapping import load_mappings
-from agent.config import EngineConfig, GateConfig
+from agent.config import EngineConfig
 from agent.engines.launcher import SERVED_MODEL, RunningEngine
 from agent.gate.collector import GateCollector
-from agent.gate.proxy import Gate
 from detectors.base import Finding
 from detectors.scheduler import SchedulerEfficiencyDetector
 from detectors.snapshot import Snapshot
-from tests.engines.client import completion, gate_tokens, normalised, stream, stream_many
+from tests.engines.client import completion, gate_for, gate_tokens, normalised, stream, stream_many
 from tests.engines.fixture import running
 from tests.engines.tap import Tap
 from tests.engines.throttle import throttled
@@ -47,18 +45,6 @@ SLOTS = 4
 def engine() -> Iterator[RunningEngine]:
     with running("llamacpp") as server:
         yield server
-
-
-@contextlib.asynccontextmanager
-async def gate_for(upstream: str, **settings: object) -> AsyncIterator[tuple[Gate, str, CollectorRegistry]]:
-    registry = CollectorRegistry()
-    cfg = GateConfig(enabled=True, upstreams={"primary": upstream}, **settings)  # type: ignore[arg-type]
-    gate = Gate(cfg, registry)
-    port = await gate.start("127.0.0.1", 0)
-    try:
-        yield gate, f"http://127.0.0.1:{port}", registry
-    finally:
-        await gate.stop()
 
 
 # --- the gate relays the engine's bytes ---------------------------------------------------------------

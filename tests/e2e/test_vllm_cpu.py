@@ -28,7 +28,7 @@ from agent.control.client import ControlClient
 from agent.control.vllm import VllmAdapter
 from agent.engines.launcher import RunningEngine
 from policies.batch_auto import AutoBatch
-from tests.engines.client import completion, gate_tokens, stream_many
+from tests.engines.client import ONE_AT_A_TIME, completion, gate_for, gate_tokens, stream_many
 from tests.engines.closed_loop import RunResult, Slo, capacity, replay, scaled_trace
 from tests.engines.fixture import running
 
@@ -85,30 +85,10 @@ async def test_the_responses_api_is_admitted_by_the_gate_and_counted_from_vllms_
     """``POST /v1/responses`` through the gate, streamed and not: held to the in-flight limit like chat,
     and its tokens counted from the ``usage`` vLLM reports (in a stream, in the ``response.completed``
     event, which repeats the whole answer first). Before, the path was passed straight through."""
-    from prometheus_client import CollectorRegistry
-
-    from agent.config import GateConfig
-    from agent.gate.proxy import Gate
-
-    registry = CollectorRegistry()
-    cfg = GateConfig(
-        enabled=True,
-        upstreams={"primary": engine.url},
-        max_in_flight=1,
-        high_reserved_ratio=0.0,
-        health_interval_s=600,
-    )
-    gate = Gate(cfg, registry)
-    url = f"http://127.0.0.1:{await gate.start('127.0.0.1', 0)}/v1/responses"
     body = {"model": "tiny-random-llama", "input": "Say hello", "max_output_tokens": 24}
     queued: list[int] = []
 
-    async def watch() -> None:
-        while True:
-            queued.append(gate.admission.queue_depth)
-            await asyncio.sleep(0.005)
-
-    async def streamed(session: aiohttp.ClientSession) -> tuple[int, dict[str, Any]]:
+    async def streamed(session: aiohttp.ClientSession, url: str) -> tuple[int, dict[str, Any]]:
         async with session.post(url, json={**body, "stream": True}) as r:
             text = await r.text()
         ends = ('"response.completed"', '"response.incomplete"')  # incomplete: max_output_tokens reached
@@ -117,15 +97,21 @@ async def test_the_responses_api_is_admitted_by_the_gate_and_counted_from_vllms_
         assert len(done) == 1, text[-400:]
         return r.status, json.loads(done[0].removeprefix("data:"))["response"]["usage"]
 
-    watcher = asyncio.ensure_future(watch())
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-            async with session.post(url, json=body) as r:
-                plain = (r.status, await r.json())
-            streams = await asyncio.gather(*(streamed(session) for _ in range(3)))
-    finally:
-        watcher.cancel()
-        await gate.stop()
+    async with gate_for(engine.url, **ONE_AT_A_TIME) as (gate, base, registry):
+
+        async def watch() -> None:
+            while True:
+                queued.append(gate.admission.queue_depth)
+                await asyncio.sleep(0.005)
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+                async with session.post(f"{base}/v1/responses", json=body) as r:
+                    plain = (r.status, await r.json())
+                streams = await asyncio.gather(*(streamed(session, f"{base}/v1/responses") for _ in range(3)))
+        finally:
+            watcher.cancel()
     assert plain[0] == 200 and plain[1]["status"] in ("completed", "incomplete"), plain
     assert all(status == 200 for status, _ in streams), streams
     usages = [plain[1]["usage"], *(usage for _, usage in streams)]

@@ -4,20 +4,31 @@
 test may compare: the status, the exact body bytes, the SSE ``data:`` payloads, time to first chunk and
 the gaps between chunks. :func:`normalised` blanks the fields a server fills per request (``id``,
 ``created`` and llama.cpp's ``timings``), so two runs of a deterministic request compare equal.
+:func:`gate_for` runs a gate in front of an upstream for the test's duration (the fake engines' tests use
+it too).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from prometheus_client import CollectorRegistry
 
+from agent.config import GateConfig
 from agent.engines.launcher import SERVED_MODEL
+from agent.gate.proxy import Gate
+
+ONE_AT_A_TIME: dict[str, Any] = {"max_in_flight": 1, "high_reserved_ratio": 0.0, "health_interval_s": 600}
+"""Gate settings under which a second request must wait for the first (no share kept for high priority,
+and no health check in the middle of a test)."""
 
 
 @dataclass
@@ -107,3 +118,16 @@ def gate_tokens(registry: Any, line: str = "default") -> dict[str, float | None]
     """A gate's ``servepilot_gate_tokens_total`` for ``line``, by kind (prompt, output)."""
     name = "servepilot_gate_tokens_total"
     return {k: registry.get_sample_value(name, {"line": line, "kind": k}) for k in ("prompt", "output")}
+
+
+@contextlib.asynccontextmanager
+async def gate_for(upstream: str, **settings: Any) -> AsyncIterator[tuple[Gate, str, CollectorRegistry]]:
+    """A started gate in front of ``upstream`` with ``settings`` (GateConfig fields), its base URL and its
+    own registry; stopped on exit."""
+    registry = CollectorRegistry()
+    gate = Gate(GateConfig(enabled=True, upstreams={"primary": upstream}, **settings), registry)
+    port = await gate.start("127.0.0.1", 0)
+    try:
+        yield gate, f"http://127.0.0.1:{port}", registry
+    finally:
+        await gate.stop()

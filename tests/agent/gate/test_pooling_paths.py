@@ -18,12 +18,11 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 
-from agent.config import ConfigError, GateConfig, build
+from agent.config import ConfigError, build
 from agent.gate.openai import ADMITTED_PATHS, BadRequest, RequestInfo, parse_any, parse_request
-from agent.gate.proxy import Gate
 from tests.agent.gate.parked import ParkedEngine, serving
+from tests.engines.client import ONE_AT_A_TIME, gate_for
 
 TIMEOUT = 5.0
 
@@ -122,46 +121,34 @@ async def upstream() -> AsyncIterator[AnyEngine]:
 
 
 async def test_reranks_uploads_and_admitted_custom_paths_are_held_to_the_limit(upstream: AnyEngine) -> None:
-    registry = CollectorRegistry()
-    cfg = GateConfig(
-        enabled=True,
-        upstreams={"primary": upstream.url},
-        max_in_flight=1,
-        high_reserved_ratio=0.0,
-        health_interval_s=600,
-        admit_paths=("/custom/generate",),
-    )
-    gate = Gate(cfg, registry)
-    await gate.start("127.0.0.1", 0)
-    base = f"http://127.0.0.1:{gate.port}"
     upload = aiohttp.FormData()
     upload.add_field("file", b"RIFF....WAVE", filename="a.wav", content_type="audio/wav")
     upload.add_field("model", "whisper")
     rerank = {"query": "q" * 40, "documents": ["d" * 40]}
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client:
-            tasks = [
-                asyncio.create_task(client.post(f"{base}/v1/rerank", json=rerank)),
-                asyncio.create_task(client.post(f"{base}/v1/audio/transcriptions", data=upload)),
-                asyncio.create_task(client.post(f"{base}/custom/generate", data=b"opaque")),
-            ]
-            for _ in range(100):  # one at the engine, two waiting: the limit holds on every one of them
-                if gate.admission.queue_depth == 2:
-                    break
-                await asyncio.sleep(0.01)
-            assert gate.admission.queue_depth == 2 and upstream.running == 1
-            # a path neither built in nor listed passes straight through, past the limit
-            unlisted = asyncio.create_task(client.post(f"{base}/unlisted", json={}))
-            for _ in range(100):
-                if upstream.running == 2:
-                    break
-                await asyncio.sleep(0.01)
-            assert upstream.running == 2 and gate.admission.queue_depth == 2
-            upstream.go.set()
-            answers = [await task for task in [*tasks, unlisted]]
-            texts = [await resp.text() for resp in answers]
-    finally:
-        await gate.stop()
+    async with (
+        gate_for(upstream.url, **ONE_AT_A_TIME, admit_paths=("/custom/generate",)) as (gate, base, registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+    ):
+        tasks = [
+            asyncio.create_task(client.post(f"{base}/v1/rerank", json=rerank)),
+            asyncio.create_task(client.post(f"{base}/v1/audio/transcriptions", data=upload)),
+            asyncio.create_task(client.post(f"{base}/custom/generate", data=b"opaque")),
+        ]
+        for _ in range(100):  # one at the engine, two waiting: the limit holds on every one of them
+            if gate.admission.queue_depth == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert gate.admission.queue_depth == 2 and upstream.running == 1
+        # a path neither built in nor listed passes straight through, past the limit
+        unlisted = asyncio.create_task(client.post(f"{base}/unlisted", json={}))
+        for _ in range(100):
+            if upstream.running == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert upstream.running == 2 and gate.admission.queue_depth == 2
+        upstream.go.set()
+        answers = [await task for task in [*tasks, unlisted]]
+        texts = [await resp.text() for resp in answers]
     assert [resp.status for resp in answers] == [200, 200, 200, 200], texts
     assert upstream.peak == 2  # the three admitted one at a time, beside the unlisted one
     forms = [body["raw"] for body in upstream.bodies if "raw" in body]

@@ -18,12 +18,10 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 
-from agent.config import GateConfig
 from agent.gate.openai import RequestInfo, parse_request, usage_from_json, usage_from_sse_tail
-from agent.gate.proxy import Gate
 from tests.agent.gate.parked import ParkedEngine, serving
+from tests.engines.client import ONE_AT_A_TIME, gate_for
 
 TIMEOUT = 5.0
 ANSWER = "x" * 6000  # the completed event repeats it: longer than the tail of a stream the gate keeps
@@ -83,13 +81,6 @@ async def upstream() -> AsyncIterator[ResponsesUpstream]:
         yield engine
 
 
-async def _gate(url: str, registry: CollectorRegistry, **overrides: Any) -> Gate:
-    cfg = GateConfig(enabled=True, upstreams={"primary": url}, health_interval_s=600, **overrides)
-    gate = Gate(cfg, registry)
-    await gate.start("127.0.0.1", 0)
-    return gate
-
-
 def test_a_responses_body_is_read_for_its_input_instructions_and_max_output_tokens() -> None:
     doc = {
         "model": "m",
@@ -125,13 +116,11 @@ def test_usage_is_read_in_either_naming_and_from_a_completed_event_longer_than_t
 async def test_a_responses_stream_is_admitted_and_its_ttft_is_its_first_token_not_response_created(
     upstream: ResponsesUpstream,
 ) -> None:
-    registry = CollectorRegistry()
-    gate = await _gate(upstream.url, registry, max_in_flight=1, high_reserved_ratio=0.0)
     now = [100.0]
-    gate.clock = lambda: now[0]
     body = {"model": "m", "input": "hello", "max_output_tokens": 3, "stream": True}
-    url = f"http://127.0.0.1:{gate.port}/v1/responses"
-    try:
+    async with gate_for(upstream.url, **ONE_AT_A_TIME) as (gate, base, registry):
+        gate.clock = lambda: now[0]
+        url = f"{base}/v1/responses"
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client:
             first = asyncio.create_task(client.post(url, json=body))
             await asyncio.wait_for(upstream.created_sent.wait(), TIMEOUT)
@@ -150,8 +139,6 @@ async def test_a_responses_stream_is_admitted_and_its_ttft_is_its_first_token_no
                 text = await resp.text()
                 assert resp.status == 200 and text.count("event: response.output_text.delta\n") == 3
                 assert '"status": "completed"' in text
-    finally:
-        await gate.stop()
     assert upstream.peak == 1
     labels = {"bucket": "le256"}
     assert registry.get_sample_value("servepilot_gate_ttft_seconds_count", labels) == 2
@@ -169,15 +156,13 @@ async def test_a_responses_stream_is_admitted_and_its_ttft_is_its_first_token_no
 async def test_a_plain_responses_answer_is_admitted_and_counted_from_its_usage(
     upstream: ResponsesUpstream,
 ) -> None:
-    registry = CollectorRegistry()
-    gate = await _gate(upstream.url, registry)
     upstream.go.set()
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client:
-            body = {"model": "m", "input": "hello", "max_output_tokens": 3}
-            async with client.post(f"http://127.0.0.1:{gate.port}/v1/responses", json=body) as resp:
-                assert resp.status == 200 and (await resp.json())["usage"] == USAGE
-    finally:
-        await gate.stop()
+    async with (
+        gate_for(upstream.url, health_interval_s=600) as (_, base, registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+    ):
+        body = {"model": "m", "input": "hello", "max_output_tokens": 3}
+        async with client.post(f"{base}/v1/responses", json=body) as resp:
+            assert resp.status == 200 and (await resp.json())["usage"] == USAGE
     output = {"line": "default", "kind": "output"}
     assert registry.get_sample_value("servepilot_gate_tokens_total", output) == 3

@@ -18,12 +18,10 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 
-from agent.config import GateConfig
 from agent.gate.openai import BadRequest, RequestInfo, parse_request, usage_from_json, usage_from_sse_tail
-from agent.gate.proxy import Gate
 from tests.agent.gate.parked import ParkedEngine, serving
+from tests.engines.client import ONE_AT_A_TIME, gate_for
 
 TIMEOUT = 5.0
 
@@ -94,35 +92,24 @@ def test_meta_info_counts_a_plain_answer_a_batch_and_the_last_event_of_a_stream(
 async def test_generate_is_admitted_under_the_limit_and_counted_from_meta_info(
     upstream: SglangUpstream,
 ) -> None:
-    registry = CollectorRegistry()
-    cfg = GateConfig(
-        enabled=True,
-        upstreams={"primary": upstream.url},
-        max_in_flight=1,
-        high_reserved_ratio=0.0,
-        health_interval_s=600,
-    )
-    gate = Gate(cfg, registry)
-    await gate.start("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{gate.port}/generate"
     bodies = [
         {"text": "hello", "sampling_params": {"max_new_tokens": 3}, "stream": True},
         {"text": "hello", "sampling_params": {"max_new_tokens": 3}},
         {"text": ["hello", "there"], "sampling_params": {"max_new_tokens": 3}},
     ]
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client:
-            tasks = [asyncio.create_task(client.post(url, json=body)) for body in bodies]
-            for _ in range(100):  # one at the engine, two waiting: the limit holds on this path
-                if gate.admission.queue_depth == 2:
-                    break
-                await asyncio.sleep(0.01)
-            assert gate.admission.queue_depth == 2 and upstream.running == 1
-            upstream.go.set()
-            answers = [await task for task in tasks]
-            texts = [await resp.text() for resp in answers]
-    finally:
-        await gate.stop()
+    async with (
+        gate_for(upstream.url, **ONE_AT_A_TIME) as (gate, base, registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+    ):
+        tasks = [asyncio.create_task(client.post(f"{base}/generate", json=body)) for body in bodies]
+        for _ in range(100):  # one at the engine, two waiting: the limit holds on this path
+            if gate.admission.queue_depth == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert gate.admission.queue_depth == 2 and upstream.running == 1
+        upstream.go.set()
+        answers = [await task for task in tasks]
+        texts = [await resp.text() for resp in answers]
     assert [resp.status for resp in answers] == [200, 200, 200], texts
     assert texts[0].endswith("data: [DONE]\n\n") and texts[0].count("data:") == 4
     assert upstream.peak == 1

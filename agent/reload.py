@@ -50,6 +50,7 @@ HOT = (
     "gate.max_body_bytes",
     "gate.retry_statuses",  # read per request: the next error answer follows the new rule
     "gate.retry_budget_ratio",
+    "gate.admit_paths",  # read per request, like retry_statuses
     "policies.ttft_slo_s",
     "policies.itl_slo_s",
     "policies.batch_min",

@@ -94,6 +94,13 @@ class GateMetrics:
             ["upstream"],
             registry=registry,
         )
+        self.line_waiting = Gauge(
+            "servepilot_gate_line_waiting",
+            "Requests of a business line waiting in its own queue for a slot of its share of the gate "
+            "(gate.lines.<name>.max_in_flight_share), by line; only lines with a share.",
+            ["line"],
+            registry=registry,
+        )
         in_flight_g.set_function(in_flight)
         queue_g.set_function(queue_depth)
         limit_g.set_function(limit)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -31,6 +32,7 @@ from agent.gate.cache import Entry, Fill, ResponseCache, cache_key, response_ide
 from agent.gate.ejection import BlindWatch, StallEjector
 from agent.gate.held import HeldRequests
 from agent.gate.isolation import IsolationLane
+from agent.gate.line_slots import LineSlots, line_cap
 from agent.gate.metrics import GateMetrics
 from agent.gate.openai import (
     ADMITTED_PATHS,
@@ -39,7 +41,7 @@ from agent.gate.openai import (
     parse_any,
     parse_request,
 )
-from agent.gate.ratelimit import LineLimits, LineResolver
+from agent.gate.ratelimit import LineLimiter, LineLimits, LineResolver
 from agent.gate.records import GateStats, LengthBuckets, RequestRecord
 from agent.gate.relay import Relay, Unanswered, forward_headers, json_error
 from agent.gate.upstreams import Upstream, UpstreamPool, health_loop
@@ -129,6 +131,8 @@ class Gate:
         self.ejector = StallEjector(cfg.eject_stalled_s, on_eject=self._count_ejection)
         #: the requests at upstreams: which will miss the SLO, which a hung upstream must give back
         self.held = HeldRequests(self.ejector)
+        self.line_slots = LineSlots()
+        self._watch_line_shares(cfg)
         self.blind = BlindWatch(on_blind=self._went_blind)
         self._blind_task: asyncio.Task[None] | None = None
         #: requests on a retry now, held to the budget
@@ -252,12 +256,14 @@ class Gate:
     def set_limit(self, limit: int) -> None:
         """Set the in-flight limit (absolute). Raising it admits waiters at once."""
         self._wake(self.admission.set_limit(int(limit), self.clock()))
+        self.line_slots.refill()
 
     def set_isolation_limit(self, limit: int) -> None:
         """Set the long pool's in-flight limit (absolute); ValueError when isolation is off."""
         if self.isolation is None:
             raise ValueError("long-request isolation is off")
         self._wake(self.isolation.admission.set_limit(int(limit), self.clock()))
+        self.line_slots.refill()
 
     def set_max_queue_wait(self, seconds: float) -> None:
         """Set the queue deadline (absolute seconds). Requests that start waiting afterwards get it; a
@@ -280,6 +286,16 @@ class Gate:
         self.lines = self.lines.reconfigured(cfg, self.clock())
         self.resolver = LineResolver(cfg)
         self.cfg = cfg
+        self._watch_line_shares(cfg)
+
+    def _watch_line_shares(self, cfg: GateConfig) -> None:
+        """``servepilot_gate_line_waiting`` for each line with a share (a line that loses it keeps its
+        series until the restart, at 0 once its queue has drained)."""
+        for name, line in cfg.lines.items():
+            if line.max_in_flight_share is not None:
+                self.metrics.line_waiting.labels(name).set_function(
+                    functools.partial(self.line_slots.waiting, name)
+                )
 
     def set_slo(self, ttft_slo_s: float, itl_slo_s: float) -> None:
         """Judge answers by these (TTFT, mean ITL) targets from now on (a config reload). Answers already
@@ -427,7 +443,47 @@ class Gate:
         admission = self.admission if lane is None else lane.admission
         if lane is not None:
             lane.routed.inc()
-        ticket, changed = admission.offer(priority, arrived)
+        share = limiter.max_in_flight_share
+        if share is None:
+            return await self._admit(
+                request, body, record, info, limiter, priority, admission, lane, fill, own_wait_s
+            )
+        deadline = self.max_queue_wait_s if own_wait_s is None else min(own_wait_s, self.max_queue_wait_s)
+        held = False
+        try:
+            async with self.line_slots.hold(line, lambda: line_cap(share, admission.limit), deadline):
+                held = True
+                record.queue_wait_s = max(0.0, self.clock() - arrived)  # in the line's own queue
+                left = max(0.0, deadline - record.queue_wait_s)  # of the deadline, for the gate's queue
+                return await self._admit(
+                    request, body, record, info, limiter, priority, admission, lane, fill, left
+                )
+        except TimeoutError:
+            if held:  # not the line's wait
+                raise
+            limiter.refund(est_tokens)
+            cap = line_cap(share, admission.limit)
+            message = f"business line {line!r} holds its share of the gate ({cap} of {admission.limit} slots)"
+            message += f" and none freed within {deadline:g} s"
+            return self._refuse(record, 503, message, "line_share_full", deadline, outcome="expired")
+
+    async def _admit(
+        self,
+        request: web.Request,
+        body: bytes,
+        record: RequestRecord,
+        info: RequestInfo,
+        limiter: LineLimiter,
+        priority: Priority,
+        admission: AdmissionQueue,
+        lane: IsolationLane | None,
+        fill: Fill | None,
+        own_wait_s: float | None,
+    ) -> web.StreamResponse:
+        """Through the admission queue (its deadline, or ``own_wait_s`` when shorter), then upstream.
+        ``record.queue_wait_s`` holds the wait before it (in the line's own queue), if any."""
+        est_tokens = info.prompt_tokens + info.max_tokens
+        ticket, changed = admission.offer(priority, record.arrived)
         self._wake(changed)
         if ticket.state is TicketState.WAITING:
             refusal = await self._wait(ticket, record, admission, own_wait_s)
@@ -437,7 +493,7 @@ class Gate:
         elif ticket.state is TicketState.REJECTED:
             limiter.refund(est_tokens)
             return self._refuse(record, 429, "the gate's queue is full", "queue_full", self.cfg.aging_s)
-        record.queue_wait_s = ticket.queue_wait_s
+        record.queue_wait_s += ticket.queue_wait_s
         try:
             prefer = None if lane is None else lane.upstream
             return await self._forward(request, body, record, info, prefer, fill)

@@ -5,7 +5,8 @@ on the wrong port still runs: its ``/metrics`` says ``servepilot_collector_succe
 the log. Setting a pod up, an operator wants the answers before that, in one screen: each source the
 config enables is collected once with the sidecar's own collectors (so a pass here means the sidecar
 reads the same thing), the engine's control API is discovered (nothing is set, no lease is taken), the
-GPU actuator's permission and bounds are read, and each gate upstream's health path is fetched.
+GPU actuator's permission and bounds are read, and each gate upstream's health path is fetched, with
+the routes it serves that the gate admits and those it would pass through unlimited.
 
 A failed check is ``error``; ``no_data`` means the source answered with nothing to report yet (a probe in a
 process without CUDA), which does not fail the run.
@@ -191,7 +192,32 @@ async def check_upstreams(cfg: Config) -> list[CheckResult]:
                 )
             elapsed = time.perf_counter() - started
             results.append(CheckResult(f"upstream {name}", status, detail, elapsed, url))
+            if ok:
+                results.append(await _check_routes(session, cfg, name, base))
     return results
+
+
+async def _check_routes(session: aiohttp.ClientSession, cfg: Config, name: str, base: str) -> CheckResult:
+    """Which POST routes of upstream ``name`` the gate admits, from its ``/openapi.json``
+    (agent/gate/routes.py). Never a failure: routes not known to the gate are named, for the operator to
+    judge; an engine without the document (llama.cpp, the simulator) is ``no_data``."""
+    from agent.gate.routes import classify
+
+    url = base + "/openapi.json"
+    started = time.perf_counter()
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as response:
+            doc = await response.json(content_type=None) if response.status == 200 else None
+            why = f"HTTP {response.status}"
+        status, detail = "ok", classify(doc, cfg.gate.admit_paths).summary() if doc is not None else ""
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as error:
+        doc, why = None, f"{type(error).__name__}: {error}".rstrip(": ")
+    if doc is None:
+        status, detail = (
+            "no_data",
+            f"no OpenAPI document ({why}): which of its routes the gate admits is unchecked",
+        )
+    return CheckResult(f"routes {name}", status, detail, time.perf_counter() - started, url)
 
 
 async def run_checks(cfg: Config) -> list[CheckResult]:

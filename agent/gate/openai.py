@@ -5,6 +5,8 @@ Besides OpenAI's paths, SGLang's native ``/generate`` (``text`` or ``input_ids``
 what SGLang's own clients, router and RL frameworks send. So is llama.cpp's native ``/completion``
 (``prompt``, ``n_predict``; each event counts ``tokens_evaluated`` and ``tokens_predicted``), and its
 ``/infill`` (the same, with the code around the cursor in ``input_prefix``/``input_suffix``/``input_extra``).
+vLLM's Anthropic-compatible ``/v1/messages``, its batch chat (``/v1/chat/completions/batch``) and the
+SageMaker route ``/invocations`` it serves are admitted like chat.
 
 The engines' other model-running routes are admitted too (:data:`POOLING_PATHS`, :data:`AUDIO_PATHS`):
 a rerank or score request runs a forward pass over every document, and a transcription decodes like a
@@ -33,9 +35,21 @@ LLAMACPP_COMPLETION_PATHS = frozenset({"/completion", "/completions"})
 """llama.cpp's native completion API (``/completions`` is its alias)."""
 LLAMACPP_INFILL_PATH = "/infill"
 """llama.cpp's code infill: a completion whose prompt is the code around the cursor."""
+MESSAGES_PATH = "/v1/messages"
+"""Anthropic's Messages API (vLLM serves it, for clients written against Anthropic's SDK): ``messages``,
+``system`` and a required ``max_tokens``; ``usage`` counts ``input_tokens`` and ``output_tokens``."""
+MESSAGES_TOKEN_EVENT = b'"content_block_delta"'
+"""In a Messages stream, what marks an event that carries generated tokens (``message_start``,
+``content_block_start``, ``message_delta`` and the rest carry none; the last ``message_delta`` has the
+usage). Generated text cannot forge it: inside a JSON string its quotes are escaped."""
+CHAT_BATCH_PATH = "/v1/chat/completions/batch"
+"""vLLM's batch chat: ``messages`` is a list of conversations, each answered (``n`` times) in one reply."""
+SAGEMAKER_PATH = "/invocations"
+"""SageMaker's route, which vLLM serves: a completion, chat, embedding... body, told apart by its fields."""
 POOLING_PATHS = frozenset(
     {
         "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",  # vLLM
+        "/generative_scoring",  # vLLM: the probabilities of label tokens after a query and each item
         "/encode", "/v1/classify",  # SGLang (which serves /classify, /v1/rerank and /v1/score too)
         "/embedding", "/embeddings", "/reranking", "/v1/reranking",  # llama.cpp
     }
@@ -51,7 +65,7 @@ AUDIO_STREAM_FIELD = b'name="stream"\r\n\r\ntrue'
 ADMITTED_PATHS = frozenset(
     {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", RESPONSES_PATH, SGLANG_GENERATE_PATH}
     | LLAMACPP_COMPLETION_PATHS
-    | {LLAMACPP_INFILL_PATH}
+    | {LLAMACPP_INFILL_PATH, MESSAGES_PATH, CHAT_BATCH_PATH, SAGEMAKER_PATH}
     | POOLING_PATHS
     | AUDIO_PATHS
 )
@@ -68,6 +82,8 @@ RESPONSES_TOKEN_EVENT = b'.delta"'
 ``.delta`` (``response.output_text.delta``, ``response.reasoning_text.delta``, a tool call's arguments);
 ``response.created`` and the other lifecycle events carry none. Inside a JSON string a quote is escaped,
 so generated text cannot forge it."""
+TOKEN_EVENTS = {RESPONSES_PATH: RESPONSES_TOKEN_EVENT, MESSAGES_PATH: MESSAGES_TOKEN_EVENT}
+"""The APIs whose streams have events that carry no tokens, and what marks those that do."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,13 +185,21 @@ def _load(body: bytes) -> dict[str, Any]:
 
 def _parse(path: str, body: bytes) -> RequestInfo:
     doc = _load(body)
-    if path in POOLING_PATHS:
+    if path in POOLING_PATHS or path == SAGEMAKER_PATH:
         return _by_field(doc)
-    if path == "/v1/chat/completions":
+    choices = max((v for v in (doc.get("n"), doc.get("best_of")) if _count(v)), default=1)
+    if path in ("/v1/chat/completions", CHAT_BATCH_PATH, MESSAGES_PATH):
         messages = doc.get("messages")
         if not isinstance(messages, list):
             raise BadRequest("'messages' must be a list")
+        if path == CHAT_BATCH_PATH:  # a list of conversations
+            choices *= max(1, len(messages))
+            messages = [
+                m for conversation in messages if isinstance(conversation, list) for m in conversation
+            ]
         prompt = sum(_text_tokens(m.get("content", "")) for m in messages if isinstance(m, dict))
+        if path == MESSAGES_PATH:
+            prompt += _text_tokens(doc.get("system") or "")
     elif path == "/v1/completions":
         prompt = _text_tokens(doc.get("prompt", ""))
     elif path == RESPONSES_PATH:
@@ -192,14 +216,13 @@ def _parse(path: str, body: bytes) -> RequestInfo:
         max_tokens = doc.get("max_completion_tokens", doc.get("max_tokens")) or 0
     _check_max_tokens(max_tokens)
     model = doc.get("model")
-    choices = max((v for v in (doc.get("n"), doc.get("best_of")) if _count(v)), default=1)
     return RequestInfo(
         bool(doc.get("stream", False)),
         prompt,
         float(max_tokens),
         model if isinstance(model, str) else "",
         choices,
-        RESPONSES_TOKEN_EVENT if path == RESPONSES_PATH else b"",
+        TOKEN_EVENTS.get(path, b""),
     )
 
 

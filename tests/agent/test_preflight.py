@@ -63,10 +63,13 @@ async def test_every_enabled_part_is_checked_once_and_a_dead_upstream_fails(sim_
         "control",
         "gpu_actuator",
         "upstream primary",
+        "routes primary",
         "upstream fp8",
         "engine upstream",
     ]
     assert {name for name, r in results.items() if r.failed} == {"upstream fp8"}
+    # the simulator serves no OpenAPI document (its control API's spec is in the repository): not a failure
+    assert results["routes primary"].status == "no_data" and "HTTP 404" in results["routes primary"].detail
     assert results["engine upstream"].detail.startswith("upstream primary is engine.url")
     assert "engine vllm" in results["engine"].detail and results["engine"].target == f"{sim_url}/metrics"
     assert "gpus 1" in results["nvml"].detail
@@ -76,7 +79,7 @@ async def test_every_enabled_part_is_checked_once_and_a_dead_upstream_fails(sim_
     assert results["upstream primary"].detail == "healthy, serves meta-llama/Llama-2-7b-hf"
     assert results["upstream fp8"].target == f"{dead}/health"
     table = render(list(results.values())).splitlines()
-    assert len(table) == 9 and table[-1] == "8 checks, 1 failed"
+    assert len(table) == 10 and table[-1] == "9 checks, 1 failed"
 
 
 async def test_an_upstream_serving_another_model_fails_until_upstream_models_names_it(sim_url: str) -> None:
@@ -179,3 +182,36 @@ def test_no_data_is_shown_but_does_not_fail() -> None:
     row = CheckResult("probe", "no_data", "CUDA not initialised in the engine process", 0.001)
     assert not row.failed
     assert render([row]).splitlines()[-1] == "1 checks, 0 failed"
+
+
+async def test_an_upstreams_routes_the_gate_would_pass_through_unlimited_are_named() -> None:
+    """From the upstream's /openapi.json (vLLM 0.32's real route list): every POST route is admitted or
+    known harmless but one, which the check names without failing; admit_paths quiets it."""
+    document = json.loads(
+        (Path(__file__).parents[1] / "fixtures/gate/vllm-0.32.0-cpu-openapi-paths.json").read_text()
+    )
+
+    async def openapi(_: web.Request) -> web.Response:
+        return web.json_response(document)
+
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_get("/openapi.json", openapi)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        for admit, named in (((), True), (("/v1/systemone",), False)):
+            gate = {"enabled": True, "upstreams": {"primary": url}, "admit_paths": list(admit)}
+            sources = {"engine": {"url": url}, "nvml": {"backend": "off"}, "probe": {"enabled": False}}
+            cfg = config.build({**sources, "gate": gate})
+            row = {r.name: r for r in await run_checks(cfg)}["routes primary"]
+            assert row.status == "ok" and not row.failed
+            assert ("passed through unlimited, not known to the gate: /v1/systemone" in row.detail) is named
+            assert "/v1/messages" in row.detail and row.target == f"{url}/openapi.json"
+    finally:
+        await runner.cleanup()

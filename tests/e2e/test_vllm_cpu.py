@@ -126,6 +126,54 @@ async def test_the_responses_api_is_admitted_by_the_gate_and_counted_from_vllms_
     assert ttft == 4
 
 
+async def test_anthropic_messages_are_admitted_and_every_route_is_judged(engine: RunningEngine) -> None:
+    """``POST /v1/messages`` (Anthropic's API, which vLLM serves) through the gate, streamed and not: held
+    to the limit, its first token timed at the first ``content_block_delta``, its tokens counted from the
+    usage vLLM sends. And this vLLM's whole route list, from its /openapi.json, sorted by the gate's
+    rules: every POST route is admitted or known harmless but ``/v1/systemone``."""
+    from agent.engines.launcher import SERVED_MODEL
+    from agent.gate.routes import classify
+
+    body = {"model": SERVED_MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello"}]}
+    queued: list[int] = []
+
+    async def streamed(session: aiohttp.ClientSession, url: str) -> tuple[int, dict[str, Any]]:
+        async with session.post(url, json={**body, "stream": True}) as r:
+            text = await r.text()
+        deltas = [line for line in text.splitlines() if line.startswith("data:") and "message_delta" in line]
+        assert 1 <= text.count('"content_block_delta"') <= 8 and deltas, text[-400:]  # 8: unless it ended
+        return r.status, json.loads(deltas[-1].removeprefix("data:"))["usage"]
+
+    async with gate_for(engine.url, **ONE_AT_A_TIME) as (gate, base, registry):
+
+        async def watch() -> None:
+            while True:
+                queued.append(gate.admission.queue_depth)
+                await asyncio.sleep(0.005)
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+                async with session.post(f"{base}/v1/messages", json=body) as r:
+                    plain = (r.status, await r.json())
+                streams = await asyncio.gather(*(streamed(session, f"{base}/v1/messages") for _ in range(3)))
+                async with session.get(f"{engine.url}/openapi.json") as r:
+                    routes = classify(await r.json())
+        finally:
+            watcher.cancel()
+    assert plain[0] == 200 and plain[1]["type"] == "message", plain
+    assert all(status == 200 for status, _ in streams), streams
+    usages = [plain[1]["usage"], *(usage for _, usage in streams)]
+    assert max(queued) >= 1  # three streams at a limit of 1: two waited for admission
+    tokens = gate_tokens(registry)
+    assert tokens == {
+        "prompt": sum(u["input_tokens"] for u in usages),
+        "output": sum(u["output_tokens"] for u in usages),
+    }, (tokens, usages)
+    assert registry.get_sample_value("servepilot_gate_ttft_seconds_count", {"bucket": "le256"}) == 4
+    assert "/v1/messages" in routes.admitted and routes.unjudged == ("/v1/systemone",), routes
+
+
 # --- capability discovery and the sleep lever ---------------------------------------------------------
 
 

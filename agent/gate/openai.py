@@ -35,6 +35,8 @@ LLAMACPP_COMPLETION_PATHS = frozenset({"/completion", "/completions"})
 """llama.cpp's native completion API (``/completions`` is its alias)."""
 LLAMACPP_INFILL_PATH = "/infill"
 """llama.cpp's code infill: a completion whose prompt is the code around the cursor."""
+CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+"""OpenAI's chat, and llama.cpp's alias of it without the ``/v1``."""
 MESSAGES_PATH = "/v1/messages"
 """Anthropic's Messages API (vLLM serves it, for clients written against Anthropic's SDK): ``messages``,
 ``system`` and a required ``max_tokens``; ``usage`` counts ``input_tokens`` and ``output_tokens``."""
@@ -63,7 +65,7 @@ AUDIO_STREAM_FIELD = b'name="stream"\r\n\r\ntrue'
 """A multipart form's ``stream`` field set to true, as clients (OpenAI's, aiohttp, ``curl -F``) write it."""
 #: Paths whose requests are admitted through the queue; anything else is passed straight through.
 ADMITTED_PATHS = frozenset(
-    {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", RESPONSES_PATH, SGLANG_GENERATE_PATH}
+    {"/v1/completions", *CHAT_PATHS, "/v1/embeddings", RESPONSES_PATH, SGLANG_GENERATE_PATH}
     | LLAMACPP_COMPLETION_PATHS
     | {LLAMACPP_INFILL_PATH, MESSAGES_PATH, CHAT_BATCH_PATH, SAGEMAKER_PATH}
     | POOLING_PATHS
@@ -188,7 +190,7 @@ def _parse(path: str, body: bytes) -> RequestInfo:
     if path in POOLING_PATHS or path == SAGEMAKER_PATH:
         return _by_field(doc)
     choices = max((v for v in (doc.get("n"), doc.get("best_of")) if _count(v)), default=1)
-    if path in ("/v1/chat/completions", CHAT_BATCH_PATH, MESSAGES_PATH):
+    if path in CHAT_PATHS or path in (CHAT_BATCH_PATH, MESSAGES_PATH):
         messages = doc.get("messages")
         if not isinstance(messages, list):
             raise BadRequest("'messages' must be a list")
@@ -288,7 +290,10 @@ def error_body(message: str, kind: str, code: str) -> dict[str, Any]:
 def _usage(usage: Any) -> tuple[float, float] | None:
     """``(prompt, completion)`` tokens from a ``usage`` object: chat/completions (and SGLang's
     ``meta_info``) name them ``prompt_tokens``/``completion_tokens``, the Responses API
-    ``input_tokens``/``output_tokens``, llama.cpp's answers ``tokens_evaluated``/``tokens_predicted``."""
+    ``input_tokens``/``output_tokens``, llama.cpp's answers ``tokens_evaluated``/``tokens_predicted``.
+    In Anthropic's Messages shape the prompt is ``input_tokens`` plus the cache's
+    ``cache_read_input_tokens`` and ``cache_creation_input_tokens`` (llama.cpp's ``/v1/messages`` answers
+    51 prompt tokens as 1 + 50 read from its cache), as the other APIs count it."""
     if not isinstance(usage, dict):
         return None
     prompt = usage.get("prompt_tokens", usage.get("input_tokens", usage.get("tokens_evaluated")))
@@ -297,6 +302,11 @@ def _usage(usage: Any) -> tuple[float, float] | None:
         return None
     if isinstance(prompt, bool) or isinstance(completion, bool):
         return None
+    if "prompt_tokens" not in usage:  # Anthropic's shape: input_tokens leaves out what the cache served
+        for key in ("cache_read_input_tokens", "cache_creation_input_tokens"):
+            extra = usage.get(key)
+            if isinstance(extra, int | float) and not isinstance(extra, bool) and extra > 0:
+                prompt += extra
     return float(prompt), float(completion)
 
 

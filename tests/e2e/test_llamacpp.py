@@ -175,6 +175,48 @@ async def test_the_native_completion_api_is_held_to_the_limit_and_counted_from_i
     }, tokens
 
 
+async def test_chat_without_v1_and_anthropic_messages_are_held_to_the_limit_and_counted(
+    engine: RunningEngine,
+) -> None:
+    """llama.cpp serves OpenAI's chat at ``/chat/completions`` too (no ``/v1``) and Anthropic's
+    ``/v1/messages``; until 2026-12-02 the gate passed both straight through. Its Messages usage counts
+    the prompt as ``input_tokens`` plus ``cache_read_input_tokens`` (the chat template's prefix is served
+    from its cache: 1 + 50 for a one-word prompt), which the gate adds back up."""
+    slots = LlamaCppSlotsCollector(EngineConfig(url=engine.url, kind="llamacpp"))
+    busy_seen: list[float] = []
+    messages = [{"role": "user", "content": "hello"}]
+
+    async def send(session: aiohttp.ClientSession, url: str, i: int) -> tuple[float, float]:
+        if i % 2:
+            body = {"model": SERVED_MODEL, "max_tokens": 96, "messages": messages}
+            async with session.post(url + "/v1/messages", json=body) as r:
+                assert r.status == 200
+                usage = (await r.json())["usage"]
+            return usage["input_tokens"] + usage.get("cache_read_input_tokens", 0), usage["output_tokens"]
+        async with session.post(
+            url + "/chat/completions", json={"messages": messages, "max_tokens": 96}
+        ) as r:
+            assert r.status == 200
+            usage = (await r.json())["usage"]
+        return usage["prompt_tokens"], usage["completion_tokens"]
+
+    async with (
+        gate_for(engine.url, max_in_flight=2, high_reserved_ratio=0.0) as (_, url, registry),
+        aiohttp.ClientSession() as session,
+    ):
+        load = asyncio.gather(*(send(session, url, i) for i in range(6)))
+        while not load.done():
+            reading = await slots.collect(now=0.0)
+            busy_seen.append(reading.values.get("engine.slots_busy", -1.0))
+            await asyncio.sleep(0.01)
+        counted = load.result()
+    await slots.close()
+    assert max(busy_seen) == 2  # the limit, though the engine has 4 slots
+    tokens = gate_tokens(registry)
+    assert tokens == {"prompt": sum(c[0] for c in counted), "output": sum(c[1] for c in counted)}, tokens
+    assert all(prompt > 10 for prompt, _ in counted), counted  # the template's tokens are in each
+
+
 # --- the collectors agree with the traffic ----------------------------------------------------------
 
 

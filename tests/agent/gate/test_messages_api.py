@@ -164,3 +164,19 @@ async def test_messages_are_held_to_the_limit_timed_from_their_first_token_and_c
         for k in ("prompt", "output")
     }
     assert tokens == {"prompt": 2 * 38.0, "output": 2 * 5.0}
+
+
+def test_anthropic_usage_adds_the_cached_prompt_back_and_chat_without_v1_is_chat() -> None:
+    # llama.cpp's /v1/messages answer to a one-word prompt (2026-12-02, tests/e2e/test_llamacpp.py)
+    llamacpp = b'{"usage": {"cache_read_input_tokens": 50, "input_tokens": 1, "output_tokens": 3}}'
+    assert usage_from_json(llamacpp) == (51.0, 3.0)
+    created = b'{"usage": {"input_tokens": 4, "cache_creation_input_tokens": 6, "output_tokens": 1}}'
+    assert usage_from_json(created) == (10.0, 1.0)
+    openai_shape = b'{"usage": {"prompt_tokens": 9, "completion_tokens": 2, "cache_read_input_tokens": 5}}'
+    assert usage_from_json(openai_shape) == (9.0, 2.0)  # prompt_tokens already counts what was cached
+    chat = {"messages": [{"role": "user", "content": "x" * 8}], "max_tokens": 3}
+    assert (
+        _info("/chat/completions", chat)
+        == _info("/v1/chat/completions", chat)
+        == RequestInfo(False, 2.0, 3.0)
+    )

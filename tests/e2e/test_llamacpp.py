@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import os
 import threading
@@ -33,7 +34,7 @@ from agent.gate.collector import GateCollector
 from detectors.base import Finding
 from detectors.scheduler import SchedulerEfficiencyDetector
 from detectors.snapshot import Snapshot
-from tests.engines.client import completion, gate_for, gate_tokens, normalised, stream, stream_many
+from tests.engines.client import completion, gate_for, gate_tokens, normalised, sampled, stream, stream_many
 from tests.engines.fixture import running
 from tests.engines.tap import Tap
 from tests.engines.throttle import throttled
@@ -45,6 +46,11 @@ SLOTS = 4
 def engine() -> Iterator[RunningEngine]:
     with running("llamacpp") as server:
         yield server
+
+
+async def _busy(slots: LlamaCppSlotsCollector) -> float:
+    """The engine's busy slots now (-1 when /slots did not answer)."""
+    return (await slots.collect(now=0.0)).values.get("engine.slots_busy", -1.0)
 
 
 # --- the gate relays the engine's bytes ---------------------------------------------------------------
@@ -144,7 +150,6 @@ async def test_the_native_completion_api_is_held_to_the_limit_and_counted_from_i
     through, past the limit. Now the engine's slots never run more than the limit, and the gate's token
     counts are the ``tokens_evaluated``/``tokens_predicted`` llama.cpp reports, streamed or not."""
     slots = LlamaCppSlotsCollector(EngineConfig(url=engine.url, kind="llamacpp"))
-    busy_seen: list[float] = []
 
     async def native(session: aiohttp.ClientSession, url: str, i: int, stream: bool) -> dict[str, Any]:
         body = {"prompt": f"native {i}", "n_predict": 128, "stream": stream}
@@ -158,13 +163,9 @@ async def test_the_native_completion_api_is_held_to_the_limit_and_counted_from_i
     async with (
         gate_for(engine.url, max_in_flight=2, high_reserved_ratio=0.0) as (_, url, registry),
         aiohttp.ClientSession() as session,
+        sampled(functools.partial(_busy, slots), 0.01) as busy_seen,
     ):
-        load = asyncio.gather(*(native(session, url, i, stream=i % 2 == 0) for i in range(6)))
-        while not load.done():
-            reading = await slots.collect(now=0.0)
-            busy_seen.append(reading.values.get("engine.slots_busy", -1.0))
-            await asyncio.sleep(0.01)
-        answers = load.result()
+        answers = await asyncio.gather(*(native(session, url, i, stream=i % 2 == 0) for i in range(6)))
     await slots.close()
     assert all(a["stop"] and a["tokens_predicted"] > 0 for a in answers), answers
     assert max(busy_seen) == 2  # the limit, though the engine has 4 slots
@@ -183,7 +184,6 @@ async def test_chat_without_v1_and_anthropic_messages_are_held_to_the_limit_and_
     the prompt as ``input_tokens`` plus ``cache_read_input_tokens`` (the chat template's prefix is served
     from its cache: 1 + 50 for a one-word prompt), which the gate adds back up."""
     slots = LlamaCppSlotsCollector(EngineConfig(url=engine.url, kind="llamacpp"))
-    busy_seen: list[float] = []
     messages = [{"role": "user", "content": "hello"}]
 
     async def send(session: aiohttp.ClientSession, url: str, i: int) -> tuple[float, float]:
@@ -203,13 +203,9 @@ async def test_chat_without_v1_and_anthropic_messages_are_held_to_the_limit_and_
     async with (
         gate_for(engine.url, max_in_flight=2, high_reserved_ratio=0.0) as (_, url, registry),
         aiohttp.ClientSession() as session,
+        sampled(functools.partial(_busy, slots), 0.01) as busy_seen,
     ):
-        load = asyncio.gather(*(send(session, url, i) for i in range(6)))
-        while not load.done():
-            reading = await slots.collect(now=0.0)
-            busy_seen.append(reading.values.get("engine.slots_busy", -1.0))
-            await asyncio.sleep(0.01)
-        counted = load.result()
+        counted = await asyncio.gather(*(send(session, url, i) for i in range(6)))
     await slots.close()
     assert max(busy_seen) == 2  # the limit, though the engine has 4 slots
     tokens = gate_tokens(registry)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import aiohttp
@@ -27,8 +27,9 @@ from agent.config import ControlConfig, EngineConfig
 from agent.control.client import ControlClient
 from agent.control.vllm import VllmAdapter
 from agent.engines.launcher import RunningEngine
+from agent.gate.proxy import Gate
 from policies.batch_auto import AutoBatch
-from tests.engines.client import ONE_AT_A_TIME, completion, gate_for, gate_tokens, stream_many
+from tests.engines.client import ONE_AT_A_TIME, completion, gate_for, gate_tokens, sampled, stream_many
 from tests.engines.closed_loop import RunResult, Slo, capacity, replay, scaled_trace
 from tests.engines.fixture import running
 
@@ -79,6 +80,31 @@ async def test_live_scrapes_parse_and_map_to_the_canonical_signals(engine: Runni
 # --- the Responses API through the gate ---------------------------------------------------------------
 
 
+Answer = tuple[int, dict[str, Any]]
+
+
+async def _plain_then_streams(
+    gate: Gate,
+    url: str,
+    body: dict[str, Any],
+    streamed: Callable[[aiohttp.ClientSession, str], Awaitable[Answer]],
+) -> tuple[Answer, list[Answer], list[float]]:
+    """One plain request to ``url``, then three ``streamed`` at once: the status and JSON of the first,
+    what ``streamed`` made of each stream, and the gate's queue depth sampled meanwhile."""
+
+    async def depth() -> float:
+        return float(gate.admission.queue_depth)
+
+    async with (
+        sampled(depth, 0.005) as queued,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session,
+    ):
+        async with session.post(url, json=body) as r:
+            plain = (r.status, await r.json())
+        streams = await asyncio.gather(*(streamed(session, url) for _ in range(3)))
+    return plain, list(streams), queued
+
+
 async def test_the_responses_api_is_admitted_by_the_gate_and_counted_from_vllms_usage(
     engine: RunningEngine,
 ) -> None:
@@ -86,7 +112,6 @@ async def test_the_responses_api_is_admitted_by_the_gate_and_counted_from_vllms_
     and its tokens counted from the ``usage`` vLLM reports (in a stream, in the ``response.completed``
     event, which repeats the whole answer first). Before, the path was passed straight through."""
     body = {"model": "tiny-random-llama", "input": "Say hello", "max_output_tokens": 24}
-    queued: list[int] = []
 
     async def streamed(session: aiohttp.ClientSession, url: str) -> tuple[int, dict[str, Any]]:
         async with session.post(url, json={**body, "stream": True}) as r:
@@ -98,20 +123,7 @@ async def test_the_responses_api_is_admitted_by_the_gate_and_counted_from_vllms_
         return r.status, json.loads(done[0].removeprefix("data:"))["response"]["usage"]
 
     async with gate_for(engine.url, **ONE_AT_A_TIME) as (gate, base, registry):
-
-        async def watch() -> None:
-            while True:
-                queued.append(gate.admission.queue_depth)
-                await asyncio.sleep(0.005)
-
-        watcher = asyncio.ensure_future(watch())
-        try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-                async with session.post(f"{base}/v1/responses", json=body) as r:
-                    plain = (r.status, await r.json())
-                streams = await asyncio.gather(*(streamed(session, f"{base}/v1/responses") for _ in range(3)))
-        finally:
-            watcher.cancel()
+        plain, streams, queued = await _plain_then_streams(gate, f"{base}/v1/responses", body, streamed)
     assert plain[0] == 200 and plain[1]["status"] in ("completed", "incomplete"), plain
     assert all(status == 200 for status, _ in streams), streams
     usages = [plain[1]["usage"], *(usage for _, usage in streams)]
@@ -135,7 +147,6 @@ async def test_anthropic_messages_are_admitted_and_every_route_is_judged(engine:
     from agent.gate.routes import classify
 
     body = {"model": SERVED_MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "Say hello"}]}
-    queued: list[int] = []
 
     async def streamed(session: aiohttp.ClientSession, url: str) -> tuple[int, dict[str, Any]]:
         async with session.post(url, json={**body, "stream": True}) as r:
@@ -145,22 +156,9 @@ async def test_anthropic_messages_are_admitted_and_every_route_is_judged(engine:
         return r.status, json.loads(deltas[-1].removeprefix("data:"))["usage"]
 
     async with gate_for(engine.url, **ONE_AT_A_TIME) as (gate, base, registry):
-
-        async def watch() -> None:
-            while True:
-                queued.append(gate.admission.queue_depth)
-                await asyncio.sleep(0.005)
-
-        watcher = asyncio.ensure_future(watch())
-        try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-                async with session.post(f"{base}/v1/messages", json=body) as r:
-                    plain = (r.status, await r.json())
-                streams = await asyncio.gather(*(streamed(session, f"{base}/v1/messages") for _ in range(3)))
-                async with session.get(f"{engine.url}/openapi.json") as r:
-                    routes = classify(await r.json())
-        finally:
-            watcher.cancel()
+        plain, streams, queued = await _plain_then_streams(gate, f"{base}/v1/messages", body, streamed)
+    async with aiohttp.ClientSession() as session, session.get(f"{engine.url}/openapi.json") as r:
+        routes = classify(await r.json())
     assert plain[0] == 200 and plain[1]["type"] == "message", plain
     assert all(status == 200 for status, _ in streams), streams
     usages = [plain[1]["usage"], *(usage for _, usage in streams)]

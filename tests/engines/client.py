@@ -15,7 +15,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,3 +131,21 @@ async def gate_for(upstream: str, **settings: Any) -> AsyncIterator[tuple[Gate, 
         yield gate, f"http://127.0.0.1:{port}", registry
     finally:
         await gate.stop()
+
+
+@contextlib.asynccontextmanager
+async def sampled(read: Callable[[], Awaitable[float]], every_s: float) -> AsyncIterator[list[float]]:
+    """What ``read`` returns every ``every_s`` while the ``async with`` body runs (a queue depth, the
+    engine's busy slots), so a test can assert on the most it ever was."""
+    seen: list[float] = []
+
+    async def watch() -> None:
+        while True:
+            seen.append(await read())
+            await asyncio.sleep(every_s)
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        yield seen
+    finally:
+        watcher.cancel()

@@ -15,9 +15,8 @@ Asyncio-only state, no I/O: a slot freed goes straight to the line's oldest wait
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 
 def line_cap(share: float, limit: int) -> int:
@@ -37,41 +36,40 @@ class LineSlots:
         """Requests of ``line`` waiting for one of its slots."""
         return len(self._waiters.get(line, ()))
 
-    @contextlib.asynccontextmanager
-    async def hold(self, line: str, cap: Callable[[], int], timeout_s: float) -> AsyncIterator[None]:
-        """One of ``line``'s slots for the body of the ``async with``, first come, first served; ``cap()``
-        says how many it has now. Raises :class:`TimeoutError` when none frees within ``timeout_s``
-        (nothing is held then)."""
+    async def acquire(self, line: str, cap: Callable[[], int], timeout_s: float) -> bool:
+        """One of ``line``'s slots, first come, first served (``cap()`` says how many it has now); False
+        when none freed within ``timeout_s``. A caller that gets one gives it back with :meth:`release`;
+        one cancelled while waiting holds nothing."""
         self._caps[line] = cap
         self._fill(line)
         waiters = self._waiters.setdefault(line, deque())
         if self.held.get(line, 0) < cap() and not waiters:
             self.held[line] = self.held.get(line, 0) + 1
-        else:
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            waiters.append(future)
-            try:
-                await asyncio.wait_for(asyncio.shield(future), timeout_s)
-            except BaseException:  # timed out, or the client left while waiting
-                if future.done():
-                    self._release(line)  # handed a slot just as it gave up: pass it on
-                else:
-                    future.cancel()
-                    waiters.remove(future)
-                raise
+            return True
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters.append(future)
         try:
-            yield
-        finally:
-            self._release(line)
+            await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except BaseException as error:  # timed out, or the client left while waiting
+            if future.done():
+                self.release(line)  # handed a slot just as it gave up: pass it on
+            else:
+                future.cancel()
+                waiters.remove(future)
+            if isinstance(error, TimeoutError):
+                return False
+            raise
+        return True
+
+    def release(self, line: str) -> None:
+        """Give back a slot :meth:`acquire` granted; the line's oldest waiter gets it."""
+        self.held[line] -= 1
+        self._fill(line)
 
     def refill(self) -> None:
         """After the in-flight limit grew: hand the slots it adds to the lines' waiters now."""
         for line in list(self._waiters):
             self._fill(line)
-
-    def _release(self, line: str) -> None:
-        self.held[line] -= 1
-        self._fill(line)
 
     def _fill(self, line: str) -> None:
         """Hand free slots (one released, or more after the cap grew) to the oldest waiters."""

@@ -444,28 +444,29 @@ class Gate:
         if lane is not None:
             lane.routed.inc()
         share = limiter.max_in_flight_share
-        if share is None:
+        if share is not None:  # first a slot of the line's share (agent/gate/line_slots.py)
+            deadline = self._deadline(own_wait_s)
+            if not await self.line_slots.acquire(line, lambda: line_cap(share, admission.limit), deadline):
+                limiter.refund(est_tokens)
+                cap = line_cap(share, admission.limit)
+                message = (
+                    f"business line {line!r} holds its share of the gate ({cap} of {admission.limit} slots)"
+                )
+                message += f" and none freed within {deadline:g} s"
+                return self._refuse(record, 503, message, "line_share_full", deadline, outcome="expired")
+            record.queue_wait_s = max(0.0, self.clock() - arrived)  # in the line's own queue
+            own_wait_s = max(0.0, deadline - record.queue_wait_s)  # what is left of it for the gate's queue
+        try:
             return await self._admit(
                 request, body, record, info, limiter, priority, admission, lane, fill, own_wait_s
             )
-        deadline = self.max_queue_wait_s if own_wait_s is None else min(own_wait_s, self.max_queue_wait_s)
-        held = False
-        try:
-            async with self.line_slots.hold(line, lambda: line_cap(share, admission.limit), deadline):
-                held = True
-                record.queue_wait_s = max(0.0, self.clock() - arrived)  # in the line's own queue
-                left = max(0.0, deadline - record.queue_wait_s)  # of the deadline, for the gate's queue
-                return await self._admit(
-                    request, body, record, info, limiter, priority, admission, lane, fill, left
-                )
-        except TimeoutError:
-            if held:  # not the line's wait
-                raise
-            limiter.refund(est_tokens)
-            cap = line_cap(share, admission.limit)
-            message = f"business line {line!r} holds its share of the gate ({cap} of {admission.limit} slots)"
-            message += f" and none freed within {deadline:g} s"
-            return self._refuse(record, 503, message, "line_share_full", deadline, outcome="expired")
+        finally:
+            if share is not None:
+                self.line_slots.release(line)
+
+    def _deadline(self, own_wait_s: float | None) -> float:
+        """How long a request may wait to be admitted: the gate's deadline, or the client's when shorter."""
+        return self.max_queue_wait_s if own_wait_s is None else min(own_wait_s, self.max_queue_wait_s)
 
     async def _admit(
         self,
@@ -507,7 +508,7 @@ class Gate:
         is the gate's, or the client's own (``max_wait_header``) when that is shorter."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[ticket] = future
-        deadline = self.max_queue_wait_s if own_wait_s is None else min(own_wait_s, self.max_queue_wait_s)
+        deadline = self._deadline(own_wait_s)
         try:
             await asyncio.wait_for(future, timeout=deadline)
         except TimeoutError:

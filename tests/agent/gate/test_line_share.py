@@ -14,7 +14,7 @@ from aiohttp import web
 from agent.config import GateConfig
 from agent.gate.line_slots import LineSlots, line_cap
 from tests.agent.gate.parked import ParkedEngine, serving
-from tests.engines.client import gate_for
+from tests.engines.client import ONE_AT_A_TIME, gate_for
 
 TIMEOUT = 5.0
 BATCH = {"x-servepilot-line": "batch"}
@@ -57,7 +57,7 @@ async def test_a_line_at_its_share_waits_in_its_own_queue_and_the_others_pass(
     upstream: Completions, share: float | None
 ) -> None:
     body = {"model": "m", "prompt": "hello", "max_tokens": 3}
-    settings = {"max_in_flight": 4, "high_reserved_ratio": 0.0, "health_interval_s": 600}
+    settings = {**ONE_AT_A_TIME, "max_in_flight": 4}
     async with (
         gate_for(upstream.url, lines=_lines(share), **settings) as (gate, base, registry),
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
@@ -89,7 +89,7 @@ async def test_a_line_that_waits_past_the_deadline_for_its_share_gets_a_503_nami
     upstream: Completions,
 ) -> None:
     body = {"model": "m", "prompt": "hello", "max_tokens": 3}
-    settings = {"max_in_flight": 2, "high_reserved_ratio": 0.0, "health_interval_s": 600}
+    settings = {**ONE_AT_A_TIME, "max_in_flight": 2}
     async with (
         gate_for(upstream.url, lines=_lines(0.5), max_queue_wait_s=0.2, **settings) as (gate, base, registry),
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
@@ -111,7 +111,7 @@ async def test_a_line_that_waits_past_the_deadline_for_its_share_gets_a_503_nami
 
 async def test_a_client_that_leaves_while_its_line_is_full_frees_its_place(upstream: Completions) -> None:
     body = {"model": "m", "prompt": "hello", "max_tokens": 3}
-    settings = {"max_in_flight": 2, "high_reserved_ratio": 0.0, "health_interval_s": 600}
+    settings = {**ONE_AT_A_TIME, "max_in_flight": 2}
     async with (
         gate_for(upstream.url, lines=_lines(0.5), **settings) as (gate, base, _),
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
@@ -133,7 +133,7 @@ async def test_a_client_that_leaves_while_its_line_is_full_frees_its_place(upstr
 
 async def test_a_raised_limit_hands_the_line_its_new_slots_at_once(upstream: Completions) -> None:
     body = {"model": "m", "prompt": "hello", "max_tokens": 3}
-    settings = {"max_in_flight": 2, "high_reserved_ratio": 0.0, "health_interval_s": 600}
+    settings = {**ONE_AT_A_TIME, "max_in_flight": 2}
     async with (
         gate_for(upstream.url, lines=_lines(0.5), **settings) as (gate, base, _),
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
@@ -150,9 +150,12 @@ async def test_a_raised_limit_hands_the_line_its_new_slots_at_once(upstream: Com
 async def _hold_and_count(
     slots: LineSlots, cap: int, hold_for: Awaitable[None], order: list[int], i: int
 ) -> None:
-    async with slots.hold("a", lambda: cap, TIMEOUT):
+    assert await slots.acquire("a", lambda: cap, TIMEOUT)
+    try:
         order.append(i)
         await hold_for
+    finally:
+        slots.release("a")
 
 
 async def test_slots_go_to_the_line_s_waiters_first_come_first_served() -> None:
@@ -166,7 +169,7 @@ async def test_slots_go_to_the_line_s_waiters_first_come_first_served() -> None:
 
 async def test_a_share_given_by_a_reload_caps_the_line_from_its_next_request(upstream: Completions) -> None:
     body = {"model": "m", "prompt": "hello", "max_tokens": 3}
-    settings = {"max_in_flight": 4, "high_reserved_ratio": 0.0, "health_interval_s": 600}
+    settings = {**ONE_AT_A_TIME, "max_in_flight": 4}
     async with (
         gate_for(upstream.url, lines=_lines(None), **settings) as (gate, base, registry),
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,

@@ -205,18 +205,16 @@ async def _check_routes(session: aiohttp.ClientSession, cfg: Config, name: str, 
 
     url = base + "/openapi.json"
     started = time.perf_counter()
+    status = "no_data"
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as response:
-            doc = await response.json(content_type=None) if response.status == 200 else None
-            why = f"HTTP {response.status}"
-        status, detail = "ok", classify(doc, cfg.gate.admit_paths).summary() if doc is not None else ""
+            if response.status != 200:
+                raise ValueError(f"HTTP {response.status}")
+            detail = classify(await response.json(content_type=None), cfg.gate.admit_paths).summary()
+            status = "ok"
     except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as error:
-        doc, why = None, f"{type(error).__name__}: {error}".rstrip(": ")
-    if doc is None:
-        status, detail = (
-            "no_data",
-            f"no OpenAPI document ({why}): which of its routes the gate admits is unchecked",
-        )
+        why = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}".rstrip(": ")
+        detail = f"no OpenAPI document ({why}): which of its routes the gate admits is unchecked"
     return CheckResult(f"routes {name}", status, detail, time.perf_counter() - started, url)
 
 

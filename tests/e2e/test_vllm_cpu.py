@@ -105,6 +105,17 @@ async def _plain_then_streams(
     return plain, list(streams), queued
 
 
+def _held_and_counted(queued: list[float], registry: Any, usages: list[dict[str, Any]]) -> None:
+    """Three streams at a limit of 1 queued, and the gate's tokens are the usages the engine reported
+    (``input_tokens``/``output_tokens``: the Responses and the Messages APIs name them alike)."""
+    assert max(queued) >= 1  # two of the three waited for admission
+    tokens = gate_tokens(registry)
+    assert tokens == {
+        "prompt": sum(u["input_tokens"] for u in usages),
+        "output": sum(u["output_tokens"] for u in usages),
+    }, (tokens, usages)
+
+
 async def test_the_responses_api_is_admitted_by_the_gate_and_counted_from_vllms_usage(
     engine: RunningEngine,
 ) -> None:
@@ -128,12 +139,7 @@ async def test_the_responses_api_is_admitted_by_the_gate_and_counted_from_vllms_
     assert all(status == 200 for status, _ in streams), streams
     usages = [plain[1]["usage"], *(usage for _, usage in streams)]
     assert all(u["output_tokens"] > 0 for u in usages), usages
-    assert max(queued) >= 1  # three streams at a limit of 1: two waited for admission
-    tokens = gate_tokens(registry)
-    assert tokens == {
-        "prompt": sum(u["input_tokens"] for u in usages),
-        "output": sum(u["output_tokens"] for u in usages),
-    }, (tokens, usages)
+    _held_and_counted(queued, registry, usages)
     ttft = registry.get_sample_value("servepilot_gate_ttft_seconds_count", {"bucket": "le256"})
     assert ttft == 4
 
@@ -162,12 +168,7 @@ async def test_anthropic_messages_are_admitted_and_every_route_is_judged(engine:
     assert plain[0] == 200 and plain[1]["type"] == "message", plain
     assert all(status == 200 for status, _ in streams), streams
     usages = [plain[1]["usage"], *(usage for _, usage in streams)]
-    assert max(queued) >= 1  # three streams at a limit of 1: two waited for admission
-    tokens = gate_tokens(registry)
-    assert tokens == {
-        "prompt": sum(u["input_tokens"] for u in usages),
-        "output": sum(u["output_tokens"] for u in usages),
-    }, (tokens, usages)
+    _held_and_counted(queued, registry, usages)
     assert registry.get_sample_value("servepilot_gate_ttft_seconds_count", {"bucket": "le256"}) == 4
     assert "/v1/messages" in routes.admitted and routes.unjudged == ("/v1/systemone",), routes
 

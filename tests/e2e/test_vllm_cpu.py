@@ -539,6 +539,7 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(
                     await asyncio.wait_for(asyncio.gather(*sent), 120)
             try:
                 os.kill(core, signal.SIGSTOP)
+                stopped_at = gate.clock()
                 await asyncio.sleep(0.5)  # a step that was running ends; nothing after it
                 verdicts = []
                 for second in range(1, 81, 10):
@@ -550,7 +551,6 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(
                 # gate's last blind spot (its event loop held up 1 s or more), whichever came later: on 2
                 # shared cores a hiccup after the stop rightly restarts it, so the wait follows it (30 s
                 # at most) rather than failing a gate that did what it should
-                stopped_at = gate.clock()
                 while primary.healthy and gate.clock() - stopped_at < 30.0:
                     if gate.clock() - max(stopped_at, gate._awake_since()) > EJECT_S + 5.0:
                         break

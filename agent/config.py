@@ -42,6 +42,14 @@ class AgentConfig(_Section):
     source_timeout_s: float = Field(
         0.8, ge=0.01, le=60, description="a source slower than this is abandoned for the tick"
     )
+    scrape_lead_s: float = Field(
+        0.1,
+        ge=0,
+        le=10,
+        description="the engine's /metrics, the probe and llama.cpp's slots are read this long before each "
+        "tick (at most half of interval_s), so the tick does not wait for the engine to render and for the "
+        "text to be parsed; 0: read inside the tick",
+    )
     admin_listen_host: str = Field("127.0.0.1", description="address of the admin/override routes")
     admin_listen_port: Port | None = Field(
         9402, description="admin port; null mounts admin on the API listener (only if that is loopback)"

@@ -5,6 +5,16 @@ Each tick is level-based and self-contained. Collectors run concurrently under o
 so a slow or dead engine never stalls the loop. Detector and policy failures are counted per unit and
 never stop the tick. Time comes from an injected clock; :meth:`Loop.tick` takes ``now`` so tests and
 replay drive it by hand.
+
+Sources read over the network (a collector with ``ahead_of_tick = True``: the engine's ``/metrics``, the
+allocator probe, llama.cpp's slots) are collected ``lead_s`` before each tick by :meth:`Loop.run`, the way
+the NVML sampler reads the GPU between ticks: the tick then finds their reading ready instead of waiting
+for the engine to render its page (milliseconds in a busy vLLM, whose API server renders it on the event
+loop that streams tokens) and for the text to be parsed. Each such reading keeps the time it was taken
+(``observed_at``, ``lead_s`` before the snapshot: ``servepilot_collector_data_age_seconds``
+shows it) and rates are
+computed on those times, so nothing is skewed; a source still not in at the tick is waited for under the
+same deadline, counted from when it started.
 """
 
 from __future__ import annotations
@@ -13,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -51,6 +61,7 @@ class Loop:
         act: Act | None = None,
         derive: Sequence[Derive] = (),
         enrich: Enrich | None = None,
+        lead_s: float = 0.0,
     ) -> None:
         self.collectors = list(collectors)
         self.store = store
@@ -62,6 +73,8 @@ class Loop:
         self.act = act
         self.derive = list(derive)
         self.enrich = enrich
+        #: how long before each tick :meth:`run` starts the ``ahead_of_tick`` collectors (at most half a tick)
+        self.lead_s = max(0.0, min(lead_s, interval_s / 2))
         self.state = AgentState()
         self._policy_state: dict[str, Any] = {}
         self._listeners: list[Listener] = []
@@ -98,9 +111,25 @@ class Loop:
             log.exception("collector %s raised", collector.name)
             return Reading.failed(collector.name, now, f"collector raised {type(error).__name__}: {error}")
 
-    async def collect(self, now: float) -> dict[str, Reading]:
-        readings = await asyncio.gather(*(self._collect_one(c, now) for c in self.collectors))
+    async def collect(
+        self, now: float, early: Mapping[int, asyncio.Task[Reading]] | None = None
+    ) -> dict[str, Reading]:
+        """Every source's reading for the tick at ``now``; ``early`` holds the ones already under way (by
+        position in :attr:`collectors`), each bounded by its own deadline since it started."""
+        early = early or {}
+        readings = await asyncio.gather(
+            *(early[i] if i in early else self._collect_one(c, now) for i, c in enumerate(self.collectors))
+        )
         return {r.source: r for r in readings}
+
+    def _start_ahead(self) -> dict[int, asyncio.Task[Reading]]:
+        """Start the ``ahead_of_tick`` collectors now; the clock's time is their reading's ``observed_at``."""
+        now = self.clock()
+        return {
+            i: asyncio.create_task(self._collect_one(c, now), name=f"servepilot-collect-{c.name}")
+            for i, c in enumerate(self.collectors)
+            if getattr(c, "ahead_of_tick", False)
+        }
 
     def think(self, snapshot: Snapshot) -> tuple[tuple[Finding, ...], tuple[Proposal, ...]]:
         """The pure part of the tick: detectors, then policies. Shared by the live agent and replay."""
@@ -142,10 +171,10 @@ class Loop:
             MappingProxyType({**snapshot.readings, "derived": reading}),
         )
 
-    async def tick(self, now: float) -> AgentState:
-        """One full tick at time ``now``."""
+    async def tick(self, now: float, early: Mapping[int, asyncio.Task[Reading]] | None = None) -> AgentState:
+        """One full tick at time ``now``; ``early``: readings :meth:`run` started ahead of it."""
         started, cpu_started = time.perf_counter(), time.thread_time()
-        readings = await self.collect(now)
+        readings = await self.collect(now, early)
         collected = time.perf_counter()
         snapshot = Snapshot.from_readings(now, readings)
         if self.derive:
@@ -190,16 +219,39 @@ class Loop:
         return self.state
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Tick on a fixed grid until ``stop`` is set; a tick that overruns skips the missed slots."""
+        """Tick on a fixed grid until ``stop`` is set; a tick that overruns skips the missed slots.
+
+        ``lead_s`` before each slot the ``ahead_of_tick`` collectors start, so the tick finds them done."""
         loop = asyncio.get_running_loop()
+        ahead = self.lead_s > 0 and any(getattr(c, "ahead_of_tick", False) for c in self.collectors)
         next_at = loop.time()
         while not stop.is_set():
-            await self.tick(self.clock())
+            early: dict[int, asyncio.Task[Reading]] = {}
+            if ahead:
+                if await _stopped_by(stop, next_at - self.lead_s):
+                    break
+                early = self._start_ahead()
+            if await _stopped_by(stop, next_at):
+                await _cancel(early.values())
+                break
+            await self.tick(self.clock(), early)
             next_at += self.interval_s
             lag = loop.time() - next_at
             if lag > 0:
                 skipped = int(lag // self.interval_s) + 1
                 self._overruns += skipped
                 next_at += skipped * self.interval_s
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=max(0.0, next_at - loop.time()))
+
+
+async def _stopped_by(stop: asyncio.Event, deadline: float) -> bool:
+    """Wait until the loop time ``deadline``; True when ``stop`` was set first (or already)."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
+    return stop.is_set()
+
+
+async def _cancel(tasks: Iterable[asyncio.Task[Reading]]) -> None:
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)

@@ -130,6 +130,7 @@ class Sidecar:
             self.store,
             interval_s=cfg.agent.interval_s,
             source_timeout_s=cfg.agent.source_timeout_s,
+            lead_s=cfg.agent.scrape_lead_s,
             detectors=build_detectors(self._refits),
             policies=build_policies(cfg, self.knobs.gpu)
             + ([self.canary.policy] if self.canary is not None else []),

@@ -21,6 +21,9 @@ class Collector(Protocol):
     """One source of observations."""
 
     name: str
+    # Optional attribute ``ahead_of_tick: bool``: True for a source read over the network, which
+    # :meth:`agent.loop.Loop.run` starts ``agent.scrape_lead_s`` before each tick (read with getattr, so a
+    # collector that lacks it is collected inside the tick).
 
     async def collect(self, now: float) -> Reading:
         """Fetch and parse one observation. Never raises; errors are returned as a Reading."""

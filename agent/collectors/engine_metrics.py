@@ -195,6 +195,7 @@ class EngineMetricsCollector:
     """
 
     name = "engine"
+    ahead_of_tick = True  # read over HTTP: the loop starts it agent.scrape_lead_s before the tick
 
     def __init__(
         self,

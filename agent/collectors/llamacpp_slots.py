@@ -100,6 +100,7 @@ class LlamaCppSlotsCollector:
     """Reads ``<engine.url>/slots`` once per :meth:`collect`. Never raises out of ``collect``."""
 
     name = "llamacpp_slots"
+    ahead_of_tick = True  # read over HTTP: the loop starts it agent.scrape_lead_s before the tick
 
     def __init__(
         self,

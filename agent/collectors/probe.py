@@ -162,6 +162,7 @@ class ProbeCollector:
     """Scrapes the allocator probe(s) once per tick. ``collect`` never raises; ``close`` frees the session."""
 
     name = SOURCE
+    ahead_of_tick = True  # read over HTTP: the loop starts it agent.scrape_lead_s before the tick
 
     def __init__(self, cfg: ProbeConfig, session: aiohttp.ClientSession | None = None) -> None:
         self.cfg = cfg

@@ -130,6 +130,8 @@ def _agent_config(
         "split": {"primary": 1.0},
         "max_in_flight": 4,  # far below the offered load: the auto policy raises it (actions)
         "default_requests_per_min": 1e6,
+        # a line with a share (no traffic of its own): its waiting gauge is a dashboard query with data
+        "lines": {"batch": {"max_in_flight_share": 0.5}},
     }
     data["actuators"] = {
         "mode": "act",

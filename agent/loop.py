@@ -9,12 +9,11 @@ replay drive it by hand.
 Sources read over the network (a collector with ``ahead_of_tick = True``: the engine's ``/metrics``, the
 allocator probe, llama.cpp's slots) are collected ``lead_s`` before each tick by :meth:`Loop.run`, the way
 the NVML sampler reads the GPU between ticks: the tick then finds their reading ready instead of waiting
-for the engine to render its page (milliseconds in a busy vLLM, whose API server renders it on the event
-loop that streams tokens) and for the text to be parsed. Each such reading keeps the time it was taken
-(``observed_at``, ``lead_s`` before the snapshot: ``servepilot_collector_data_age_seconds``
-shows it) and rates are
-computed on those times, so nothing is skewed; a source still not in at the tick is waited for under the
-same deadline, counted from when it started.
+for the engine to render its page (it does so in the process that serves its API) and for the text to be
+parsed. Each such reading keeps the time it was taken (``observed_at``, ``lead_s`` before the snapshot:
+``servepilot_collector_data_age_seconds`` shows it) and rates are computed on those times, so nothing is
+skewed; a source still not in at the tick is waited for under the same deadline, counted from when it
+started.
 """
 
 from __future__ import annotations

@@ -79,6 +79,7 @@ AGENT: list[Series] = _agent(
     "servepilot_gate_queue_wait_seconds_bucket",
     "servepilot_gate_in_flight",
     "servepilot_gate_queue_depth",
+    "servepilot_gate_line_waiting",
     "servepilot_gate_upstream_up",
     "servepilot_gate_upstream_role",
     "servepilot_gate_split_ratio",

@@ -121,13 +121,13 @@ class Loop:
         )
         return {r.source: r for r in readings}
 
-    def _start_ahead(self) -> dict[int, asyncio.Task[Reading]]:
-        """Start the ``ahead_of_tick`` collectors now; the clock's time is their reading's ``observed_at``."""
+    def _start_ahead(self, positions: Sequence[int]) -> dict[int, asyncio.Task[Reading]]:
+        """Start the collectors at ``positions`` now; the clock's time is their reading's ``observed_at``."""
         now = self.clock()
         return {
             i: asyncio.create_task(self._collect_one(c, now), name=f"servepilot-collect-{c.name}")
-            for i, c in enumerate(self.collectors)
-            if getattr(c, "ahead_of_tick", False)
+            for i in positions
+            for c in (self.collectors[i],)
         }
 
     def think(self, snapshot: Snapshot) -> tuple[tuple[Finding, ...], tuple[Proposal, ...]]:
@@ -222,14 +222,16 @@ class Loop:
 
         ``lead_s`` before each slot the ``ahead_of_tick`` collectors start, so the tick finds them done."""
         loop = asyncio.get_running_loop()
-        ahead = self.lead_s > 0 and any(getattr(c, "ahead_of_tick", False) for c in self.collectors)
+        ahead = [i for i, c in enumerate(self.collectors) if getattr(c, "ahead_of_tick", False)]
+        if self.lead_s <= 0:
+            ahead = []
         next_at = loop.time()
         while not stop.is_set():
             early: dict[int, asyncio.Task[Reading]] = {}
             if ahead:
                 if await _stopped_by(stop, next_at - self.lead_s):
                     break
-                early = self._start_ahead()
+                early = self._start_ahead(ahead)
             if await _stopped_by(stop, next_at):
                 await _cancel(early.values())
                 break

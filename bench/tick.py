@@ -79,7 +79,7 @@ Tick = tuple[float, float, float, float, float, float, float]
 
 
 async def _run(
-    duration_s: float, gpus: int, port: int, with_probe: bool = True, lead_s: float | None = None
+    duration_s: float, gpus: int, port: int, with_probe: bool, lead_s: float
 ) -> tuple[list[Tick], float, float, int, float]:
     from agent import config
     from agent.assembly import build_detectors, warm_imports
@@ -113,7 +113,7 @@ async def _run(
         Store(cfg.agent.history_points, cfg.agent.max_series),
         interval_s=1.0,
         source_timeout_s=0.8,
-        lead_s=cfg.agent.scrape_lead_s if lead_s is None else lead_s,
+        lead_s=lead_s,
         detectors=build_detectors(refits),
     )
     loop.subscribe(refits.release)
@@ -174,6 +174,9 @@ def main() -> int:
         "--dump", type=Path, help="write every tick's durations (ms) as CSV, to see which ticks are slow"
     )
     args = parser.parse_args()
+    from agent.config import AgentConfig
+
+    lead = AgentConfig().scrape_lead_s if args.scrape_lead is None else args.scrape_lead
     port = _free_port()
     server = multiprocessing.Process(
         target=_serve, args=(port, VLLM_SCRAPE.read_bytes(), PROBE_TEXT.read_bytes()), daemon=True
@@ -194,7 +197,7 @@ def main() -> int:
         run = eventloop.runner(args.event_loop)
         loop_name = eventloop.resolve(args.event_loop)
         durations, cpu, wall, series, main_cpu = run(
-            _run(args.duration, args.gpus, port, not args.no_probe, args.scrape_lead)
+            _run(args.duration, args.gpus, port, not args.no_probe, lead)
         )
     finally:
         server.terminate()
@@ -212,9 +215,6 @@ def main() -> int:
         print(
             f"  (only {len(ticks)} ticks: the p99 below is close to the maximum; detectors still warming up)"
         )
-    from agent.config import AgentConfig
-
-    lead = AgentConfig().scrape_lead_s if args.scrape_lead is None else args.scrape_lead
     where = f"read {lead:g} s ahead of the tick" if lead > 0 else "read inside the tick"
     for label, column in (
         ("tick wall", 0),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -37,7 +38,12 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from simulator.server import RECEIVED_HEADER
+
 ROOT = Path(__file__).resolve().parents[1]
+
+#: How each SSE event of ``servepilot sim --stamp-chunks`` starts: its departure on CLOCK_MONOTONIC.
+STAMP = b": sent_ns="
 
 NGINX_CONF = """
 worker_processes 1;
@@ -83,40 +89,63 @@ def wait_http(url: str, deadline_s: float = 30.0) -> None:
 
 async def one_route(
     url: str, model: str, concurrency: int, duration_s: float, warmup_s: float, max_tokens: int
-) -> dict[str, float]:
-    """``concurrency`` closed-loop streaming clients for warm-up + duration; stats of the measured part."""
+) -> dict[str, Any]:
+    """``concurrency`` closed-loop streaming clients for warm-up + duration; what the measured part saw.
+
+    Per request: its TTFT, and its time *outside* the engine: from sending the request to the simulator
+    receiving it (the ``X-Sim-Received-Ns`` header), plus from the simulator writing the first SSE event
+    to this client reading it (the event's ``: sent_ns=`` comment line). Per SSE event: its transit from
+    the simulator's write to this client's read. All on CLOCK_MONOTONIC, which every process shares."""
     body = {"model": model, "prompt": "x " * 64, "max_tokens": max_tokens, "stream": True}
     payload = json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
-    ttfts: list[float] = []
+    ttfts: list[int] = []
+    outside: list[int] = []  # request transit + first event's transit, ns
+    transits: list[int] = []  # every measured event's transit, ns
     chunks = 0
-    t_start = time.perf_counter()
-    measure_from, stop_at = t_start + warmup_s, t_start + warmup_s + duration_s
+    t_start = time.monotonic_ns()
+    measure_from = t_start + int(warmup_s * 1e9)
+    stop_at = measure_from + int(duration_s * 1e9)
     errors = 0
+    stamp = STAMP
+    skip = len(STAMP)
 
     async def worker(session: aiohttp.ClientSession) -> None:
         nonlocal chunks, errors
         rng = random.Random(len(ttfts))
-        while time.perf_counter() < stop_at:
+        while time.monotonic_ns() < stop_at:
             # A random pause breaks the phase lock between closed-loop clients and the simulator's steps:
             # without it a request sent right after the previous one finishes lands just before the next
             # step direct, and just after it through any proxy, which would charge the proxy a whole step.
             await asyncio.sleep(rng.uniform(0, 0.02))
-            sent = time.perf_counter()
+            sent = time.monotonic_ns()
             try:
                 async with session.post(url + "/v1/completions", data=payload, headers=headers) as resp:
                     if resp.status != 200:
                         errors += 1
                         await resp.read()
                         continue
+                    arrived = int(resp.headers[RECEIVED_HEADER])
                     first = True
                     async for chunk in resp.content.iter_any():
-                        now = time.perf_counter()
-                        if first:
-                            if sent >= measure_from:
-                                ttfts.append(now - sent)
-                            first = False
-                        if measure_from <= now < stop_at:
+                        now = time.monotonic_ns()
+                        measured = measure_from <= now < stop_at
+                        if first or measured:
+                            pos = chunk.find(stamp)
+                            while pos >= 0:  # an event split across two reads is not timed
+                                end = chunk.find(b"\n", pos)
+                                if end < 0:
+                                    break
+                                transit = now - int(chunk[pos + skip : end])
+                                if first:
+                                    if sent >= measure_from:
+                                        ttfts.append(now - sent)
+                                        outside.append(arrived - sent + transit)
+                                    first = False
+                                if measured:
+                                    transits.append(transit)
+                                pos = chunk.find(stamp, end)
+                        if measured:
                             chunks += chunk.count(b"data:")
             except aiohttp.ClientError:
                 errors += 1
@@ -126,20 +155,39 @@ async def one_route(
         connector=connector, timeout=aiohttp.ClientTimeout(total=120)
     ) as session:
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
-    return {"ttfts": ttfts, "chunks": chunks, "seconds": duration_s, "errors": errors}
+    return {
+        "ttfts": ttfts,
+        "outside": outside,
+        "transits": transits,
+        "chunks": chunks,
+        "seconds": duration_s,
+        "errors": errors,
+    }
+
+
+def _ms(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q) / 1e6) if len(values) else float("nan")
 
 
 def summarise(slots: list[dict[str, Any]]) -> dict[str, float]:
-    """One route's slots pooled: TTFT quantiles over every measured request, chunks/s over all seconds."""
-    ttft = np.concatenate([np.asarray(slot["ttfts"]) for slot in slots])
-    seconds = sum(slot["seconds"] for slot in slots)
-    return {
-        "requests": float(len(ttft)),
-        "ttft_p50_ms": float(np.percentile(ttft, 50) * 1000) if len(ttft) else float("nan"),
-        "ttft_p99_ms": float(np.percentile(ttft, 99) * 1000) if len(ttft) else float("nan"),
-        "chunks_per_s": sum(slot["chunks"] for slot in slots) / seconds,
-        "errors": float(sum(slot["errors"] for slot in slots)),
+    """One route's slots pooled: quantiles over every measured request and event, chunks/s over all
+    seconds, and each process's CPU share of the wall time the route ran."""
+    pooled = {
+        key: np.concatenate([np.asarray(slot[key], dtype=np.float64) for slot in slots])
+        for key in ("ttfts", "outside", "transits")
     }
+    seconds = sum(slot["seconds"] for slot in slots)
+    row = {"requests": float(len(pooled["ttfts"]))}
+    for key, name in (("ttfts", "ttft"), ("outside", "outside"), ("transits", "chunk")):
+        row[f"{name}_p50_ms"] = _ms(pooled[key], 50)
+        row[f"{name}_p99_ms"] = _ms(pooled[key], 99)
+    row["chunks_per_s"] = sum(slot["chunks"] for slot in slots) / seconds
+    row["errors"] = float(sum(slot["errors"] for slot in slots))
+    wall = sum(slot["wall_s"] for slot in slots)
+    for proc in ("sim", "proxy", "loadgen"):
+        if all(proc in slot["cpu_s"] for slot in slots):
+            row[f"{proc}_cpu_share"] = sum(slot["cpu_s"][proc] for slot in slots) / wall
+    return row
 
 
 def run_loop(coro: Any) -> Any:
@@ -157,37 +205,85 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def proc_cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` and its direct children (nginx's master and its worker)."""
+    total = cpu_seconds(pid)
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    for child in children.read_text().split() if children.exists() else []:
+        with contextlib.suppress(FileNotFoundError):  # gone since the list was read
+            total += cpu_seconds(int(child))
+    return total
+
+
+def _cells(values: list[str], widths: tuple[int, ...]) -> str:
+    return " ".join(c.rjust(w) for c, w in zip(values, widths, strict=True))
+
+
 def print_table(results: dict[tuple[int, str], dict[str, float]], args: argparse.Namespace) -> None:
     print(
-        f"\nservepilot gate bench: simulator speed {args.speed:g}, {args.max_tokens} tokens/request, "
-        f"{args.rounds} interleaved rounds x {args.duration:g} s measured per row, "
-        f"gate event loop {args.event_loop}, "
-        f"{os.cpu_count()} CPUs shared by every process"
+        f"\nservepilot gate bench: simulator speed {args.speed:g} ({args.sim_event_loop} loop), "
+        f"{args.max_tokens} tokens/request, {args.rounds} interleaved rounds x {args.duration:g} s measured "
+        f"per row, gate event loop {args.event_loop}, "
+        + (
+            f"proxy pinned to CPU {max(os.sched_getaffinity(0) | {os.cpu_count() - 1})}, simulator and load "
+            "generator to the other CPUs"
+            if args.pin
+            else f"{os.cpu_count()} CPUs shared by every process"
+        )
     )
-    cols = (
-        "conc",
-        "route",
-        "reqs",
-        "TTFT p50",
-        "TTFT p99",
-        "added p50",
-        "added p99",
-        "chunks/s",
-        "errors",
-        "CPU",
+    print(
+        "outside = the request's way to the simulator plus its first event's way back (TTFT less the time "
+        "inside the engine);\nevent = each SSE event's transit from the simulator's write to the client's "
+        "read; added = the route's quantile minus direct's"
     )
-    widths = (5, 7, 6, 10, 10, 10, 10, 9, 6, 5)
-    print(" ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True)))
+    widths = (5, 7, 6, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9)
+    print(
+        _cells(
+            ["conc", "route", "reqs", "TTFT p50", "TTFT p99", "outs p50", "outs p99", "added50", "added99",
+             "evt p50", "evt p99", "added50", "added99"],
+            widths,
+        )
+    )  # fmt: skip
     for (conc, name), row in results.items():
         base = results[(conc, "direct")]
         cells = [str(conc), name, f"{row['requests']:.0f}"]
-        cells += [f"{row['ttft_p50_ms']:.2f} ms", f"{row['ttft_p99_ms']:.2f} ms"]
-        for q in ("p50", "p99"):
-            delta = row[f"ttft_{q}_ms"] - base[f"ttft_{q}_ms"]
-            cells.append("" if name == "direct" else f"{delta:+.2f} ms")
-        cells += [f"{row['chunks_per_s']:.0f}", f"{row['errors']:.0f}"]
-        cells.append(f"{row['proxy_cpu_share']:.0%}" if "proxy_cpu_share" in row else "")
-        print(" ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)))
+        cells += [f"{row[f'ttft_{q}_ms']:.2f}" for q in ("p50", "p99")]
+        for key in ("outside", "chunk"):
+            cells += [f"{row[f'{key}_{q}_ms']:.3f}" for q in ("p50", "p99")]
+            for q in ("p50", "p99"):
+                delta = row[f"{key}_{q}_ms"] - base[f"{key}_{q}_ms"]
+                cells.append("" if name == "direct" else f"{delta:+.3f}")
+        print(_cells(cells, widths))
+    print("(milliseconds)\n")
+    widths = (5, 7, 9, 6, 9, 9, 9)
+    print(_cells(["conc", "route", "chunks/s", "errors", "sim CPU", "proxy CPU", "loadgen"], widths))
+    for (conc, name), row in results.items():
+        cells = [str(conc), name, f"{row['chunks_per_s']:.0f}", f"{row['errors']:.0f}"]
+        cells += [
+            f"{row[f'{proc}_cpu_share']:.0%}" if f"{proc}_cpu_share" in row else ""
+            for proc in ("sim", "proxy", "loadgen")
+        ]
+        print(_cells(cells, widths))
+    print("(CPU: share of one core over the route's wall time, warm-up included)\n")
+    for conc in sorted({conc for conc, _ in results}):
+        row, base = results[(conc, "gate")], results[(conc, "direct")]
+        added = {
+            f"{key} {q}": row[f"{key}_{q}_ms"] - base[f"{key}_{q}_ms"]
+            for key in ("outside", "chunk")
+            for q in ("p50", "p99")
+        }
+        checks = [
+            f"added p50 {max(added['outside p50'], added['chunk p50']):+.3f} ms <= 1 ms",
+            f"added p99 {max(added['outside p99'], added['chunk p99']):+.3f} ms <= 5 ms",
+            f"{row['chunks_per_s']:,.0f} chunks/s >= 20,000",
+        ]
+        held = (
+            max(added["outside p50"], added["chunk p50"]) <= 1.0,
+            max(added["outside p99"], added["chunk p99"]) <= 5.0,
+            row["chunks_per_s"] >= 20_000,
+        )
+        verdicts = [f"{check}: {'yes' if ok else 'NO'}" for check, ok in zip(checks, held, strict=True)]
+        print(f"gate at {conc} streams (worse of outside and event): " + "; ".join(verdicts))
 
 
 def main() -> int:
@@ -201,12 +297,37 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
     parser.add_argument(
+        "--sim-event-loop",
+        choices=("auto", "uvloop", "asyncio"),
+        default="auto",
+        help="the simulator's event loop (auto: uvloop if installed, as vLLM's API server runs)",
+    )
+    parser.add_argument(
         "--event-loop",
         choices=("auto", "uvloop", "asyncio"),
         default="auto",
         help="the gate's agent.event_loop (auto: uvloop if installed, as `servepilot run` and `gate` do)",
     )
+    parser.add_argument(
+        "--gate-python",
+        default=sys.executable,
+        help="the interpreter that runs the gate (default: this one), to compare Python versions",
+    )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the proxy (gate or nginx) on the last CPU, the simulator and this load generator on the "
+        "others: the system under test apart from what drives it (default: every process on every CPU)",
+    )
     args = parser.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.pin and len(cpus) < 2:
+        parser.error("--pin needs at least 2 CPUs")
+    proxy_cpus, other_cpus = ({cpus[-1]}, set(cpus[:-1])) if args.pin else (set(cpus), set(cpus))
+    os.sched_setaffinity(0, other_cpus)  # this process: the load generator
+
+    def on(cpus_: set[int]) -> Any:
+        return lambda: os.sched_setaffinity(0, cpus_)
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs: list[subprocess.Popen[bytes]] = []
@@ -215,8 +336,8 @@ def main() -> int:
         sim_port, gate_port, nginx_port = free_port(), free_port(), free_port()
         sim = subprocess.Popen(
             [sys.executable, "-m", "agent.cli", "sim", "--port", str(sim_port), "--speed", str(args.speed),
-             "--max-num-seqs", "512"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+             "--max-num-seqs", "512", "--stamp-chunks", "--event-loop", args.sim_event_loop],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, preexec_fn=on(other_cpus),
         )  # fmt: skip
         procs.append(sim)
         # Relay only: no line rate limit (the default, 1000/min, would refuse most of the load) and an
@@ -226,16 +347,22 @@ def main() -> int:
             "gate:\n  default_requests_per_min: 10000000\n  max_in_flight: 4096\n"
         )
         gate = subprocess.Popen(
-            [sys.executable, "-m", "agent.commands.gate", "--config", str(tmp / "gate.yaml"),
+            [args.gate_python, "-m", "agent.commands.gate", "--config", str(tmp / "gate.yaml"),
              "--upstream", f"http://127.0.0.1:{sim_port}", "--port", str(gate_port), "--no-metrics"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, preexec_fn=on(proxy_cpus),
         )  # fmt: skip
         procs.append(gate)
         routes = {"direct": f"http://127.0.0.1:{sim_port}", "gate": f"http://127.0.0.1:{gate_port}"}
+        proxies = {"gate": gate.pid}
         nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
         if nginx:
             (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, upstream=sim_port, port=nginx_port))
-            procs.append(subprocess.Popen([nginx, "-c", str(tmp / "nginx.conf"), "-p", str(tmp)], cwd=tmp))
+            procs.append(
+                subprocess.Popen(
+                    [nginx, "-c", str(tmp / "nginx.conf"), "-p", str(tmp)], cwd=tmp, preexec_fn=on(proxy_cpus)
+                )
+            )
+            proxies["nginx"] = procs[-1].pid
             routes["nginx"] = f"http://127.0.0.1:{nginx_port}"
         else:
             print("nginx not found (apt-get install -y nginx): skipping its rows", file=sys.stderr)
@@ -247,24 +374,26 @@ def main() -> int:
         names = list(routes)
         for conc in args.concurrency:
             slots: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-            gate_cpu = 0.0
             for round_ in range(args.rounds):
                 # interleaved, each round in a rotated order: drift (the simulator's state, the other
                 # processes on the cores) lands on every route alike instead of on whichever ran last
                 for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
-                    gate_cpu0 = cpu_seconds(gate.pid)
-                    slots[name].append(
-                        run_loop(
-                            one_route(routes[name], model, conc, args.duration, args.warmup, args.max_tokens)
-                        )
+                    proxy = proxies.get(name)
+                    before = (cpu_seconds(sim.pid), proc_cpu_seconds(proxy) if proxy else 0.0)
+                    own0, wall0 = time.process_time(), time.monotonic()
+                    slot = run_loop(
+                        one_route(routes[name], model, conc, args.duration, args.warmup, args.max_tokens)
                     )
-                    if name == "gate":
-                        gate_cpu += cpu_seconds(gate.pid) - gate_cpu0
+                    slot["wall_s"] = time.monotonic() - wall0
+                    slot["cpu_s"] = {
+                        "sim": cpu_seconds(sim.pid) - before[0],
+                        "loadgen": time.process_time() - own0,
+                    }
+                    if proxy:
+                        slot["cpu_s"]["proxy"] = proc_cpu_seconds(proxy) - before[1]
+                    slots[name].append(slot)
             for name in names:
                 results[(conc, name)] = summarise(slots[name])
-            results[(conc, "gate")]["proxy_cpu_share"] = gate_cpu / (
-                args.rounds * (args.duration + args.warmup)
-            )
         print_table(results, args)
     finally:
         for proc in reversed(procs):

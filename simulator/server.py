@@ -37,6 +37,11 @@ IDLE_POLL_S = 0.5
 
 Sleep = Callable[[float], Awaitable[Any]]
 
+#: With ``stamp_chunks``: the response header that carries when the request reached the simulator
+#: (``time.monotonic_ns()``, a clock every process on the host shares); each SSE event then starts with
+#: the comment line ``: sent_ns=<monotonic ns>``, which SSE clients ignore (WHATWG HTML, 9.2.6).
+RECEIVED_HEADER = "X-Sim-Received-Ns"
+
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
     return web.json_response(openai_api.ApiError(status, message, kind).body(), status=status)
@@ -56,6 +61,7 @@ class SimServer:
         pid: int | None = None,
         control_token: str | None = None,
         fp8_ppl_delta: float = 0.003,
+        stamp_chunks: bool = False,
     ) -> None:
         if speed <= 0:
             raise ValueError(f"speed must be > 0, got {speed}")
@@ -64,6 +70,9 @@ class SimServer:
         self.core = core
         self.fp8_ppl_delta = fp8_ppl_delta  # relative perplexity rise of fp8 (echo + logprobs answers)
         self.control_token = control_token  # when set, the control API wants "Authorization: Bearer <it>"
+        # a bench aid (bench/gate.py): when each request arrived and each SSE event left, on the host's
+        # monotonic clock, so a proxy's own delay can be told apart from the engine's batching
+        self.stamp_chunks = stamp_chunks
         self.model_name = core.model.served_name
         self.speed = speed
         self.clock = clock
@@ -181,6 +190,7 @@ class SimServer:
         return await self._generate(request, "chat")
 
     async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
+        received_ns = time.monotonic_ns()
         if self.sleep_mode.is_sleeping(self.sim_now()):
             return _error(503, "the engine is sleeping or waking up", "ServiceUnavailableError")
         faults = self.core.faults
@@ -204,7 +214,7 @@ class SimServer:
         self._wake.set()
         try:
             if parsed.stream:
-                return await self._stream(request, parsed, rid, queue)
+                return await self._stream(request, parsed, rid, queue, received_ns)
             return await self._collect(parsed, rid, queue)
         finally:
             self._streams.pop(rid, None)
@@ -216,16 +226,20 @@ class SimServer:
         parsed: openai_api.ParsedRequest,
         rid: str,
         queue: asyncio.Queue[tuple[str, Any]],
+        received_ns: int,
     ) -> web.StreamResponse:
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        stamp = self.stamp_chunks
+        if stamp:
+            headers[RECEIVED_HEADER] = str(received_ns)
+        response = web.StreamResponse(headers=headers)
         await response.prepare(request)
         created = int(time.time())
         kind, model = parsed.kind, self.model_name
 
         async def send(payload: Any) -> None:
-            await response.write(f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode())
+            event = f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+            await response.write(b": sent_ns=%d\n%b" % (time.monotonic_ns(), event) if stamp else event)
 
         try:
             if kind == "chat":
@@ -247,7 +261,8 @@ class SimServer:
                 tail["choices"] = []
                 tail["usage"] = openai_api.usage(parsed.prompt_tokens, emitted)
                 await send(tail)
-            await response.write(b"data: [DONE]\n\n")
+            done = b"data: [DONE]\n\n"
+            await response.write(b": sent_ns=%d\n%b" % (time.monotonic_ns(), done) if stamp else done)
             await response.write_eof()
         except ConnectionResetError:
             pass  # the client went away: _generate's finally aborts the request in the core

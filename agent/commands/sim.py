@@ -4,6 +4,10 @@ simulated NVML and allocator probe) on one port, so the sidecar can be developed
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import asyncio
 
 GPU_CHOICES = ("a100-80g", "h100-sxm", "h200", "4xa100-80g-tp")
 MODEL_CHOICES = ("llama-2-7b", "llama-3-8b", "llama-3-70b")
@@ -36,6 +40,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=float,
         default=0.003,
         help="relative perplexity rise in fp8 seen through echo + logprobs (default 0.003 = 0.3%%)",
+    )
+    parser.add_argument(
+        "--event-loop",
+        choices=("auto", "uvloop", "asyncio"),
+        default="auto",
+        help="event loop (default auto: uvloop when installed, as vLLM's API server runs)",
+    )
+    parser.add_argument(
+        "--stamp-chunks",
+        action="store_true",
+        help="bench aid: stamp each request's arrival (header X-Sim-Received-Ns) and each SSE event's "
+        "departure (comment line ': sent_ns=N') on the host's monotonic clock (bench/gate.py)",
     )
     faults = parser.add_argument_group("faults (also settable at run time with POST /sim/faults)")
     faults.add_argument(
@@ -106,13 +122,39 @@ def run(args: argparse.Namespace) -> int:
             token = load_token(args.control_token_file)
         except ValueError as error:
             raise UsageError(f"--control-token-file: {error}") from None
+    loop = _new_loop(args.event_loop)
     server = SimServer(
-        core, speed=args.speed, seed=args.seed, control_token=token, fp8_ppl_delta=args.fp8_ppl_delta
+        core,
+        speed=args.speed,
+        seed=args.seed,
+        control_token=token,
+        fp8_ppl_delta=args.fp8_ppl_delta,
+        stamp_chunks=args.stamp_chunks,
     )
     print(
         f"servepilot sim: {core.model.served_name} ({args.precision}) on {core.gpu.name} x{core.gpu.tp}, "
         f"{core.budget.num_blocks} KV blocks, http://{args.host}:{args.port}",
         flush=True,
     )
-    web.run_app(server.app(), host=args.host, port=args.port, print=None)
+    web.run_app(server.app(), host=args.host, port=args.port, print=None, loop=loop)
+    return 0
+
+
+def _new_loop(choice: str) -> asyncio.AbstractEventLoop:
+    """The event loop ``--event-loop`` asks for: the simulator stands in for an engine whose API server
+    runs on uvloop (vLLM's does), so a proxy benchmark against it does not charge the engine's side the
+    standard loop's extra CPU."""
+    import asyncio
+
+    from agent.cli import UsageError
+
+    if choice != "asyncio":
+        try:
+            import uvloop
+        except ImportError as error:
+            if choice == "uvloop":
+                raise UsageError(f"--event-loop is uvloop, but it does not import ({error})") from None
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
     return 0

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from simulator.kvcache import BLOCK_SIZE
+from simulator.server import RECEIVED_HEADER, SimServer
 
 
 async def _sse_events(response: Any) -> list[str]:
@@ -221,3 +223,29 @@ async def test_stalled_gpu_must_be_busy_or_idle(sim: Any) -> None:
     assert (await response.json())["error"]["message"] == (
         "stalled_gpu must be one of ['busy', 'idle'], got 'spinning'"
     )
+
+
+async def test_stamped_stream_times_the_arrival_and_every_event_on_the_monotonic_clock(
+    aiohttp_client: Any, clock: Any, small_core: Any
+) -> None:
+    """bench/gate.py subtracts these stamps from its own ``time.monotonic_ns()``: they must be on that
+    clock (not the server's injected one), in order, and in a comment line SSE clients skip."""
+    server = SimServer(small_core, clock=clock, sleep=clock.sleep, stamp_chunks=True)
+    client = await aiohttp_client(server.app())
+    before = time.monotonic_ns()
+    response = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4, "stream": True})
+    body = await response.read()
+    after = time.monotonic_ns()
+    received = int(response.headers[RECEIVED_HEADER])
+    events = body.split(b"\n\n")[:-1]
+    stamps = [int(event.split(b"\n")[0].removeprefix(b": sent_ns=")) for event in events]
+    assert all(event.startswith(b": sent_ns=") for event in events)
+    assert [event.split(b"\n")[1][:6] for event in events] == [b"data: "] * 6  # 4 tokens, finish, [DONE]
+    assert before <= received <= stamps[0]
+    assert stamps == sorted(stamps) and stamps[-1] <= after
+
+
+async def test_streams_carry_no_stamps_unless_asked(sim: Any) -> None:
+    response = await sim.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "stream": True})
+    assert RECEIVED_HEADER not in response.headers
+    assert b"sent_ns" not in await response.read()

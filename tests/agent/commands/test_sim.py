@@ -69,3 +69,33 @@ def test_model_that_does_not_fit_is_a_usage_error() -> None:
 
     with pytest.raises(UsageError, match="does not fit"):
         sim.run(_parse("--model", "llama-3-70b"))
+
+
+def test_event_loop_defaults_to_auto_and_asyncio_is_the_standard_loop() -> None:
+    assert _parse().event_loop == "auto"
+    loop = sim._new_loop("asyncio")
+    try:
+        assert type(loop).__module__.startswith("asyncio")
+    finally:
+        loop.close()
+
+
+def test_auto_takes_uvloop_where_it_imports() -> None:
+    loop = sim._new_loop("auto")
+    try:
+        assert type(loop).__module__.startswith("uvloop")
+    finally:
+        loop.close()
+
+
+def test_uvloop_asked_for_but_missing_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.cli import UsageError
+
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop now raises ImportError
+    with pytest.raises(UsageError, match="--event-loop is uvloop"):
+        sim._new_loop("uvloop")
+    loop = sim._new_loop("auto")  # auto falls back to the standard loop
+    try:
+        assert type(loop).__module__.startswith("asyncio")
+    finally:
+        loop.close()

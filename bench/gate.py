@@ -1,19 +1,26 @@
 """What the admission gate costs: added latency over going direct, and chunk relay rate; nginx for scale.
 
-One run, three routes to the same simulator (``servepilot sim``, its own process): direct, through the
-gate (``python -m agent.commands.gate``, its own process, in-flight limit above the concurrency so it
-only relays), and through nginx (Debian package, one worker, a plain streaming reverse proxy with a
-config written to a temp dir). For 64 and 256 concurrent streaming requests each route runs
+One run, four routes to the same simulator (``servepilot sim --stamp-chunks``, its own process): direct;
+through the gate (``python -m agent.commands.gate``, its own process, in-flight limit above the
+concurrency so it only relays); through ``bench/aiohttp_floor.py`` (the least an aiohttp proxy does: the
+floor under the gate's own work); and through nginx (Debian package, one worker, a plain streaming reverse
+proxy with a config written to a temp dir). For 64 and 256 concurrent streaming requests each route runs
 ``--rounds`` times for ``--duration`` seconds after a warm-up, the routes interleaved in a rotated order
-per round and the rounds pooled; the load generator (this process; each client pauses 0-20 ms
-at random between requests) measures per-request TTFT and counts SSE chunks. Added latency = TTFT
-quantile through the proxy minus the same quantile direct.
+per round and the rounds pooled; the load generator (this process; each client pauses 0-20 ms at random
+between requests) reads the simulator's stamps (CLOCK_MONOTONIC, shared by every process on the host):
 
-Targets from the issue: added p50 <= 1 ms, p99 <= 5 ms, >= 20,000 chunks/s on 2 cores. Everything here
-(simulator, proxy, load generator) shares the same cores, so the chunk rate is a lower bound on what
-the gate can relay. Run it once, not in a loop, on a shared machine::
+* outside: per request, send to the simulator's arrival stamp, plus the first event's write stamp to its
+  read here. The TTFT less the time inside the engine, whose batching would otherwise drown what a
+  proxy adds (a request waits for the next step boundary);
+* event: per SSE event, its write stamp to its read here;
+* added: the route's quantile minus direct's.
 
-    python bench/gate.py [--rounds 3] [--duration 4] [--speed 4] [--max-tokens 64]
+It also prints TTFT, chunks/s and the CPU share of the simulator, the proxy and itself. Targets from the
+issue: added p50 <= 1 ms, p99 <= 5 ms, >= 20,000 chunks/s on 2 cores. Everything here shares the same
+cores unless ``--pin``, so the chunk rate is a lower bound on what the gate can relay. Run it once, not in
+a loop, on a quiet machine::
+
+    python bench/gate.py [--rounds 3] [--duration 4] [--speed 4] [--max-tokens 64] [--pin]
 """
 
 from __future__ import annotations
@@ -354,6 +361,15 @@ def main() -> int:
         procs.append(gate)
         routes = {"direct": f"http://127.0.0.1:{sim_port}", "gate": f"http://127.0.0.1:{gate_port}"}
         proxies = {"gate": gate.pid}
+        floor_port, floor = free_port(), str(ROOT / "bench" / "aiohttp_floor.py")
+        procs.append(
+            subprocess.Popen(
+                [args.gate_python, floor, routes["direct"], str(floor_port)],
+                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, preexec_fn=on(proxy_cpus),
+            )
+        )  # fmt: skip
+        proxies["aiohttp"] = procs[-1].pid
+        routes["aiohttp"] = f"http://127.0.0.1:{floor_port}"
         nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
         if nginx:
             (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, upstream=sim_port, port=nginx_port))

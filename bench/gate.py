@@ -232,8 +232,7 @@ def print_table(results: dict[tuple[int, str], dict[str, float]], args: argparse
         f"{args.max_tokens} tokens/request, {args.rounds} interleaved rounds x {args.duration:g} s measured "
         f"per row, gate event loop {args.event_loop}, "
         + (
-            f"proxy pinned to CPU {max(os.sched_getaffinity(0) | {os.cpu_count() - 1})}, simulator and load "
-            "generator to the other CPUs"
+            f"proxies pinned to CPU {min(args.proxy_cpus)}, simulator and load generator to the other CPUs"
             if args.pin
             else f"{os.cpu_count()} CPUs shared by every process"
         )
@@ -262,15 +261,15 @@ def print_table(results: dict[tuple[int, str], dict[str, float]], args: argparse
                 cells.append("" if name == "direct" else f"{delta:+.3f}")
         print(_cells(cells, widths))
     print("(milliseconds)\n")
-    widths = (5, 7, 9, 6, 9, 9, 9)
-    print(_cells(["conc", "route", "chunks/s", "errors", "sim CPU", "proxy CPU", "loadgen"], widths))
+    cpu_widths = (5, 7, 9, 6, 9, 9, 9)
+    print(_cells(["conc", "route", "chunks/s", "errors", "sim CPU", "proxy CPU", "loadgen"], cpu_widths))
     for (conc, name), row in results.items():
         cells = [str(conc), name, f"{row['chunks_per_s']:.0f}", f"{row['errors']:.0f}"]
         cells += [
             f"{row[f'{proc}_cpu_share']:.0%}" if f"{proc}_cpu_share" in row else ""
             for proc in ("sim", "proxy", "loadgen")
         ]
-        print(_cells(cells, widths))
+        print(_cells(cells, cpu_widths))
     print("(CPU: share of one core over the route's wall time, warm-up included)\n")
     for conc in sorted({conc for conc, _ in results}):
         row, base = results[(conc, "gate")], results[(conc, "direct")]
@@ -323,14 +322,16 @@ def main() -> int:
     parser.add_argument(
         "--pin",
         action="store_true",
-        help="the proxy (gate or nginx) on the last CPU, the simulator and this load generator on the "
-        "others: the system under test apart from what drives it (default: every process on every CPU)",
+        help="each proxy (gate, aiohttp floor, nginx) on the last CPU, the simulator and this load "
+        "generator on the others: the system under test apart from what drives it (default: every "
+        "process on every CPU)",
     )
     args = parser.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     if args.pin and len(cpus) < 2:
         parser.error("--pin needs at least 2 CPUs")
     proxy_cpus, other_cpus = ({cpus[-1]}, set(cpus[:-1])) if args.pin else (set(cpus), set(cpus))
+    args.proxy_cpus = proxy_cpus
     os.sched_setaffinity(0, other_cpus)  # this process: the load generator
 
     def on(cpus_: set[int]) -> Any:

@@ -60,7 +60,7 @@ class ApiError(Exception):
 class ParsedRequest:
     """What the engine needs from a request."""
 
-    kind: str  # "completion" | "chat"
+    kind: str  # "completion" | "chat" | "messages" (Anthropic's, simulator/messages_api.py)
     model: str
     prompt_tokens: int
     max_tokens: int
@@ -99,7 +99,9 @@ def _prompt_tokens(prompt: Any) -> int:
     raise ApiError(400, "prompt must be a string or a list of token ids (batched prompts are not supported)")
 
 
-def _chat_tokens(messages: Any) -> int:
+def chat_tokens(messages: Any) -> int:
+    """Prompt tokens of a chat ``messages`` list (Anthropic's Messages API counts the same way); an
+    :class:`ApiError` (400) when it is not a non-empty list of messages with a string role."""
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list")
     chars = 0
@@ -123,7 +125,7 @@ def parse(kind: str, body: Any, served_model: str) -> ParsedRequest:
     if model != served_model:
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
     if kind == "chat":
-        prompt_tokens = _chat_tokens(body.get("messages"))
+        prompt_tokens = chat_tokens(body.get("messages"))
     else:
         if "prompt" not in body:
             raise ApiError(400, "prompt is required")

@@ -24,7 +24,7 @@ import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from simulator import openai_api
+from simulator import messages_api, openai_api
 from simulator.control import ControlError, ControlPlane
 from simulator.engine import EngineCore, StepResult
 from simulator.faults import FaultError
@@ -138,6 +138,7 @@ class SimServer:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/messages", self.messages)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/v1/control/state", self.control_state)
         app.router.add_post("/v1/control/apply", self.control_apply)
@@ -189,6 +190,9 @@ class SimServer:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "chat")
 
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "messages")
+
     async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
         received_ns = time.monotonic_ns()
         if self.sleep_mode.is_sleeping(self.sim_now()):
@@ -201,10 +205,13 @@ class SimServer:
         except (json.JSONDecodeError, UnicodeDecodeError):
             return _error(400, "request body is not valid JSON")
         try:
-            parsed = openai_api.parse(kind, body, self.model_name)
+            if kind == "messages":
+                parsed = messages_api.parse(body, self.model_name)
+            else:
+                parsed = openai_api.parse(kind, body, self.model_name)
         except openai_api.ApiError as error:
             return web.json_response(error.body(), status=error.status)
-        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:16]
+        rid = ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex[:16]
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         try:
             self.core.submit(rid, parsed.prompt_tokens, parsed.max_tokens, self.sim_now())
@@ -237,11 +244,17 @@ class SimServer:
         created = int(time.time())
         kind, model = parsed.kind, self.model_name
 
-        async def send(payload: Any) -> None:
-            event = f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+        async def write(event: bytes) -> None:
             await response.write(b": sent_ns=%d\n%b" % (time.monotonic_ns(), event) if stamp else event)
 
+        async def send(payload: Any) -> None:
+            await write(f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode())
+
         try:
+            if kind == "messages":
+                await self._message_events(write, parsed, rid, queue)
+                await response.write_eof()
+                return response
             if kind == "chat":
                 await send(openai_api.chunk(kind, rid, model, created, None, role=True))
             emitted = 0
@@ -261,12 +274,34 @@ class SimServer:
                 tail["choices"] = []
                 tail["usage"] = openai_api.usage(parsed.prompt_tokens, emitted)
                 await send(tail)
-            done = b"data: [DONE]\n\n"
-            await response.write(b": sent_ns=%d\n%b" % (time.monotonic_ns(), done) if stamp else done)
+            await write(b"data: [DONE]\n\n")
             await response.write_eof()
         except ConnectionResetError:
             pass  # the client went away: _generate's finally aborts the request in the core
         return response
+
+    async def _message_events(
+        self,
+        write: Callable[[bytes], Awaitable[None]],
+        parsed: openai_api.ParsedRequest,
+        rid: str,
+        queue: asyncio.Queue[tuple[str, Any]],
+    ) -> None:
+        """An Anthropic Messages stream (simulator/messages_api.py): one text block, a delta per token."""
+        await write(messages_api.message_start(rid, self.model_name, parsed.prompt_tokens))
+        await write(messages_api.block_start())
+        emitted = 0
+        while True:
+            what, value = await queue.get()
+            if what == "tokens":
+                for _ in range(value):
+                    await write(messages_api.block_delta(openai_api.token_text(emitted)))
+                    emitted += 1
+                continue
+            break
+        await write(messages_api.block_stop())
+        await write(messages_api.message_delta(value, parsed.prompt_tokens, emitted))
+        await write(messages_api.message_stop())
 
     async def _collect(
         self, parsed: openai_api.ParsedRequest, rid: str, queue: asyncio.Queue[tuple[str, Any]]
@@ -277,6 +312,12 @@ class SimServer:
             if what == "tokens":
                 pieces.extend(openai_api.token_text(len(pieces) + i) for i in range(value))
                 continue
+            if parsed.kind == "messages":
+                text, tokens = "".join(pieces), len(pieces)
+                answer = messages_api.full_message(
+                    rid, self.model_name, text, value, parsed.prompt_tokens, tokens
+                )
+                return web.json_response(answer)
             logprobs = None
             if parsed.logprobs is not None:  # precision read per answer: a control-API switch shows
                 precision = self.core.settings.precision

@@ -17,8 +17,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "sim",
         help="run the calibrated engine simulator (no GPU needed)",
-        description="Serve a simulated vLLM-like engine: /v1/completions and /v1/chat/completions (SSE), "
-        "/metrics with vLLM's names, /v1/control/*, /sim/nvml, /sim/probe/metrics and /sim/faults.",
+        description="Serve a simulated vLLM-like engine: /v1/completions, /v1/chat/completions and "
+        "/v1/messages (SSE), /metrics with vLLM's names, /v1/control/*, /sim/nvml, /sim/probe/metrics "
+        "and /sim/faults.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="listen port (default 8000, vLLM's)")

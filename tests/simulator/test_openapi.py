@@ -60,6 +60,7 @@ async def test_json_answers_match_their_schemas(sim: Any) -> None:
     )
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     check(await (await sim.post("/v1/chat/completions", json=chat)).json(), "ChatCompletion")
+    check(await (await sim.post("/v1/messages", json=chat)).json(), "Message")
 
 
 async def test_control_answers_match_their_schemas(sim: Any) -> None:

@@ -510,6 +510,32 @@ async def test_an_upstream_serving_another_model_gets_its_own_model_name(
             await runner.cleanup()
 
 
+async def test_an_anthropic_messages_stream_from_the_simulator_is_metered_like_vllms(
+    client: aiohttp.ClientSession,
+) -> None:
+    """``/v1/messages`` through the gate to the simulator (which answers it in vLLM's shapes): the client
+    gets every event, and the gate counts the tokens the stream's last ``message_delta`` reports."""
+    from simulator.engine import make_core
+    from simulator.server import SimServer
+
+    sim = SimServer(make_core("h100-sxm", "llama-3-8b", "fp16", 64), speed=10.0)
+    runner = web.AppRunner(sim.app())
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    gate = await _gate({"primary": f"http://127.0.0.1:{runner.addresses[0][1]}"})
+    body = {"messages": [{"role": "user", "content": "x" * 40}], "max_tokens": 6, "stream": True}
+    try:
+        url = f"http://127.0.0.1:{gate.port}/v1/messages"
+        resp = await client.post(url, json=body)
+        text = await resp.text()
+        assert resp.status == 200 and text.count("event: content_block_delta") == 6
+        assert text.rstrip().endswith('data: {"type":"message_stop"}')
+        assert _totals(gate.stats.tokens, "kind") == {"prompt": 14.0, "output": 6.0}
+    finally:
+        await gate.stop()
+        await runner.cleanup()
+
+
 async def test_a_request_held_past_the_ttft_slo_without_a_token_is_late_at_its_upstream(
     upstream: Upstream, client: aiohttp.ClientSession
 ) -> None:

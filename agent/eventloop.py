@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 T = TypeVar("T")
 EventLoopChoice = Literal["auto", "uvloop", "asyncio"]
+#: the choices, for command-line flags that pick a loop
+CHOICES: tuple[EventLoopChoice, ...] = get_args(EventLoopChoice)
 
 
 def resolve(choice: EventLoopChoice) -> Literal["uvloop", "asyncio"]:

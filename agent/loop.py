@@ -124,11 +124,12 @@ class Loop:
     def _start_ahead(self, positions: Sequence[int]) -> dict[int, asyncio.Task[Reading]]:
         """Start the collectors at ``positions`` now; the clock's time is their reading's ``observed_at``."""
         now = self.clock()
-        return {
-            i: asyncio.create_task(self._collect_one(c, now), name=f"servepilot-collect-{c.name}")
-            for i in positions
-            for c in (self.collectors[i],)
-        }
+        tasks = {}
+        for i in positions:
+            collector = self.collectors[i]
+            name = f"servepilot-collect-{collector.name}"
+            tasks[i] = asyncio.create_task(self._collect_one(collector, now), name=name)
+        return tasks
 
     def think(self, snapshot: Snapshot) -> tuple[tuple[Finding, ...], tuple[Proposal, ...]]:
         """The pure part of the tick: detectors, then policies. Shared by the live agent and replay."""
@@ -223,8 +224,7 @@ class Loop:
         ``lead_s`` before each slot the ``ahead_of_tick`` collectors start, so the tick finds them done."""
         loop = asyncio.get_running_loop()
         ahead = [i for i, c in enumerate(self.collectors) if getattr(c, "ahead_of_tick", False)]
-        if self.lead_s <= 0:
-            ahead = []
+        ahead = ahead if self.lead_s > 0 else []
         next_at = loop.time()
         while not stop.is_set():
             early: dict[int, asyncio.Task[Reading]] = {}

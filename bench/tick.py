@@ -39,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from agent import eventloop
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -159,7 +161,7 @@ def main() -> int:
     )
     parser.add_argument(
         "--event-loop",
-        choices=("auto", "uvloop", "asyncio"),
+        choices=eventloop.CHOICES,
         default="auto",
         help="event loop, as agent.event_loop picks it for `servepilot run` (auto: uvloop if installed)",
     )
@@ -192,8 +194,6 @@ def main() -> int:
                 raise SystemExit("static server did not start") from None
             time.sleep(0.05)
     try:
-        from agent import eventloop
-
         run = eventloop.runner(args.event_loop)
         loop_name = eventloop.resolve(args.event_loop)
         durations, cpu, wall, series, main_cpu = run(

@@ -41,6 +41,7 @@ Sleep = Callable[[float], Awaitable[Any]]
 #: (``time.monotonic_ns()``, a clock every process on the host shares); each SSE event then starts with
 #: the comment line ``: sent_ns=<monotonic ns>``, which SSE clients ignore (WHATWG HTML, 9.2.6).
 RECEIVED_HEADER = "X-Sim-Received-Ns"
+STAMP_PREFIX = b": sent_ns="
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
@@ -245,7 +246,7 @@ class SimServer:
         kind, model = parsed.kind, self.model_name
 
         async def write(event: bytes) -> None:
-            await response.write(b": sent_ns=%d\n%b" % (time.monotonic_ns(), event) if stamp else event)
+            await response.write(b"%b%d\n%b" % (STAMP_PREFIX, time.monotonic_ns(), event) if stamp else event)
 
         async def send(payload: Any) -> None:
             await write(f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode())

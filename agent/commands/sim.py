@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from agent import eventloop
+
 if TYPE_CHECKING:
     import asyncio
 
@@ -44,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--event-loop",
-        choices=("auto", "uvloop", "asyncio"),
+        choices=eventloop.CHOICES,
         default="auto",
         help="event loop (default auto: uvloop when installed, as vLLM's API server runs)",
     )
@@ -141,21 +143,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _new_loop(choice: str) -> asyncio.AbstractEventLoop:
-    """The event loop ``--event-loop`` asks for: the simulator stands in for an engine whose API server
-    runs on uvloop (vLLM's does), so a proxy benchmark against it does not charge the engine's side the
-    standard loop's extra CPU."""
+def _new_loop(choice: eventloop.EventLoopChoice) -> asyncio.AbstractEventLoop:
+    """The event loop ``--event-loop`` asks for, picked as ``agent.event_loop`` is: the simulator stands
+    in for an engine whose API server runs on uvloop (vLLM's does), so a proxy benchmark against it does
+    not charge the engine's side the standard loop's extra CPU."""
     import asyncio
 
     from agent.cli import UsageError
 
-    if choice != "asyncio":
-        try:
-            import uvloop
-        except ImportError as error:
-            if choice == "uvloop":
-                raise UsageError(f"--event-loop is uvloop, but it does not import ({error})") from None
-        else:
-            return uvloop.new_event_loop()
+    try:
+        name = eventloop.resolve(choice)
+    except ValueError:  # uvloop asked for and missing
+        raise UsageError("--event-loop is uvloop, but it does not import: pip install uvloop") from None
+    if name == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop()
     return asyncio.new_event_loop()
     return 0

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures" / "expo"
 MAPPINGS = load_mappings()
 V1_SCRAPE = "data/expo/vllm/real_v1_full_scrape_qwen3-4b-fp8_nvcr-vllm-25.09.prom"
+SHARED_DIR_ENV = "SHARED_DATA_DIR"
 
 ServerFactory = Callable[[web.Application], Awaitable[TestServer]]
 BODIES = web.AppKey("bodies", list[str])
@@ -32,12 +33,14 @@ def _read(relative: str) -> str:
 
 
 def _shared_v1_scrape() -> str:
-    """The licence-less vLLM V1 scrape lives only in the shared folder; CI must have it."""
-    shared = Path(os.environ.get("SERVEPILOT_SHARED_DIR", ROOT.parent / "shared"))
+    """The licence-less vLLM V1 scrape lives only in the shared folder; CI must have it. The variable
+    that points elsewhere is not named SERVEPILOT_*: that prefix is the config's override namespace,
+    and every `servepilot` command the suite starts would refuse an unknown SERVEPILOT_ variable."""
+    shared = Path(os.environ.get(SHARED_DIR_ENV, ROOT.parent / "shared"))
     path = shared / V1_SCRAPE
     if not path.is_file():
         if os.environ.get("CI") == "true":
-            pytest.fail(f"{path} is missing in CI; set SERVEPILOT_SHARED_DIR to the shared data folder")
+            pytest.fail(f"{path} is missing in CI; set {SHARED_DIR_ENV} to the shared data folder")
         pytest.skip(f"{path} not present locally (unlicensed, never committed)")
     return path.read_text(encoding="utf-8")
 

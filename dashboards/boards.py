@@ -241,7 +241,23 @@ def overview() -> dashboard.Dashboard:
                 "that will miss the SLO whatever comes next; its ejections as hung; the requests it "
                 "hung on before any byte, sent to another upstream instead; and its 502/503/504 answers "
                 "the gate dropped and asked of the next upstream (docs/gate.md).",
-                w=24,
+                w=16,
+            )
+        )
+        .with_panel(
+            ts(
+                "Answers missing the SLO (gate)",
+                "percentunit",
+                q(
+                    "sum by (pod) (rate(servepilot_gate_slo_bad_total{@POD}[$__rate_interval]))\n"
+                    "/ sum by (pod) (rate(servepilot_gate_answered_total{@POD}[$__rate_interval]))",
+                    "{{pod}}",
+                ),
+                desc="The share of the gate's answers that failed (5xx) or missed the latency SLO: TTFT "
+                "and time per output token for a stream, and for an answer in one piece whether it came "
+                "by ttft_slo_s + itl_slo_s x (tokens - 1). The verdict the breaker's burn rate and the "
+                "canary use (docs/gate.md).",
+                w=8,
             )
         )
         .with_row(dashboard.Row("Forecast and findings"))

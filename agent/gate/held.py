@@ -18,11 +18,13 @@ expiring the timeout its send waits under, and the gate's request path acts on t
 from __future__ import annotations
 
 import asyncio
+import math
 
 import aiohttp
 
 from agent.gate.ejection import StallEjector, UpstreamStalled
-from agent.gate.records import RequestRecord
+from agent.gate.openai import NON_GENERATING_PATHS
+from agent.gate.records import RequestRecord, whole_answer_budget
 
 
 class HeldRequests:
@@ -63,7 +65,9 @@ class HeldRequests:
         """Per upstream, the requests it holds whose answer will miss ``slo`` (TTFT, mean ITL) whatever
         comes next: no first token yet and past the TTFT SLO, or streaming for so long since the first
         token that the mean ITL would exceed the ITL SLO even if every token still allowed
-        (``max_tokens``) came at once.
+        (``max_tokens``) came at once. A request answered in one piece is late once it is past the time
+        a stream of ``max_tokens`` meeting both targets would have ended
+        (:func:`~agent.gate.records.whole_answer_budget`, how its answer will be judged).
 
         Their verdict is known before they finish: each will be an SLO-bad answer. The canary counts them
         with its candidate's answers, so an upstream too slow to answer within a step is judged in that
@@ -74,14 +78,25 @@ class HeldRequests:
         ttft_slo, itl_slo = slo
         late: dict[str, int] = {}
         for name, record, streams in self.at_upstream.values():
-            if record.ttft_s is None:
+            if not streams:  # to be answered in one piece: late past the budget of its longest answer
+                missed = now - record.arrived > self._whole_budget(record, slo)
+            elif record.ttft_s is None:
                 missed = now - record.arrived > ttft_slo
             else:  # the ITL SLO is on the mean over the answer, as GateStats.missed_slo judges it
                 decoding_s = now - record.arrived - record.ttft_s
-                missed = streams and record.max_tokens > 1 and decoding_s > itl_slo * (record.max_tokens - 1)
+                missed = record.max_tokens > 1 and decoding_s > itl_slo * (record.max_tokens - 1)
             if missed:
                 late[name] = late.get(name, 0) + 1
         return late
+
+    @staticmethod
+    def _whole_budget(record: RequestRecord, slo: tuple[float, float]) -> float:
+        """How long a request answered in one piece may take before it must miss ``slo``: a pooling
+        or embedding request's answer is its first output (the TTFT SLO); a generation's is the budget of
+        ``max_tokens``, and without one it can always be long (never provably late while held)."""
+        if record.path in NON_GENERATING_PATHS:
+            return slo[0]
+        return whole_answer_budget(slo, record.max_tokens) if record.max_tokens > 0 else math.inf
 
     def set_engine_stalled(self, upstream: str, why: str | None) -> None:
         """The sidecar's ``engine_stall`` finding on the engine behind ``upstream``: its summary while it

@@ -58,6 +58,9 @@ POOLING_PATHS = frozenset(
 )  # fmt: skip
 """Routes that run the model over their input without generating: pooling, classification, scoring and
 reranking (cross-encoders read every query-document pair), embeddings by the engines' native names."""
+EMBEDDINGS_PATH = "/v1/embeddings"
+NON_GENERATING_PATHS = POOLING_PATHS | {EMBEDDINGS_PATH}
+"""Routes whose answer is one output, not tokens: its latency is judged against the TTFT SLO."""
 AUDIO_PATHS = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations"})
 """OpenAI's speech-to-text API (vLLM serves it for Whisper-like models): a multipart upload, read by no
 one but the engine; the gate admits it without a token estimate."""
@@ -65,7 +68,7 @@ AUDIO_STREAM_FIELD = b'name="stream"\r\n\r\ntrue'
 """A multipart form's ``stream`` field set to true, as clients (OpenAI's, aiohttp, ``curl -F``) write it."""
 #: Paths whose requests are admitted through the queue; anything else is passed straight through.
 ADMITTED_PATHS = frozenset(
-    {"/v1/completions", *CHAT_PATHS, "/v1/embeddings", RESPONSES_PATH, SGLANG_GENERATE_PATH}
+    {"/v1/completions", *CHAT_PATHS, EMBEDDINGS_PATH, RESPONSES_PATH, SGLANG_GENERATE_PATH}
     | LLAMACPP_COMPLETION_PATHS
     | {LLAMACPP_INFILL_PATH, MESSAGES_PATH, CHAT_BATCH_PATH, SAGEMAKER_PATH}
     | POOLING_PATHS

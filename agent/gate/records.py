@@ -4,7 +4,8 @@ Each finished request becomes a :class:`RequestRecord`. :class:`GateStats` turns
 
 * Prometheus series in the registry it is given (the agent's own, never the global one), labelled by
   request-length bucket: ``servepilot_gate_{ttft,itl,e2e}_seconds{bucket}``, queue wait by priority,
-  ``servepilot_gate_requests_total{line,priority,outcome}`` and ``servepilot_gate_tokens_total{line,kind}``;
+  ``servepilot_gate_requests_total{line,priority,outcome}``, ``servepilot_gate_tokens_total{line,kind}`` and
+  the SLO verdict on answers, ``servepilot_gate_{answered,slo_bad}_total``;
 * flat signals for the brain (:meth:`GateStats.values`): ``gate.<bucket>.ttft_seconds.p50`` and friends,
   computed over a sliding window of ``window_s`` with numpy, so a detector sees recent behaviour rather
   than the life-long histogram.
@@ -51,7 +52,8 @@ class LengthBuckets:
 
 @dataclass(slots=True)
 class RequestRecord:
-    """What the gate saw of one request. Times in seconds; ``ttft_s`` is None when no token came back."""
+    """What the gate saw of one request. Times in seconds; ``ttft_s`` is None when no token came back, or
+    when the answer came in one piece with more than one token (see :attr:`whole`)."""
 
     line: str
     priority: str
@@ -72,8 +74,18 @@ class RequestRecord:
     abandoned: str = ""
     """Why the gate ended this stream itself (its upstream hung mid-stream); empty otherwise."""
     e2e_s: float = 0.0
+    whole: bool = False
+    """Answered in one piece (a JSON body, not a stream): its first token reached the client with its
+    last, so it has no TTFT of its own to record and is judged by when the whole answer came."""
     outcome: str = "ok"
     status: int = 0
+
+
+def whole_answer_budget(slo: tuple[float, float], tokens: float) -> float:
+    """The latest an answer of ``tokens`` tokens in one piece may come within ``slo`` (TTFT, mean ITL):
+    when a stream that met both targets would have ended."""
+    ttft_slo, itl_slo = slo
+    return ttft_slo + itl_slo * max(0.0, tokens - 1)
 
 
 class _Window:
@@ -121,6 +133,19 @@ class GateStats:
         self.tokens = Counter(
             "servepilot_gate_tokens", "Tokens relayed.", ["line", "kind"], registry=registry
         )
+        self.answered_total = Counter(
+            "servepilot_gate_answered",
+            "Answers from upstreams (refused, expired and abandoned requests are not answers; an error "
+            "answer the gate retried elsewhere is one): the denominator of the SLO-bad share.",
+            registry=registry,
+        )
+        self.slo_bad_total = Counter(
+            "servepilot_gate_slo_bad",
+            "Answers that failed (5xx) or missed the latency SLO (policies.ttft_slo_s, itl_slo_s; an "
+            "answer in one piece by ttft_slo_s + itl_slo_s x (tokens - 1)): what the breaker's burn rate "
+            "and the canary count.",
+            registry=registry,
+        )
         self._win = {
             (b, kind): _Window(window_s) for b in buckets.names for kind in ("ttft", "itl", "e2e", "done")
         }
@@ -139,12 +164,20 @@ class GateStats:
 
     def missed_slo(self, rec: RequestRecord) -> bool:
         """A failed answer, or a successful one whose TTFT or mean inter-token time (TPOT: the time after
-        the first token over the tokens after it, DistServe's definition) is over the SLO."""
+        the first token over the tokens after it, DistServe's definition) is over the SLO.
+
+        An answer in one piece (:attr:`RequestRecord.whole`) is judged by the time a stream meeting both
+        targets would have ended, ``ttft_slo + itl_slo x (tokens - 1)``: its client sees nothing before
+        that. Judged by the TTFT SLO alone, every healthy non-streamed answer longer than a few dozen
+        tokens was a miss, and a pod whose clients do not stream (batch jobs, agents) burnt its error
+        budget, escalated the breaker and failed canaries on a healthy engine."""
         if rec.outcome == "upstream_error":
             return True
         if rec.outcome != "ok" or self.slo is None:
             return False
         ttft_slo, itl_slo = self.slo
+        if rec.whole:
+            return rec.e2e_s > whole_answer_budget(self.slo, rec.output_tokens)
         if rec.ttft_s is None or rec.ttft_s > ttft_slo:
             return True
         return rec.output_tokens > 1 and (rec.e2e_s - rec.ttft_s) / (rec.output_tokens - 1) > itl_slo
@@ -155,6 +188,7 @@ class GateStats:
         as the client's request may still be answered in time."""
         self.answered += 1
         self.errors += 1
+        self.answered_total.inc()
         answered, errors, slo_bad = self.by_upstream.get(upstream, (0, 0, 0))
         self.by_upstream[upstream] = (answered + 1, errors + 1, slo_bad)
 
@@ -169,6 +203,9 @@ class GateStats:
             self.answered += 1
             self.errors += error
             self.slo_bad += missed
+            self.answered_total.inc()
+            if missed:
+                self.slo_bad_total.inc()
             if rec.upstream:
                 answered, errors, slo_bad = self.by_upstream.get(rec.upstream, (0, 0, 0))
                 self.by_upstream[rec.upstream] = (answered + 1, errors + error, slo_bad + missed)

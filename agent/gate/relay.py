@@ -99,11 +99,12 @@ class Relay:
             raise Unanswered from None
         if record is not None:
             now = record.heard_at = self.clock()
-            record.status, record.e2e_s = up.status, now - record.arrived
-            record.ttft_s = record.e2e_s
+            record.status, record.e2e_s, record.whole = up.status, now - record.arrived, True
             usage = usage_from_json(payload) if up.status < 300 else None
             if usage is not None:
                 record.prompt_tokens, record.output_tokens = usage
+            if record.output_tokens <= 1:  # a pooling answer or a single token: its first is its whole
+                record.ttft_s = record.e2e_s
             record.outcome = _outcome(up.status)
             self.finish(record)
         if fill is not None and self.filled is not None and up.status == 200:

@@ -82,3 +82,18 @@ async def test_each_upstream_reports_its_own_answers_and_health() -> None:
 
 def _upstream(values: Mapping[str, float], name: str) -> list[float]:
     return [values[knobs.upstream_signal(name, what)] for what in ("requests", "errors", "slo_bad", "up")]
+
+
+async def test_an_answer_in_one_piece_is_judged_by_when_a_stream_meeting_the_slo_would_have_ended() -> None:
+    """A non-streamed answer's client sees its first token with its last: with a 2 s TTFT and a 100 ms
+    ITL SLO, 11 tokens may take 2 + 10 x 0.1 = 3 s; a pooling answer (no output tokens) the TTFT SLO."""
+    gate = Gate(GateConfig(enabled=True, upstreams={"primary": "http://127.0.0.1:9"}), CollectorRegistry())
+    gate.stats.slo = (2.0, 0.1)
+    collector = GateCollector(gate)
+    await collector.collect(1.0)
+    for e2e, tokens in ((2.9, 11.0), (3.1, 11.0), (1.9, 0.0), (2.1, 0.0)):
+        rec = _record("ok", None, e2e=e2e, tokens=tokens)
+        rec.whole = True
+        gate.stats.record(rec, 1.5)
+    values = (await collector.collect(2.0)).values
+    assert (values[knobs.GATE_REQUESTS], values[knobs.GATE_SLO_BAD]) == (4, 2)  # 3.1 s and 2.1 s

@@ -35,6 +35,20 @@ def test_late_counts_a_missed_first_token_and_a_stream_too_slow_to_make_its_mean
     assert len(held) == 2
 
 
+def test_a_request_answered_in_one_piece_is_late_only_past_the_budget_of_its_longest_answer() -> None:
+    """The budget is where a stream of ``max_tokens`` meeting both targets would end: 2 + 10 x 0.1 = 3 s
+    for 11 tokens. A generation with no ``max_tokens`` may always be long; an embedding is one output."""
+    held = HeldRequests(StallEjector(0.0))
+    bounded, unbounded = _record(0.0), _record(0.0, max_tokens=0.0)
+    pooling = RequestRecord("default", "normal", "/v1/embeddings", 10.0, 0.0)
+    for record in (bounded, unbounded, pooling):
+        held.sent(record, "primary", False, 0.0)
+    assert held.late(SLO, 1.9) == {}
+    assert held.late(SLO, 2.9) == {"primary": 1}  # only the embedding: past the 2 s TTFT SLO
+    assert held.late(SLO, 3.1) == {"primary": 2}
+    assert held.late(SLO, 1e6) == {"primary": 2}  # the unbounded one is never provably late
+
+
 def test_a_request_sent_again_starts_afresh_and_done_tells_the_ejector_its_last_byte() -> None:
     ejector = StallEjector(10.0)
     held = HeldRequests(ejector)

@@ -580,6 +580,51 @@ async def test_a_request_held_past_the_ttft_slo_without_a_token_is_late_at_its_u
         await dead.stop()
 
 
+async def test_a_non_streamed_answer_has_the_time_its_tokens_allow_and_no_ttft_of_its_own(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """With a 2 s TTFT and a 100 ms ITL SLO, 3 tokens in one piece may take 2 + 2 x 0.1 = 2.2 s: at 2.1 s
+    the held request is not late, and answered then it is no SLO miss. Judged by the TTFT SLO alone (as
+    until 2026-12-03), it was both, and non-streaming clients burnt the error budget of a healthy engine."""
+    now = [100.0]
+    registry = CollectorRegistry()
+    cfg = GateConfig(enabled=True, upstreams={"primary": upstream.url}, health_interval_s=600)
+    gate = Gate(cfg, registry)
+    await gate.start("127.0.0.1", 0)
+    gate.clock = lambda: now[0]
+    gate.stats.slo = (2.0, 0.1)
+    collector = GateCollector(gate)
+    try:
+        await collector.collect(1.0)
+        upstream.release.clear()
+        held = asyncio.create_task(_post(client, gate, _body()))  # max_tokens 3, not streamed
+        await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
+        now[0] = 102.1
+        assert gate.late_at_upstreams() == {}
+        now[0] = 102.3
+        assert gate.late_at_upstreams() == {"primary": 1}  # past any 3-token answer's budget
+        now[0] = 102.1
+        upstream.release.set()
+        resp = await asyncio.wait_for(held, TIMEOUT)
+        assert (await resp.json())["usage"]["completion_tokens"] == 3
+        values = (await collector.collect(2.0)).values
+        assert (values[knobs.GATE_REQUESTS], values[knobs.GATE_SLO_BAD]) == (1, 0)
+        bucket = {"bucket": "le256"}
+        assert registry.get_sample_value("servepilot_gate_ttft_seconds_count", bucket) is None  # none seen
+        assert registry.get_sample_value("servepilot_gate_e2e_seconds_sum", bucket) == pytest.approx(2.1)
+        upstream.release.clear()
+        late = asyncio.create_task(_post(client, gate, _body()))
+        await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
+        now[0] = 104.4  # 2.3 s after it came
+        upstream.release.set()
+        await (await asyncio.wait_for(late, TIMEOUT)).read()
+        assert (await collector.collect(3.0)).values[knobs.GATE_SLO_BAD] == 1
+        exported = [registry.get_sample_value(f"servepilot_gate_{n}_total") for n in ("answered", "slo_bad")]
+        assert exported == [2, 1]  # the same verdict, for Prometheus
+    finally:
+        await gate.stop()
+
+
 async def test_a_hung_upstream_is_ejected_from_the_split_and_returns_when_it_sends_again(
     upstream: Upstream, client: aiohttp.ClientSession
 ) -> None:

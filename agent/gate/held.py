@@ -84,7 +84,8 @@ class HeldRequests:
                 missed = now - record.arrived > ttft_slo
             else:  # the ITL SLO is on the mean over the answer, as GateStats.missed_slo judges it
                 decoding_s = now - record.arrived - record.ttft_s
-                missed = record.max_tokens > 1 and decoding_s > itl_slo * (record.max_tokens - 1)
+                longest = record.max_tokens / max(1, record.choices)  # the sequences decode side by side
+                missed = longest > 1 and decoding_s > itl_slo * (longest - 1)
             if missed:
                 late[name] = late.get(name, 0) + 1
         return late
@@ -96,7 +97,8 @@ class HeldRequests:
         ``max_tokens``, and without one it can always be long (never provably late while held)."""
         if record.path in NON_GENERATING_PATHS:
             return slo[0]
-        return whole_answer_budget(slo, record.max_tokens) if record.max_tokens > 0 else math.inf
+        longest = record.max_tokens / max(1, record.choices)
+        return whole_answer_budget(slo, longest) if longest > 0 else math.inf
 
     def set_engine_stalled(self, upstream: str, why: str | None) -> None:
         """The sidecar's ``engine_stall`` finding on the engine behind ``upstream``: its summary while it

@@ -188,6 +188,14 @@ def _load(body: bytes) -> dict[str, Any]:
     return doc
 
 
+def _prompt_count(prompt: Any) -> int:
+    """Prompts in a completions ``prompt``: a list of strings or of token-id lists is a batch, each
+    answered (``n`` times); a string or one list of token ids is one."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        return len(prompt)
+    return 1
+
+
 def _parse(path: str, body: bytes) -> RequestInfo:
     doc = _load(body)
     if path in POOLING_PATHS or path == SAGEMAKER_PATH:
@@ -207,6 +215,7 @@ def _parse(path: str, body: bytes) -> RequestInfo:
             prompt += _text_tokens(doc.get("system") or "")
     elif path == "/v1/completions":
         prompt = _text_tokens(doc.get("prompt", ""))
+        choices *= _prompt_count(doc.get("prompt"))
     elif path == RESPONSES_PATH:
         prompt = _text_tokens(doc.get("input", "")) + _text_tokens(doc.get("instructions") or "")
     elif path == SGLANG_GENERATE_PATH:

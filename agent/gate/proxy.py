@@ -423,8 +423,8 @@ class Gate:
             message = f"{self.cfg.max_wait_header}: {error}"
             return json_error(400, message, "invalid_request_error", "bad_request")
         record = RequestRecord(line, priority.name.lower(), path, info.prompt_tokens, arrived)
-        record.max_tokens = info.max_tokens * info.choices
-        est_tokens = info.prompt_tokens + info.max_tokens
+        record.max_tokens, record.choices = info.max_tokens * info.choices, info.choices
+        est_tokens = info.prompt_tokens + record.max_tokens  # max_tokens for each of its sequences
         verdict = limiter.admit(est_tokens, arrived)
         if not verdict.granted:
             return self._refuse(record, 429, verdict.reason, "rate_limit_exceeded", verdict.retry_after_s)
@@ -483,7 +483,7 @@ class Gate:
     ) -> web.StreamResponse:
         """Through the admission queue (its deadline, or ``own_wait_s`` when shorter), then upstream.
         ``record.queue_wait_s`` holds the wait before it (in the line's own queue), if any."""
-        est_tokens = info.prompt_tokens + info.max_tokens
+        est_tokens = info.prompt_tokens + record.max_tokens  # as admitted by the line's buckets
         ticket, changed = admission.offer(priority, record.arrived)
         self._wake(changed)
         if ticket.state is TicketState.WAITING:

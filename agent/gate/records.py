@@ -67,6 +67,9 @@ class RequestRecord:
     itl_s: list[float] = field(default_factory=list)
     max_tokens: float = 0.0
     """The most tokens its answer can have: ``max_tokens`` x choices (0 when it names no ``max_tokens``)."""
+    choices: int = 1
+    """Sequences generated for it side by side (``n``, a batch's prompts or conversations): its tokens
+    are shared among them, so its latency is judged per sequence."""
     sent_at: float = 0.0
     """When the gate sent it upstream (stall ejection)."""
     heard_at: float | None = None
@@ -164,7 +167,8 @@ class GateStats:
 
     def missed_slo(self, rec: RequestRecord) -> bool:
         """A failed answer, or a successful one whose TTFT or mean inter-token time (TPOT: the time after
-        the first token over the tokens after it, DistServe's definition) is over the SLO.
+        the first token over the tokens after it, DistServe's definition) is over the SLO. With several
+        sequences (``n`` > 1, a batch) the tokens are each sequence's share.
 
         An answer in one piece (:attr:`RequestRecord.whole`) is judged by the time a stream meeting both
         targets would have ended, ``ttft_slo + itl_slo x (tokens - 1)``: its client sees nothing before
@@ -176,11 +180,12 @@ class GateStats:
         if rec.outcome != "ok" or self.slo is None:
             return False
         ttft_slo, itl_slo = self.slo
+        tokens = rec.output_tokens / max(1, rec.choices)  # each sequence's: they decode side by side
         if rec.whole:
-            return rec.e2e_s > whole_answer_budget(self.slo, rec.output_tokens)
+            return rec.e2e_s > whole_answer_budget(self.slo, tokens)
         if rec.ttft_s is None or rec.ttft_s > ttft_slo:
             return True
-        return rec.output_tokens > 1 and (rec.e2e_s - rec.ttft_s) / (rec.output_tokens - 1) > itl_slo
+        return tokens > 1 and (rec.e2e_s - rec.ttft_s) / (tokens - 1) > itl_slo
 
     def attempt_failed(self, upstream: str) -> None:
         """An upstream's error answer that the gate did not pass on (it asked the next upstream): one

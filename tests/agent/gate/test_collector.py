@@ -97,3 +97,22 @@ async def test_an_answer_in_one_piece_is_judged_by_when_a_stream_meeting_the_slo
         gate.stats.record(rec, 1.5)
     values = (await collector.collect(2.0)).values
     assert (values[knobs.GATE_REQUESTS], values[knobs.GATE_SLO_BAD]) == (4, 2)  # 3.1 s and 2.1 s
+
+
+async def test_several_sequences_are_judged_each_by_its_own_share_of_the_tokens() -> None:
+    """``n`` = 2: 20 tokens are two sequences of 10 decoding side by side. Streamed, a first token at
+    0.1 s and the end at 1.2 s is 1.1 s / 9 = 122 ms per token for each: a miss (taken as one sequence of
+    20 it looked like 58 ms). In one piece, 10 tokens each may take 2 + 9 x 0.1 = 2.9 s."""
+    gate = Gate(GateConfig(enabled=True, upstreams={"primary": "http://127.0.0.1:9"}), CollectorRegistry())
+    gate.stats.slo = (2.0, 0.1)
+    collector = GateCollector(gate)
+    await collector.collect(1.0)
+    streamed = _record("ok", 0.1, e2e=1.2, tokens=20.0)
+    whole_in, whole_late = (_record("ok", None, e2e=e2e, tokens=20.0) for e2e in (2.85, 2.95))
+    for rec in (streamed, whole_in, whole_late):
+        rec.choices = 2
+    whole_in.whole = whole_late.whole = True
+    for rec in (streamed, whole_in, whole_late):
+        gate.stats.record(rec, 1.5)
+    values = (await collector.collect(2.0)).values
+    assert (values[knobs.GATE_REQUESTS], values[knobs.GATE_SLO_BAD]) == (3, 2)

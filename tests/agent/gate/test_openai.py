@@ -24,6 +24,10 @@ def test_stream_tokens_model_and_choices_of_each_path() -> None:
         assert _info("/v1/completions", {"prompt": "p", "n": odd}).choices == 1
     assert _info("/v1/embeddings", {"input": "z" * 12}) == RequestInfo(False, 3.0, 0.0, "", 1)
     assert parse_request("/v1/models", b"") == RequestInfo()
+    # a batch of prompts is a batch of answers, each n times; one list of token ids is one prompt
+    assert _info("/v1/completions", {"prompt": ["a", "b", "c"], "n": 2}).choices == 6
+    assert _info("/v1/completions", {"prompt": [[1, 2], [3]]}).choices == 2
+    assert _info("/v1/completions", {"prompt": [1, 2, 3]}).choices == 1
 
 
 @pytest.mark.parametrize(

@@ -212,6 +212,22 @@ async def test_line_over_its_rate_gets_429_with_retry_after(
         await gate.stop()
 
 
+async def test_a_lines_token_rate_is_charged_max_tokens_for_each_sequence(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """A 300-token bucket: ``max_tokens`` 100 with ``n`` = 4 may generate 400 tokens, more than it holds:
+    served from the full bucket, it leaves the line in debt, and the next request waits (until 2026-12-03
+    it was charged 100 whatever ``n``, and the line still held 199)."""
+    lines = {"default": GateLineConfig(tokens_per_min=300, burst_ratio=1)}
+    gate = await _gate({"primary": upstream.url}, lines=lines)
+    try:
+        assert (await _post(client, gate, _body(max_tokens=100, n=4))).status == 200
+        resp = await _post(client, gate, _body(max_tokens=1))
+        assert resp.status == 429 and "token rate" in (await resp.json())["error"]["message"]
+    finally:
+        await gate.stop()
+
+
 async def _one_held(
     upstream: Upstream, client: aiohttp.ClientSession, gate: Gate
 ) -> asyncio.Task[aiohttp.ClientResponse]:
@@ -844,7 +860,10 @@ async def test_a_stream_decoding_too_slowly_for_the_itl_slo_is_late_before_it_en
 ) -> None:
     """A candidate with a fast first token and slow decoding: its answers finish after the canary's step
     ends. Once a stream has run so long since its first token that its mean ITL would exceed the SLO even
-    if every token its ``max_tokens`` (x ``n``) still allows came at once, it will be SLO-bad: late."""
+    if every token its ``max_tokens`` still allows came at once, it will be SLO-bad: late. With ``n`` = 2
+    the two sequences decode side by side, each to ``max_tokens``: the same budget (until 2026-12-03 it
+    was ``max_tokens`` x ``n``, as if they took turns, which let a sequence decode at half the SLO's
+    rate unjudged)."""
     now = [100.0]
     gate = await _gate({"primary": upstream.url})
     gate.clock = lambda: now[0]
@@ -852,7 +871,8 @@ async def test_a_stream_decoding_too_slowly_for_the_itl_slo_is_late_before_it_en
     upstream.chunked = True
     try:
         responses = []
-        for extra in ({}, {"n": 2}, {"max_tokens": None}):  # 3 tokens; 6; as many as the engine allows
+        # 3 tokens; 3 in each of 2 sequences; as many as the engine allows
+        for extra in ({}, {"n": 2}, {"max_tokens": None}):
             resp = await _post(client, gate, _body(stream=True, **extra))
             await asyncio.wait_for(resp.content.readuntil(b"\n\n"), TIMEOUT)  # its first token, at 100
             responses.append(resp)
@@ -860,8 +880,8 @@ async def test_a_stream_decoding_too_slowly_for_the_itl_slo_is_late_before_it_en
         now[0] = 100.19  # under 0.1 s x (3 - 1) tokens: still possible
         assert gate.late_at_upstreams() == {}
         now[0] = 100.21
-        assert gate.late_at_upstreams() == {"primary": 1}
-        now[0] = 100.51  # 0.1 s x (6 - 1) for n = 2; no max_tokens: never certain
+        assert gate.late_at_upstreams() == {"primary": 2}
+        now[0] = 1000.0  # no max_tokens: never certain
         assert gate.late_at_upstreams() == {"primary": 2}
         for _ in range(9):  # three chunks each
             upstream.next_chunk.release()

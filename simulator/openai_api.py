@@ -60,7 +60,7 @@ class ApiError(Exception):
 class ParsedRequest:
     """What the engine needs from a request."""
 
-    kind: str  # "completion" | "chat" | "messages" (Anthropic's, simulator/messages_api.py)
+    kind: str  # "completion" | "chat" | "messages" (Anthropic's) | "responses" (OpenAI's Responses API)
     model: str
     prompt_tokens: int
     max_tokens: int
@@ -69,6 +69,8 @@ class ParsedRequest:
     echo: bool = False
     logprobs: int | None = None
     prompt_pieces: tuple[str, ...] = ()
+    instructions: str | None = None
+    """A Responses request's ``instructions``, which its response object repeats."""
 
 
 def estimate_tokens(text: str) -> int:

@@ -24,7 +24,7 @@ import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from simulator import messages_api, openai_api
+from simulator import messages_api, openai_api, responses_api
 from simulator.control import ControlError, ControlPlane
 from simulator.engine import EngineCore, StepResult
 from simulator.faults import FaultError
@@ -42,6 +42,9 @@ Sleep = Callable[[float], Awaitable[Any]]
 #: the comment line ``: sent_ns=<monotonic ns>``, which SSE clients ignore (WHATWG HTML, 9.2.6).
 RECEIVED_HEADER = "X-Sim-Received-Ns"
 STAMP_PREFIX = b": sent_ns="
+
+RID_PREFIXES = {"completion": "cmpl-", "responses": "resp_"}
+"""Request ids as vLLM names them: ``cmpl-`` for completions, ``resp_`` for responses, ``chatcmpl-`` else."""
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
@@ -140,6 +143,7 @@ class SimServer:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/messages", self.messages)
+        app.router.add_post("/v1/responses", self.responses)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/v1/control/state", self.control_state)
         app.router.add_post("/v1/control/apply", self.control_apply)
@@ -194,6 +198,9 @@ class SimServer:
     async def messages(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "messages")
 
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "responses")
+
     async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
         received_ns = time.monotonic_ns()
         if self.sleep_mode.is_sleeping(self.sim_now()):
@@ -208,11 +215,13 @@ class SimServer:
         try:
             if kind == "messages":
                 parsed = messages_api.parse(body, self.model_name)
+            elif kind == "responses":
+                parsed = responses_api.parse(body, self.model_name)
             else:
                 parsed = openai_api.parse(kind, body, self.model_name)
         except openai_api.ApiError as error:
             return web.json_response(error.body(), status=error.status)
-        rid = ("cmpl-" if kind == "completion" else "chatcmpl-") + uuid.uuid4().hex[:16]
+        rid = RID_PREFIXES.get(kind, "chatcmpl-") + uuid.uuid4().hex[:16]
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         try:
             self.core.submit(rid, parsed.prompt_tokens, parsed.max_tokens, self.sim_now())
@@ -252,8 +261,9 @@ class SimServer:
             await write(f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode())
 
         try:
-            if kind == "messages":
-                await self._message_events(write, parsed, rid, queue)
+            if kind in ("messages", "responses"):
+                events = self._message_events if kind == "messages" else self._response_events
+                await events(write, parsed, rid, queue)
                 await response.write_eof()
                 return response
             if kind == "chat":
@@ -304,6 +314,61 @@ class SimServer:
         await write(messages_api.message_delta(value, parsed.prompt_tokens, emitted))
         await write(messages_api.message_stop())
 
+    async def _response_events(
+        self,
+        write: Callable[[bytes], Awaitable[None]],
+        parsed: openai_api.ParsedRequest,
+        rid: str,
+        queue: asyncio.Queue[tuple[str, Any]],
+    ) -> None:
+        """A Responses API stream (simulator/responses_api.py): one message item, a delta per token."""
+        api, sequence = responses_api, iter(range(1 << 62))
+        item_id, created = f"msg_{uuid.uuid4().hex[:16]}", int(time.time())
+
+        def whole(finish_reason: str | None = None, text: str | None = None) -> dict[str, Any]:
+            output = None if text is None else [api.item(item_id, text)]
+            tokens = None if finish_reason is None else (parsed.prompt_tokens, emitted)
+            return api.response(
+                rid, self.model_name, created, parsed.max_tokens, instructions=parsed.instructions,
+                output=output, finish_reason=finish_reason, tokens=tokens,
+            )  # fmt: skip
+
+        emitted = 0
+        where = {"output_index": 0, "item_id": item_id, "content_index": 0}
+        for kind in ("response.created", "response.in_progress"):
+            await write(api.event(kind, next(sequence), {"response": whole()}))
+        await write(
+            api.event(
+                "response.output_item.added",
+                next(sequence),
+                {"item": api.item(item_id, None), "output_index": 0},
+            )
+        )
+        added = {**where, "part": api.part("", done=False)}
+        await write(api.event("response.content_part.added", next(sequence), added))
+        pieces: list[str] = []
+        while True:
+            what, value = await queue.get()
+            if what == "tokens":
+                for _ in range(value):
+                    pieces.append(openai_api.token_text(emitted))
+                    delta = {**where, "delta": pieces[-1], "logprobs": []}
+                    await write(api.event("response.output_text.delta", next(sequence), delta))
+                    emitted += 1
+                continue
+            break
+        text = "".join(pieces)
+        done = {**where, "logprobs": [], "text": text}
+        await write(api.event("response.output_text.done", next(sequence), done))
+        await write(
+            api.event(
+                "response.content_part.done", next(sequence), {**where, "part": api.part(text, done=True)}
+            )
+        )
+        finished = {"item": api.item(item_id, text), "output_index": 0}
+        await write(api.event("response.output_item.done", next(sequence), finished))
+        await write(api.event("response.completed", next(sequence), {"response": whole(value, text)}))
+
     async def _collect(
         self, parsed: openai_api.ParsedRequest, rid: str, queue: asyncio.Queue[tuple[str, Any]]
     ) -> web.Response:
@@ -313,6 +378,14 @@ class SimServer:
             if what == "tokens":
                 pieces.extend(openai_api.token_text(len(pieces) + i) for i in range(value))
                 continue
+            if parsed.kind == "responses":
+                text, item_id = "".join(pieces), f"msg_{uuid.uuid4().hex[:16]}"
+                answer = responses_api.response(
+                    rid, self.model_name, int(time.time()), parsed.max_tokens,
+                    instructions=parsed.instructions, output=[responses_api.item(item_id, text)],
+                    finish_reason=value, tokens=(parsed.prompt_tokens, len(pieces)),
+                )  # fmt: skip
+                return web.json_response(answer)
             if parsed.kind == "messages":
                 text, tokens = "".join(pieces), len(pieces)
                 answer = messages_api.full_message(

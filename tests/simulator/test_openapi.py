@@ -61,6 +61,8 @@ async def test_json_answers_match_their_schemas(sim: Any) -> None:
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     check(await (await sim.post("/v1/chat/completions", json=chat)).json(), "ChatCompletion")
     check(await (await sim.post("/v1/messages", json=chat)).json(), "Message")
+    response = {"input": "hi", "max_output_tokens": 2}
+    check(await (await sim.post("/v1/responses", json=response)).json(), "Response")
 
 
 async def test_control_answers_match_their_schemas(sim: Any) -> None:

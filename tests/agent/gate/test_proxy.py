@@ -552,6 +552,34 @@ async def test_an_anthropic_messages_stream_from_the_simulator_is_metered_like_v
         await runner.cleanup()
 
 
+async def test_a_responses_stream_from_the_simulator_is_metered_like_vllms(
+    client: aiohttp.ClientSession,
+) -> None:
+    """``/v1/responses`` through the gate to the simulator (vLLM's shapes): the client gets every event,
+    the first token is timed at the first ``response.output_text.delta`` (not at ``response.created``,
+    sent at once) and the tokens are the usage in ``response.completed``."""
+    from simulator.engine import make_core
+    from simulator.server import SimServer
+
+    sim = SimServer(make_core("h100-sxm", "llama-3-8b", "fp16", 64), speed=10.0)
+    runner = web.AppRunner(sim.app())
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    gate = await _gate({"primary": f"http://127.0.0.1:{runner.addresses[0][1]}"})
+    body = {"input": "x" * 40, "max_output_tokens": 6, "stream": True}
+    try:
+        resp = await client.post(f"http://127.0.0.1:{gate.port}/v1/responses", json=body)
+        text = await resp.text()
+        assert resp.status == 200 and text.count("event: response.output_text.delta") == 6
+        assert text.rstrip().endswith('"type":"response.completed"}')
+        assert _totals(gate.stats.tokens, "kind") == {"prompt": 14.0, "output": 6.0}
+        itl = gate.stats.itl.labels("le256").collect()[0].samples
+        assert next(s.value for s in itl if s.name.endswith("_count")) == 5  # gaps between 6 deltas
+    finally:
+        await gate.stop()
+        await runner.cleanup()
+
+
 async def test_a_request_held_past_the_ttft_slo_without_a_token_is_late_at_its_upstream(
     upstream: Upstream, client: aiohttp.ClientSession
 ) -> None:

@@ -16,7 +16,14 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from simulator.openai_api import ApiError, ParsedRequest, chat_tokens, estimate_tokens
+from simulator.openai_api import (
+    ApiError,
+    ParsedRequest,
+    chat_tokens,
+    estimate_tokens,
+    stream_flag,
+    token_limit,
+)
 
 #: OpenAI's finish reasons as Anthropic's stop reasons
 STOP_REASONS = {"length": "max_tokens", "stop": "end_turn", "abort": "end_turn"}
@@ -45,12 +52,14 @@ def parse(body: Any, served_model: str) -> ParsedRequest:
     max_tokens = body.get("max_tokens")
     if max_tokens is None:
         raise ApiError(400, "max_tokens is required")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ApiError(400, f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ApiError(400, "stream must be a boolean")
-    return ParsedRequest("messages", str(model), prompt_tokens, max_tokens, stream, include_usage=False)
+    return ParsedRequest(
+        "messages",
+        str(model),
+        prompt_tokens,
+        token_limit("max_tokens", max_tokens),
+        stream_flag(body),
+        include_usage=False,
+    )
 
 
 def event(kind: str, payload: Mapping[str, Any]) -> bytes:

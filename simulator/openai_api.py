@@ -119,6 +119,21 @@ def chat_tokens(messages: Any) -> int:
     return max(1, math.ceil(chars / CHARS_PER_TOKEN)) + CHAT_TOKENS_PER_MESSAGE * len(messages)
 
 
+def token_limit(field: str, value: Any) -> int:
+    """A request's output-token limit ``field``: an integer >= 1 (a bool is not one), else a 400."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ApiError(400, f"{field} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def stream_flag(body: Mapping[str, Any]) -> bool:
+    """The body's ``stream`` (default false): a boolean, else a 400."""
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "stream must be a boolean")
+    return stream
+
+
 def parse(kind: str, body: Any, served_model: str) -> ParsedRequest:
     """Validate a request body; raises ApiError(400) on anything malformed, 404 on a wrong model."""
     if not isinstance(body, Mapping):
@@ -133,15 +148,8 @@ def parse(kind: str, body: Any, served_model: str) -> ParsedRequest:
             raise ApiError(400, "prompt is required")
         prompt_tokens = _prompt_tokens(body["prompt"])
     raw_max = body.get("max_completion_tokens", body.get("max_tokens"))
-    if raw_max is None:
-        max_tokens = DEFAULT_MAX_TOKENS[kind]
-    elif isinstance(raw_max, bool) or not isinstance(raw_max, int) or raw_max < 1:
-        raise ApiError(400, f"max_tokens must be an integer >= 1, got {raw_max!r}")
-    else:
-        max_tokens = raw_max
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ApiError(400, "stream must be a boolean")
+    max_tokens = DEFAULT_MAX_TOKENS[kind] if raw_max is None else token_limit("max_tokens", raw_max)
+    stream = stream_flag(body)
     options = body.get("stream_options") or {}
     include_usage = bool(isinstance(options, Mapping) and options.get("include_usage"))
     if kind == "chat":  # chat logprobs are not simulated: the fields are ignored as before

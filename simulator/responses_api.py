@@ -19,7 +19,14 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from simulator.openai_api import DEFAULT_MAX_TOKENS, ApiError, ParsedRequest, chat_tokens
+from simulator.openai_api import (
+    DEFAULT_MAX_TOKENS,
+    ApiError,
+    ParsedRequest,
+    chat_tokens,
+    stream_flag,
+    token_limit,
+)
 
 
 def _messages(value: Any, instructions: Any) -> list[dict[str, Any]]:
@@ -60,15 +67,8 @@ def parse(body: Any, served_model: str) -> ParsedRequest:
         raise ApiError(400, "input is required")
     prompt_tokens = chat_tokens(_messages(body["input"], body.get("instructions")))
     raw_max = body.get("max_output_tokens")
-    if raw_max is None:
-        max_tokens = DEFAULT_MAX_TOKENS["chat"]
-    elif isinstance(raw_max, bool) or not isinstance(raw_max, int) or raw_max < 1:
-        raise ApiError(400, f"max_output_tokens must be an integer >= 1, got {raw_max!r}")
-    else:
-        max_tokens = raw_max
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ApiError(400, "stream must be a boolean")
+    max_tokens = DEFAULT_MAX_TOKENS["chat"] if raw_max is None else token_limit("max_output_tokens", raw_max)
+    stream = stream_flag(body)
     instructions = body.get("instructions")
     return ParsedRequest(
         "responses",

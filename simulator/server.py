@@ -268,18 +268,14 @@ class SimServer:
                 return response
             if kind == "chat":
                 await send(openai_api.chunk(kind, rid, model, created, None, role=True))
-            emitted = 0
-            while True:
-                what, value = await queue.get()
-                if what == "tokens":
-                    for _ in range(value):
-                        await send(
-                            openai_api.chunk(kind, rid, model, created, openai_api.token_text(emitted))
-                        )
-                        emitted += 1
-                    continue
-                await send(openai_api.chunk(kind, rid, model, created, None if kind == "chat" else "", value))
-                break
+
+            async def token(index: int) -> None:
+                await send(openai_api.chunk(kind, rid, model, created, openai_api.token_text(index)))
+
+            finish_reason, emitted = await _relay_tokens(queue, token)
+            await send(
+                openai_api.chunk(kind, rid, model, created, None if kind == "chat" else "", finish_reason)
+            )
             if parsed.include_usage:
                 tail = openai_api.chunk(kind, rid, model, created, None)
                 tail["choices"] = []
@@ -301,17 +297,13 @@ class SimServer:
         """An Anthropic Messages stream (simulator/messages_api.py): one text block, a delta per token."""
         await write(messages_api.message_start(rid, self.model_name, parsed.prompt_tokens))
         await write(messages_api.block_start())
-        emitted = 0
-        while True:
-            what, value = await queue.get()
-            if what == "tokens":
-                for _ in range(value):
-                    await write(messages_api.block_delta(openai_api.token_text(emitted)))
-                    emitted += 1
-                continue
-            break
+
+        async def token(index: int) -> None:
+            await write(messages_api.block_delta(openai_api.token_text(index)))
+
+        finish_reason, emitted = await _relay_tokens(queue, token)
         await write(messages_api.block_stop())
-        await write(messages_api.message_delta(value, parsed.prompt_tokens, emitted))
+        await write(messages_api.message_delta(finish_reason, parsed.prompt_tokens, emitted))
         await write(messages_api.message_stop())
 
     async def _response_events(
@@ -325,7 +317,9 @@ class SimServer:
         api, sequence = responses_api, iter(range(1 << 62))
         item_id, created = f"msg_{uuid.uuid4().hex[:16]}", int(time.time())
 
-        def whole(finish_reason: str | None = None, text: str | None = None) -> dict[str, Any]:
+        def whole(
+            finish_reason: str | None = None, text: str | None = None, emitted: int = 0
+        ) -> dict[str, Any]:
             output = None if text is None else [api.item(item_id, text)]
             tokens = None if finish_reason is None else (parsed.prompt_tokens, emitted)
             return api.response(
@@ -333,7 +327,6 @@ class SimServer:
                 output=output, finish_reason=finish_reason, tokens=tokens,
             )  # fmt: skip
 
-        emitted = 0
         where = {"output_index": 0, "item_id": item_id, "content_index": 0}
         for kind in ("response.created", "response.in_progress"):
             await write(api.event(kind, next(sequence), {"response": whole()}))
@@ -347,16 +340,13 @@ class SimServer:
         added = {**where, "part": api.part("", done=False)}
         await write(api.event("response.content_part.added", next(sequence), added))
         pieces: list[str] = []
-        while True:
-            what, value = await queue.get()
-            if what == "tokens":
-                for _ in range(value):
-                    pieces.append(openai_api.token_text(emitted))
-                    delta = {**where, "delta": pieces[-1], "logprobs": []}
-                    await write(api.event("response.output_text.delta", next(sequence), delta))
-                    emitted += 1
-                continue
-            break
+
+        async def token(index: int) -> None:
+            pieces.append(openai_api.token_text(index))
+            delta = {**where, "delta": pieces[-1], "logprobs": []}
+            await write(api.event("response.output_text.delta", next(sequence), delta))
+
+        finish_reason, emitted = await _relay_tokens(queue, token)
         text = "".join(pieces)
         done = {**where, "logprobs": [], "text": text}
         await write(api.event("response.output_text.done", next(sequence), done))
@@ -367,7 +357,9 @@ class SimServer:
         )
         finished = {"item": api.item(item_id, text), "output_index": 0}
         await write(api.event("response.output_item.done", next(sequence), finished))
-        await write(api.event("response.completed", next(sequence), {"response": whole(value, text)}))
+        await write(
+            api.event("response.completed", next(sequence), {"response": whole(finish_reason, text, emitted)})
+        )
 
     async def _collect(
         self, parsed: openai_api.ParsedRequest, rid: str, queue: asyncio.Queue[tuple[str, Any]]
@@ -486,3 +478,18 @@ class SimServer:
         except ControlError as error:
             return _error(error.status, str(error), "ControlError")
         return web.json_response(answer)
+
+
+async def _relay_tokens(
+    queue: asyncio.Queue[tuple[str, Any]], token: Callable[[int], Awaitable[None]]
+) -> tuple[str, int]:
+    """Call ``token(index)`` for each token the core emits into ``queue`` until it ends the request;
+    return the finish reason and the number of tokens. Every streamed API writes its events through it."""
+    emitted = 0
+    while True:
+        what, value = await queue.get()
+        if what != "tokens":
+            return value, emitted
+        for _ in range(value):
+            await token(emitted)
+            emitted += 1

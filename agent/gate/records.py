@@ -226,7 +226,7 @@ class GateStats:
         if rec.ttft_s is not None:
             self.ttft.labels(bucket).observe(rec.ttft_s)
             self._win[(bucket, "ttft")].add(now, rec.ttft_s)
-        if rec.itl_s and rec.choices == 1:  # several sequences' tokens interleave: no one's gaps
+        if rec.itl_s:  # with several sequences, each one's own gaps (agent.gate.sequences)
             itl_hist = self.itl.labels(bucket)
             itl_win = self._win[(bucket, "itl")]
             for gap in rec.itl_s:

@@ -3,9 +3,10 @@
 A JSON answer is read whole and sent on. An SSE stream is written chunk by chunk as it comes, and its
 response headers go with the first byte: until then the client has had nothing, so a hang can still be
 taken back (:class:`Unanswered`) and the request sent to another upstream. The record gets the TTFT, the
-gaps between chunks (its ITL), the usage the answer reports (else one token per event), the status and
-the outcome, and ``finish`` counts it. A client that leaves closes the upstream connection, so the
-engine aborts the request instead of generating for nobody.
+gaps between chunks (its ITL; per sequence when it has several, :mod:`agent.gate.sequences`), the usage
+the answer reports (else one token per event), the status and the outcome, and ``finish`` counts it. A
+client that leaves closes the upstream connection, so the engine aborts the request instead of
+generating for nobody.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from agent.gate.ejection import UpstreamStalled
 from agent.gate.openai import error_body, usage_from_json, usage_from_sse_tail
 from agent.gate.ratelimit import retry_after_header
 from agent.gate.records import RequestRecord
+from agent.gate.sequences import SequenceGaps
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +129,8 @@ class Relay:
         events = 0  # SSE events (every one carries tokens), or token events (with token_event)
         tail = b""
         itl = record.itl_s if record is not None else []
+        # several sequences' events interleave: each one's gaps are taken from its own events instead
+        per_sequence = SequenceGaps(itl) if record is not None and record.choices > 1 else None
 
         def failed(status: int) -> None:
             if record is not None:
@@ -148,9 +152,11 @@ class Relay:
                     if last is None:
                         if record is not None:
                             record.ttft_s = now - record.arrived
-                    else:
+                    elif per_sequence is None:
                         itl.append(now - last)
                     last = now
+                if per_sequence is not None:
+                    per_sequence.feed(chunk, now)
                 tail = chunk if len(chunk) > 256 else (tail + chunk)[-4096:]
                 if fill is not None:
                     fill.feed(chunk)

@@ -176,6 +176,24 @@ async def test_the_native_completion_api_is_held_to_the_limit_and_counted_from_i
     }, tokens
 
 
+async def test_each_prompt_of_a_native_two_prompt_stream_is_timed_by_its_own_tokens(
+    engine: RunningEngine,
+) -> None:
+    """llama.cpp's ``/completion`` with two prompts streams both answers interleaved, each event naming
+    its prompt by a top-level ``index``: the gate's ITL is each answer's own gaps, as many and as long
+    as the client measures them per index (before 2026-12-04 it recorded none for such a stream)."""
+    body = {"prompt": ["Say hello", "Say bye"], "n_predict": 24, "stream": True, "ignore_eos": True}
+    async with gate_for(engine.url) as (_, base, registry), aiohttp.ClientSession() as session:
+        result = await stream(session, base, body, path="/completion")
+    assert result.status == 200, result.body[-400:]
+    expected = result.sequence_gaps()
+    assert len(expected) == 2 * (24 - 1) + 2, result.body[-400:]  # and each answer's closing event
+    bucket = {"bucket": "le256"}
+    assert registry.get_sample_value("servepilot_gate_itl_seconds_count", bucket) == len(expected)
+    itl_sum = registry.get_sample_value("servepilot_gate_itl_seconds_sum", bucket)
+    assert itl_sum == pytest.approx(sum(expected), rel=0.2, abs=0.05), (itl_sum, expected)
+
+
 async def test_chat_without_v1_and_anthropic_messages_are_held_to_the_limit_and_counted(
     engine: RunningEngine,
 ) -> None:

@@ -29,7 +29,15 @@ from agent.control.vllm import VllmAdapter
 from agent.engines.launcher import RunningEngine
 from agent.gate.proxy import Gate
 from policies.batch_auto import AutoBatch
-from tests.engines.client import ONE_AT_A_TIME, completion, gate_for, gate_tokens, sampled, stream_many
+from tests.engines.client import (
+    ONE_AT_A_TIME,
+    completion,
+    gate_for,
+    gate_tokens,
+    sampled,
+    stream,
+    stream_many,
+)
 from tests.engines.closed_loop import RunResult, Slo, capacity, replay, scaled_trace
 from tests.engines.fixture import running
 
@@ -178,6 +186,22 @@ async def test_anthropic_messages_are_admitted_and_every_route_is_judged(engine:
     ttft = registry.get_sample_value("servepilot_gate_ttft_seconds_count", {"bucket": "le256"})
     assert ttft == 3 + _first_token_is_whole(plain[1]["usage"])
     assert "/v1/messages" in routes.admitted and routes.unjudged == ("/v1/systemone",), routes
+
+
+async def test_each_sequence_of_a_stream_with_n_2_is_timed_by_its_own_tokens(engine: RunningEngine) -> None:
+    """``n`` = 2 streamed through the gate: vLLM interleaves the two sequences' events, and the gate's ITL
+    is each sequence's own gaps, as many and as long as the client measures them per ``choices[].index``
+    (before 2026-12-04 the gate recorded no ITL for such a stream)."""
+    body = completion("Say hello", 16, n=2, temperature=1.0)
+    async with gate_for(engine.url) as (_, base, registry), aiohttp.ClientSession() as session:
+        result = await stream(session, base, body)
+    assert result.status == 200, result.body[-400:]
+    expected = result.sequence_gaps()
+    assert len(expected) >= 2, result.body[-400:]  # vLLM may send a sequence's tokens in fewer events
+    bucket = {"bucket": "le256"}
+    assert registry.get_sample_value("servepilot_gate_itl_seconds_count", bucket) == len(expected)
+    itl_sum = registry.get_sample_value("servepilot_gate_itl_seconds_sum", bucket)
+    assert itl_sum == pytest.approx(sum(expected), rel=0.2, abs=0.05), (itl_sum, expected)
 
 
 # --- capability discovery and the sleep lever ---------------------------------------------------------

@@ -38,6 +38,29 @@ class StreamResult:
     ttft_s: float | None = None
     gaps_s: list[float] = field(default_factory=list)
     e2e_s: float = 0.0
+    arrivals: list[tuple[float, bytes]] = field(default_factory=list)
+    """Each chunk as it came, with its ``time.monotonic()``."""
+
+    def sequence_gaps(self) -> list[float]:
+        """The gaps between consecutive events of each sequence (``choices[].index``, or a top-level
+        ``index`` in llama.cpp's native stream), an event timed by the chunk that ended it: what the
+        gate's ITL of a multi-sequence stream should be, taken on the client's side."""
+        last: dict[int, float] = {}
+        gaps: list[float] = []
+        pending = b""
+        for t, chunk in self.arrivals:
+            *events, pending = (pending + chunk).split(b"\n\n")
+            for event in events:
+                data = event.strip().removeprefix(b"data:").strip()
+                if not data or data in (b"[DONE]", b"null"):
+                    continue
+                doc = json.loads(data)
+                indices = [c["index"] for c in doc.get("choices", [])] if "choices" in doc else [doc["index"]]
+                for index in indices:
+                    if index in last:
+                        gaps.append(t - last[index])
+                    last[index] = t
+        return gaps
 
     @property
     def events(self) -> list[str]:
@@ -75,9 +98,11 @@ def completion(prompt: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
     return body
 
 
-async def stream(session: aiohttp.ClientSession, base_url: str, body: dict[str, Any]) -> StreamResult:
+async def stream(
+    session: aiohttp.ClientSession, base_url: str, body: dict[str, Any], path: str = "/v1/completions"
+) -> StreamResult:
     started = time.monotonic()
-    async with session.post(base_url + "/v1/completions", json=body) as resp:
+    async with session.post(base_url + path, json=body) as resp:
         result = StreamResult(resp.status)
         raw = bytearray()
         last: float | None = None
@@ -89,6 +114,7 @@ async def stream(session: aiohttp.ClientSession, base_url: str, body: dict[str, 
                 result.gaps_s.append(now - last)
             last = now
             raw.extend(chunk)
+            result.arrivals.append((now, chunk))
     result.body = bytes(raw)
     result.e2e_s = time.monotonic() - started
     return result

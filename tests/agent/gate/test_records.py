@@ -64,14 +64,14 @@ def test_histograms_go_to_the_passed_registry_not_the_global_one() -> None:
     assert REGISTRY.get_sample_value("servepilot_gate_ttft_seconds_count", {"bucket": "le4k"}) is None
 
 
-def test_the_gaps_of_interleaved_sequences_are_no_inter_token_latency() -> None:
-    """With ``n`` = 2 the events of two sequences interleave: the gaps between them are about half of
-    either sequence's own, so they stay out of the ITL histogram and its quantiles (the TTFT counts)."""
+def test_each_sequences_own_gaps_count_as_inter_token_latency() -> None:
+    """With ``n`` = 2 the relay takes each sequence's gaps from its own events (agent/gate/sequences.py),
+    so they are inter-token latencies like a single sequence's and go into the histogram and quantiles."""
     registry = CollectorRegistry()
     stats = GateStats(registry, LengthBuckets(), window_s=60, start=0.0)
-    stats.record(_record(10, ttft=0.1, itl_s=[0.05] * 9, choices=2), now=1.0)
+    stats.record(_record(10, ttft=0.1, itl_s=[0.1] * 18, choices=2), now=1.0)
     stats.record(_record(10, ttft=0.1, itl_s=[0.1] * 9), now=1.0)
-    assert registry.get_sample_value("servepilot_gate_itl_seconds_count", {"bucket": "le256"}) == 9
+    assert registry.get_sample_value("servepilot_gate_itl_seconds_count", {"bucket": "le256"}) == 27
     values = stats.values(1.0)
     assert values["gate.le256.itl_seconds.p50"] == pytest.approx(0.1)
     assert registry.get_sample_value("servepilot_gate_ttft_seconds_count", {"bucket": "le256"}) == 2

@@ -1,0 +1,184 @@
+"""Each sequence's own inter-token gaps in a multi-sequence stream (``n`` > 1, a list of prompts).
+
+The streams are real: vLLM 0.32 CPU's completions and chat with ``n`` = 2, and llama.cpp's native
+``/completion`` with two prompts (tests/fixtures/gate/SOURCES.md). Their events interleave the two
+sequences in the order the engine sent them; the tests time each event and check that the gaps are taken
+between events of the same sequence, however the bytes are cut into network chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from agent.gate.sequences import MAX_EVENT_BYTES, SequenceGaps
+from tests.agent.gate.parked import ParkedEngine, serving
+from tests.engines.client import gate_for
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gate"
+TIMEOUT = 5.0
+
+
+def _events(name: str) -> list[bytes]:
+    body = (FIXTURES / name).read_bytes()
+    return [event + b"\n\n" for event in body.split(b"\n\n") if event.strip()]
+
+
+def _index(event: bytes) -> int | None:
+    """The sequence a recorded event is for, read the plain way (the expectation, not the code under test)."""
+    data = event.removeprefix(b"data: ").strip()
+    if data in (b"[DONE]", b"null"):
+        return None
+    doc = json.loads(data)
+    choices = doc.get("choices")
+    if choices is not None:
+        return choices[0]["index"] if choices else None
+    return int(doc["index"])
+
+
+def _expected(events: list[bytes], times: list[float]) -> list[float]:
+    last: dict[int, float] = {}
+    gaps = []
+    for event, t in zip(events, times, strict=True):
+        index = _index(event)
+        if index is None:
+            continue
+        if index in last:
+            gaps.append(t - last[index])
+        last[index] = t
+    return gaps
+
+
+@pytest.mark.parametrize(
+    ("name", "sequences", "gaps"),
+    [
+        ("vllm-0.32.0-cpu-completions-n2-stream.sse", 2, 6),  # 4 tokens each: 3 gaps each
+        ("vllm-0.32.0-cpu-chat-n2-stream.sse", 2, 8),  # the role event first, then 4 tokens
+        ("llamacpp-prompts2-stream.sse", 2, 8),  # top-level index; a leading "data: null"
+    ],
+)
+def test_gaps_are_taken_between_events_of_the_same_sequence(name: str, sequences: int, gaps: int) -> None:
+    events = _events(name)
+    times = [0.01 * 2**i for i in range(len(events))]  # every gap distinct, so a wrong pairing shows
+    seen: list[float] = []
+    clock = SequenceGaps(seen)
+    for event, t in zip(events, times, strict=True):
+        clock.feed(event, t)
+    assert clock.sequences == sequences
+    assert seen == pytest.approx(_expected(events, times))
+    assert len(seen) == gaps
+
+
+@pytest.mark.parametrize("size", [1, 7, 64, 333])
+def test_events_cut_across_chunks_are_put_back_together(size: int) -> None:
+    """An event split over network chunks counts once, when its end arrives (with CRLF lines too)."""
+    events = _events("vllm-0.32.0-cpu-completions-n2-stream.sse")
+    body = b"".join(events).replace(b"\n", b"\r\n")
+    seen: list[float] = []
+    clock = SequenceGaps(seen)
+    for start in range(0, len(body), size):
+        clock.feed(body[start : start + size], float(start))  # a piece's time: where it starts
+    ends, at = [], 0  # each event counts when the piece with its last byte comes
+    for event in events:
+        at += len(event.replace(b"\n", b"\r\n"))
+        ends.append(float((at - 1) // size * size))
+    assert seen == pytest.approx(_expected(events, ends))
+
+
+def test_events_naming_no_sequence_are_nobodys_tokens() -> None:
+    seen: list[float] = []
+    clock = SequenceGaps(seen)
+    noise = (
+        b"data: not json\n\n"
+        b'data: ["a", "list"]\n\n'
+        b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 8}}\n\n'
+        b'data: {"choices": [{"index": true}]}\n\n'
+        b'data: {"index": -1}\n\n'
+        b": a comment\n\n"
+        b"data: [DONE]\n\n"
+    )
+    clock.feed(b'data: {"choices": [{"index": 0, "text": "a"}]}\n\n', 1.0)
+    clock.feed(noise, 2.0)
+    clock.feed(b'data: {"choices": [{"index": 0, "text": "b"}]}\n\n', 3.0)
+    assert seen == [2.0] and clock.sequences == 1
+
+
+def test_an_event_that_never_ends_is_dropped_not_kept_growing() -> None:
+    seen: list[float] = []
+    clock = SequenceGaps(seen)
+    clock.feed(b'data: {"choices": [{"index": 0, "text": "', 1.0)
+    clock.feed(b"x" * MAX_EVENT_BYTES, 2.0)  # past the bound: what was kept goes
+    clock.feed(b'"}]}\n\ndata: {"choices": [{"index": 0}]}\n\n', 3.0)
+    clock.feed(b'data: {"choices": [{"index": 0}]}\n\n', 4.0)
+    assert seen == [1.0] and clock.sequences == 1
+
+
+class SteppedUpstream(ParkedEngine):
+    """``/v1/completions`` with ``n`` = 2: the recorded vLLM stream regrouped as an engine sends it, both
+    sequences' tokens of a decode step in one write, a step every ``STEP_S`` of the gate's (virtual)
+    clock. The next step waits until the gate has read the last one (its clock was read)."""
+
+    path = "/v1/completions"
+    STEP_S = 0.05
+
+    def __init__(self, now: list[float]) -> None:
+        super().__init__()
+        self.now = now
+        self.reads = 0
+
+    def clock(self) -> float:
+        self.reads += 1
+        return self.now[0]
+
+    async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        events = _events("vllm-0.32.0-cpu-completions-n2-stream.sse")
+        by_sequence: dict[int, list[bytes]] = {0: [], 1: []}
+        for event in events[:-1]:
+            index = _index(event)
+            assert index is not None
+            by_sequence[index].append(event)
+        steps = [a + b for a, b in zip(by_sequence[0], by_sequence[1], strict=True)] + [events[-1]]
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for step in steps:
+            self.now[0] += self.STEP_S
+            reads = self.reads
+            await resp.write(step)
+            while self.reads == reads:  # the gate reads its clock for each chunk it relays
+                await asyncio.sleep(0.001)
+        await resp.write_eof()
+        return resp
+
+
+@pytest.fixture
+async def stepped() -> AsyncIterator[SteppedUpstream]:
+    async for engine in serving(SteppedUpstream([100.0])):
+        yield engine
+
+
+async def test_the_gate_records_each_sequences_own_token_gaps(stepped: SteppedUpstream) -> None:
+    """Two sequences decoding a token each per 50 ms step: the gate's ITL is 50 ms, 3 gaps each (before
+    2026-12-04 it recorded none for such a stream; the gaps between events would have said 0 and 50 ms)."""
+    body = {"model": "m", "prompt": "Say hello", "max_tokens": 4, "n": 2, "stream": True}
+    async with (
+        gate_for(stepped.url) as (gate, base, registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+    ):
+        gate.clock = stepped.clock
+        async with client.post(f"{base}/v1/completions", json=body) as resp:
+            relayed = await resp.read()
+        values = gate.stats.values(stepped.now[0])
+    recorded = _events("vllm-0.32.0-cpu-completions-n2-stream.sse")
+    assert sorted(relayed.split(b"\n\n")) == sorted(b"".join(recorded).split(b"\n\n"))  # every event
+    bucket = {"bucket": "le256"}
+    assert registry.get_sample_value("servepilot_gate_itl_seconds_count", bucket) == 6
+    assert registry.get_sample_value("servepilot_gate_itl_seconds_sum", bucket) == pytest.approx(0.3)
+    assert values["gate.le256.itl_seconds.p99"] == pytest.approx(SteppedUpstream.STEP_S)
+    assert registry.get_sample_value("servepilot_gate_ttft_seconds_sum", bucket) == pytest.approx(0.05)

@@ -1,0 +1,160 @@
+"""``forecast``, ``policies``, ``canary`` and ``cost``: what the brain decides with, and against which SLO."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from agent.config.base import Section
+
+
+class ForecastConfig(Section):
+    """Traffic forecasting (issue 5): 1-minute request and token rates, forecast 5-60 minutes ahead,
+    the model chosen by a rolling-origin backtest, and a replica recommendation. Off by default."""
+
+    enabled: bool = Field(False, description="forecast request and token rates")
+    horizons_min: tuple[int, ...] = Field((5, 15, 30, 60), description="published horizons, minutes")
+    quantiles: tuple[float, ...] = Field((0.1, 0.5, 0.9), description="published quantiles")
+    selection_horizon_min: int = Field(30, ge=1, le=240, description="horizon the backtest selects at")
+    models: tuple[str, ...] = Field(
+        ("last_value", "seasonal_naive_1d", "holt_winters", "arima", "level_shape", "lstm"),
+        description="candidate forecasters (the LSTM is used only once it beats the baselines)",
+    )
+    refit_interval_s: float = Field(21600.0, ge=60, le=7 * 86400, description="backtest + refit period")
+    history_days: float = Field(14.0, ge=1, le=60, description="1-minute history kept for refits")
+    backtest_days: float = Field(2.0, ge=0.25, le=14, description="span the selection backtest scores")
+    state_path: str | None = Field("servepilot-forecast.json", description="saved state; null: memory only")
+    save_interval_s: float = Field(300.0, ge=10, le=86400, description="state is saved this often")
+    ttft_slo_s: float = Field(2.0, gt=0, le=600, description="p99 TTFT within which load counts as served")
+    replica_quantile: float = Field(0.9, gt=0, lt=1, description="forecast quantile replicas are sized for")
+    target_utilization: float = Field(0.8, gt=0, le=1, description="share of learned capacity to plan for")
+    min_replicas: int = Field(1, ge=0, le=10_000, description="smallest recommended replica count")
+    max_replicas: int = Field(64, ge=1, le=10_000, description="largest recommended replica count")
+
+    @field_validator("horizons_min")
+    @classmethod
+    def _horizons(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or min(value) < 1 or max(value) > 240:
+            raise ValueError("must be minutes in [1, 240]")
+        return tuple(sorted(set(value)))
+
+    @field_validator("quantiles")
+    @classmethod
+    def _quantiles(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if not value or any(not 0 < q < 1 for q in value):
+            raise ValueError("must be levels in (0, 1)")
+        return tuple(sorted(set(value)))
+
+
+class PolicyConfig(Section):
+    """Which decision rules run, against which latency SLO (actions still follow actuators.mode)."""
+
+    set: Literal["none", "auto", "seed"] = Field(
+        "auto",
+        description="auto: SLO-aware batch + breaker (+ the gate's queue deadline; + the token budget where "
+        "the engine offers it); seed: the published rule; none: observe only",
+    )
+    ttft_slo_s: float = Field(2.0, gt=0, le=600, description="time-to-first-token target (P99)")
+    itl_slo_s: float = Field(0.1, gt=0, le=60, description="inter-token latency target (mean)")
+    batch_min: int = Field(8, ge=1, le=65536, description="lowest effective batch the policies may set")
+    batch_max: int = Field(512, ge=1, le=65536, description="highest effective batch the policies may set")
+    initial_batch: int = Field(64, ge=1, le=65536, description="batch the auto policy starts from")
+    energy: bool = Field(
+        False,
+        description="SLO-gated energy saving: step the GPU knob (actuators.gpu) down while latency has room, "
+        "back up at once when it is at risk; needs actuators.gpu, or an engine control API with sm_clock_mhz",
+    )
+    energy_levels: tuple[float, ...] = Field(
+        (),
+        description="the energy ladder, high to low, in MHz (locked_clocks) or W (power_limit); empty: 8 "
+        "even steps from the GPU's top down to 45% of it",
+    )
+    schedule: dict[str, Any] | None = Field(
+        None,
+        description="time of day: {timezone (required), windows: [{days, start, end, mode}], default}; "
+        "in a window whose mode is peak the energy ladder stays at the top",
+    )
+    sleep: bool = Field(
+        False,
+        description="put the engine to sleep when idle and the upper traffic forecast is low, wake it ahead "
+        "of the forecast rise; needs forecast.enabled and an engine control API that offers sleep",
+    )
+    sleep_below_rps: float = Field(
+        0.05, ge=0, le=1e6, description="sleep only while the upper forecast stays below this (requests/s)"
+    )
+    wake_above_rps: float = Field(
+        0.2, gt=0, le=1e6, description="wake when the upper forecast reaches this (requests/s)"
+    )
+    sleep_min_idle_s: float = Field(
+        600.0, ge=0, le=86400, description="continuous idleness (nothing in flight or queued) before sleep"
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PolicyConfig:
+        if self.batch_min > self.batch_max:
+            raise ValueError(f"batch_min must be <= batch_max, got {self.batch_min} > {self.batch_max}")
+        if not self.batch_min <= self.initial_batch <= self.batch_max:
+            raise ValueError(
+                f"initial_batch must lie in [batch_min, batch_max] = [{self.batch_min}, {self.batch_max}],"
+                f" got {self.initial_batch}"
+            )
+        if self.sleep_below_rps >= self.wake_above_rps:
+            raise ValueError("sleep_below_rps must be below wake_above_rps (the gap is the hysteresis)")
+        return self
+
+    @field_validator("energy_levels")
+    @classmethod
+    def _ladder(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not math.isfinite(v) or v <= 0 for v in value) or list(value) != sorted(
+            set(value), reverse=True
+        ):
+            raise ValueError("must be positive and strictly falling (high to low)")
+        return value
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            from policies.schedule import Schedule
+
+            Schedule.from_data(value)  # ScheduleError (a ValueError) names the field in one line
+        return value
+
+
+class CanaryConfig(Section):
+    """The precision canary (issue 6): a perplexity gate, then a stepped fp8 rollout. Off by default;
+    needs the gate (its split carries the fp8 share), and it starts only through POST /api/admin/canary."""
+
+    enabled: bool = Field(False, description="run the precision canary policy and its perplexity gate")
+    validation_file: str | None = Field(
+        None, description="validation texts: one per line, or JSONL with a text field"
+    )
+    primary: str = Field("primary", description="gate upstream serving the reference precision")
+    candidate: str = Field("fp8", description="gate upstream serving the fp8 candidate")
+    model: str | None = Field(None, description="model name sent to both; null: the first of /v1/models")
+    max_ppl_delta: float = Field(0.005, gt=0, lt=1, description="fp8 passes when its PPL rises by less")
+    steps: tuple[float, ...] = Field((0.05, 0.25, 0.5, 1.0), description="fp8 traffic shares, in order")
+    step_s: float = Field(300.0, ge=0.01, le=86400, description="healthy time before the next step")
+    failure_limit: int = Field(2, ge=0, le=1000, description="failed checks tolerated before a rollback")
+    gate_timeout_s: float = Field(600.0, ge=1, le=86400, description="no perplexity by then: rollback")
+    timeout_s: float = Field(30.0, gt=0, le=600, description="HTTP timeout of one perplexity request")
+    concurrency: int = Field(4, ge=1, le=256, description="perplexity requests in flight per upstream")
+    retry_s: float = Field(30.0, ge=0.1, le=3600, description="a failed measurement is retried after")
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if not value or any(not 0 < s <= 1 for s in value) or list(value) != sorted(set(value)):
+            raise ValueError("must be strictly increasing shares in (0, 1]")
+        return value
+
+
+class CostConfig(Section):
+    """Cost and energy per token, from measured throughput and power."""
+
+    price_per_gpu_hour_usd: float | None = Field(
+        None, ge=0, le=1000, description="price of one GPU-hour; null: no cost series, energy only"
+    )
+    window_s: float = Field(300.0, ge=10, le=86400, description="window of the per-token averages")

@@ -1,0 +1,244 @@
+"""``gate``: the admission gate, its business lines and its API keys (docs/gate.md)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, field_validator, model_validator
+
+from agent.config.base import Port, Section, check_http_url
+
+
+class GateLineConfig(Section):
+    """Admission limits of one business line (a tenant, product or API-key group)."""
+
+    requests_per_min: float = Field(1000.0, gt=0, le=1e7, description="token-bucket refill rate")
+    burst_ratio: float = Field(
+        2.0, ge=1, le=100, description="bucket size as a multiple of one minute's rate"
+    )
+    tokens_per_min: float | None = Field(None, gt=0, description="optional prompt+output token budget")
+    priority: Literal["high", "normal", "low"] = Field("normal", description="class when no header says")
+    max_in_flight_share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="most of the gate's in-flight limit this line may hold (queued or at the engine); its "
+        "other requests wait in the line's own queue, so one tenant cannot fill the engine; null = no cap",
+    )
+
+
+class GateConfig(Section):
+    """The admission gate: a reverse proxy in front of the engine's OpenAI API. Off unless configured."""
+
+    enabled: bool = Field(False, description="run the admission gate")
+    listen_host: str = Field(
+        "127.0.0.1", description="gate address (0.0.0.0 when the pod's service points at it)"
+    )
+    listen_port: Port = Field(8080, description="gate port")
+    upstreams: dict[str, str] = Field(
+        default_factory=lambda: {"primary": "http://127.0.0.1:8000"}, description="upstream name -> base URL"
+    )
+    split: dict[str, float] = Field(
+        default_factory=lambda: {"primary": 1.0}, description="initial traffic share per upstream"
+    )
+    upstream_models: dict[str, str] = Field(
+        default_factory=dict,
+        description="upstream name -> model name sent to it, for one serving another model (e.g. small)",
+    )
+    max_in_flight: int = Field(
+        64, ge=1, le=65536, description="effective batch: requests sent upstream at once"
+    )
+    queue_size: int = Field(1024, ge=0, le=1_000_000, description="requests that may wait; beyond -> 429")
+    max_queue_wait_s: float = Field(
+        10.0, gt=0, le=3600, description="longest wait before 503; set it to the TTFT SLO (auto moves it)"
+    )
+    high_reserved_ratio: float = Field(0.2, ge=0, lt=1, description="share of the limit only high may use")
+    aging_s: float = Field(0.2, gt=0, le=60, description="wait after which a request is promoted one class")
+    line_header: str = Field("x-servepilot-line", description="header naming the business line")
+    priority_header: str = Field("x-servepilot-priority", description="header naming the priority class")
+    max_wait_header: str = Field(
+        "x-servepilot-max-wait-ms",
+        description="header with the client's own queue deadline in ms (the shorter wins; 0: never wait)",
+    )
+    api_keys: dict[str, str] = Field(default_factory=dict, description="bearer API key -> business line")
+    api_keys_file: str | None = Field(
+        None,
+        description="file of more API keys (a YAML mapping: key -> business line), merged into api_keys; "
+        "re-read at every reload and watched with agent.config_watch_s, so keys from a mounted Secret "
+        "rotate without a restart",
+    )
+    default_line: str = Field("default", description="line of requests that name none (or an unknown one)")
+    lines: dict[str, GateLineConfig] = Field(default_factory=dict, description="per-line limits")
+    default_requests_per_min: float = Field(1000.0, gt=0, le=1e7, description="rate of lines not listed")
+    max_body_bytes: int = Field(4 << 20, ge=1024, le=1 << 30, description="larger request bodies get 413")
+    connect_timeout_s: float = Field(5.0, gt=0, le=600, description="upstream connect timeout")
+    read_timeout_s: float = Field(300.0, gt=0, le=86400, description="longest silence from the upstream")
+    eject_stalled_s: float = Field(
+        60.0,
+        ge=0,
+        le=86400,
+        description=(
+            "an upstream holding streams that sends nothing this long leaves the split, as does this pod's "
+            "engine while the engine_stall detector finds it hung (docs/gate.md); 0: off"
+        ),
+    )
+    cut_stalled_streams: bool = Field(
+        True,
+        description="for an upstream found hung (eject_stalled_s): end its started streams with an "
+        "error event, and send the requests it never answered to the next upstream, instead of "
+        "waiting read_timeout_s",
+    )
+    retry_statuses: tuple[int, ...] = Field(
+        (502, 503, 504),
+        description="an upstream answering one of these statuses (it did not take the request) is not "
+        "passed on: the request goes to the next healthy upstream, if there is one and the retry budget "
+        "allows; empty: never",
+    )
+    retry_budget_ratio: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="retries at most this share of the requests at upstreams (at least 3 at a time), so a "
+        "failing upstream cannot double the load on the others (Envoy's retry budget)",
+    )
+    drain_s: float = Field(
+        10.0, ge=0.1, le=3600, description="on shutdown, in-flight requests get this long to finish"
+    )
+    admit_paths: tuple[str, ...] = Field(
+        (),
+        description="more request paths admitted through the queue (a custom or newer engine route), "
+        "beside the generation, embedding, pooling, scoring and audio routes of vLLM, SGLang and "
+        "llama.cpp (docs/gate.md); any other path is passed straight through",
+    )
+    health_path: str = Field("/health", description="upstream health-check path")
+    health_interval_s: float = Field(5.0, ge=0.1, le=600, description="upstream health-check period")
+    length_edges: tuple[int, ...] = Field((256, 1024, 4096), description="prompt-token bucket edges")
+    stats_window_s: float = Field(60.0, ge=1, le=3600, description="window of the gate's quantile signals")
+    isolation_threshold_tokens: int = Field(
+        0, ge=0, le=10_000_000, description="prompts this long (est. tokens) go to the long pool; 0 = off"
+    )
+    isolation_upstream: str = Field("long", description="upstream name of the long-context pool")
+    isolation_max_in_flight: int = Field(8, ge=1, le=65536, description="in-flight limit of the long pool")
+    isolation_queue_size: int = Field(256, ge=0, le=1_000_000, description="long-pool queue; beyond -> 429")
+    cache_enabled: bool = Field(False, description="serve repeated deterministic requests from a cache")
+    cache_max_bytes: int = Field(64 << 20, ge=1024, le=1 << 40, description="in-memory tier size bound")
+    cache_max_entry_bytes: int = Field(
+        1 << 20, ge=64, le=1 << 30, description="larger responses are not kept"
+    )
+    cache_ttl_s: float = Field(300.0, gt=0, le=86400 * 30, description="entry lifetime")
+    cache_dir: str | None = Field(None, description="directory of the optional on-disk tier; null = none")
+    cache_disk_max_bytes: int = Field(1 << 30, ge=1024, le=1 << 44, description="on-disk tier size bound")
+    cache_lines: tuple[str, ...] = Field((), description="business lines that may use the cache; empty = all")
+    cache_bloom_capacity: int = Field(
+        100_000, ge=16, le=1 << 30, description="distinct keys the admission Bloom filter is sized for"
+    )
+    cache_bloom_error_rate: float = Field(0.01, gt=0, lt=0.5, description="Bloom false-positive target")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keys_from_file(cls, data: Any) -> Any:
+        """``api_keys_file``'s keys merged into ``api_keys``: one set of keys for the gate, and a change of
+        the file is a change of ``api_keys`` to a reload. No message names a key."""
+        if not isinstance(data, Mapping) or not data.get("api_keys_file"):
+            return data
+        path = str(data["api_keys_file"])
+        keys = read_api_keys(path)
+        inline = data.get("api_keys") or {}
+        if not isinstance(inline, Mapping):
+            return data  # the field's own check says what is wrong with it
+        clash = sum(1 for key, line in keys.items() if key in inline and inline[key] != line)
+        if clash:
+            raise ValueError(
+                f"api_keys_file {path!r}: {clash} of its keys also in api_keys for another business line "
+                "(keys are never shown)"
+            )
+        return {**data, "api_keys": {**inline, **keys}}
+
+    @field_validator("upstreams")
+    @classmethod
+    def _upstream_urls(cls, value: dict[str, str]) -> dict[str, str]:
+        if not value:
+            raise ValueError("must name at least one upstream")
+        return {name: check_http_url(url) for name, url in value.items()}
+
+    @model_validator(mode="after")
+    def _upstream_models_known(self) -> GateConfig:
+        for name, model in self.upstream_models.items():
+            if name not in self.upstreams:
+                known = ", ".join(self.upstreams)
+                raise ValueError(f"upstream_models names {name!r}, not one of the upstreams ({known})")
+            if not model.strip():
+                raise ValueError(f"upstream_models.{name} must be a model name, got {model!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _split_known(self) -> GateConfig:
+        known = ", ".join(self.upstreams)
+        for name in self.split:
+            if name not in self.upstreams:
+                raise ValueError(f"split names {name!r}, not one of the upstreams ({known})")
+        shares = self.split.values()
+        if any(not math.isfinite(share) or share < 0 for share in shares) or sum(shares) <= 0:
+            raise ValueError(f"split must give shares >= 0 with a total above 0, got {dict(self.split)}")
+        return self
+
+    @model_validator(mode="after")
+    def _isolation_upstream_known(self) -> GateConfig:
+        if self.isolation_threshold_tokens > 0 and self.isolation_upstream not in self.upstreams:
+            raise ValueError(
+                f"isolation_upstream {self.isolation_upstream!r} is not one of the upstreams "
+                f"({', '.join(self.upstreams)})"
+            )
+        return self
+
+    @field_validator("retry_statuses")
+    @classmethod
+    def _retry_statuses(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if any(not 500 <= status <= 599 for status in value):
+            raise ValueError(
+                f"must be 5xx statuses (a 4xx is the client's, and would fail again), got {value}"
+            )
+        return tuple(sorted(set(value)))
+
+    @field_validator("admit_paths")
+    @classmethod
+    def _admit_paths(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for path in value:
+            if not path.startswith("/") or any(c in path for c in "?# ") or "*" in path:
+                raise ValueError(
+                    "each must be a path such as /v1/rerank (starting with /, no query or wildcard)"
+                )
+        return tuple(dict.fromkeys(value))
+
+    @field_validator("length_edges")
+    @classmethod
+    def _edges(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or value[0] <= 0 or list(value) != sorted(set(value)):
+            raise ValueError("must be positive and strictly increasing")
+        return value
+
+
+def read_api_keys(path: str) -> dict[str, str]:
+    """The API keys in ``path``: a YAML (or JSON) mapping of key -> business line. ValueError, in one line
+    that names the file and never a key, when it cannot be read or is not such a mapping."""
+    where = f"api_keys_file {path!r}"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        why = getattr(error, "strerror", None) or type(error).__name__
+        raise ValueError(f"{where}: cannot read it: {why}") from None
+    try:
+        keys = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ValueError(f"{where}: is not valid YAML") from None
+    if keys is None:
+        return {}  # an empty file: no keys (all revoked)
+    if not isinstance(keys, Mapping) or not all(
+        isinstance(k, str) and k.strip() and isinstance(v, str) and v.strip() for k, v in keys.items()
+    ):
+        raise ValueError(f"{where}: must be a mapping of API key -> business line, both non-empty strings")
+    return dict(keys)

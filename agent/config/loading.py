@@ -1,0 +1,143 @@
+"""Building the config from YAML and the environment, and its errors: one line that names the field."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+import yaml
+from annotated_types import Ge, Gt, Le, Lt
+from pydantic import ValidationError
+
+from agent.config.root import Config
+
+ENV_PREFIX = "SERVEPILOT_"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, as one line that names the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        text = f"{field} {message}" if field else message
+        # one line, always: a newline smuggled in through a key or a value cannot forge a log line
+        super().__init__(text.replace("\r", "\\r").replace("\n", "\\n"))
+        self.field = field
+
+
+def format_value(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+        return str(int(value))
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _bounds(loc: tuple[str | int, ...]) -> tuple[str, str] | None:
+    """The [lower, upper] bounds declared on the field at ``loc``, for a complete range message."""
+    model: Any = Config
+    info = None
+    for part in loc:
+        if get_origin(model) is dict:  # a mapping of sections (gate.lines.<name>): the key names no field
+            model, info = get_args(model)[1], None
+            continue
+        if not isinstance(part, str) or not hasattr(model, "model_fields") or part not in model.model_fields:
+            return None
+        info = model.model_fields[part]
+        model = info.annotation
+    if info is None:
+        return None
+    lo, hi, lo_open, hi_open = "-inf", "inf", False, False
+    for meta in info.metadata:
+        if isinstance(meta, Ge):
+            lo = format_value(meta.ge)
+        elif isinstance(meta, Gt):
+            lo, lo_open = format_value(meta.gt), True
+        elif isinstance(meta, Le):
+            hi = format_value(meta.le)
+        elif isinstance(meta, Lt):
+            hi, hi_open = format_value(meta.lt), True
+    if (lo, hi) == ("-inf", "inf"):
+        return None
+    return ("(" if lo_open else "[") + lo, hi + (")" if hi_open else "]")
+
+
+def _describe(error: ValidationError) -> ConfigError:
+    first = error.errors(include_url=False)[0]
+    loc = tuple(first["loc"])
+    field = ".".join(str(p) for p in loc)
+    kind, value = first["type"], first.get("input")
+    if kind == "extra_forbidden":
+        return ConfigError(field, "is not a known setting")
+    if kind == "missing":
+        return ConfigError(field, "is required")
+    if kind in {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}:
+        bounds = _bounds(loc)
+        if bounds:
+            return ConfigError(field, f"must be in {bounds[0]}, {bounds[1]}, got {format_value(value)}")
+    if kind == "literal_error":
+        expected = first.get("ctx", {}).get("expected", "")
+        return ConfigError(field, f"must be one of {expected}, got {format_value(value)}")
+    message = first["msg"].removeprefix("Value error, ")
+    last = str(loc[-1]) if loc else ""
+    if last and message.startswith(last + "."):  # a rule that names a part of its field (schedule.timezone)
+        name, _, rest = message.partition(" ")
+        return ConfigError(".".join([*(str(p) for p in loc[:-1]), name]), rest)
+    if len(loc) <= 1 and isinstance(value, Mapping):  # a section-level rule names its field first
+        name, _, rest = message.partition(" ")
+        return ConfigError(f"{field}.{name}" if field else name, rest)
+    return ConfigError(field, f"{message[0].lower()}{message[1:]}, got {format_value(value)}")
+
+
+def _parse_env_value(raw: str) -> Any:
+    """Environment values are YAML scalars, so ``2``, ``true`` and ``[0, 1]`` get their types."""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """Return ``data`` with ``SERVEPILOT_SECTION__FIELD`` overrides from ``environ`` applied."""
+    merged: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for key, raw in sorted(environ.items()):
+        if not key.startswith(ENV_PREFIX):
+            continue
+        path = key[len(ENV_PREFIX) :].lower().split("__")
+        if len(path) != 2 or not all(path):
+            raise ConfigError(key, "must look like SERVEPILOT_<SECTION>__<FIELD>")
+        section = merged.setdefault(path[0], {})
+        if not isinstance(section, dict):
+            raise ConfigError(path[0], "must be a mapping")
+        section[path[1]] = _parse_env_value(raw)
+    return merged
+
+
+def build(data: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None) -> Config:
+    """Validate a parsed mapping (plus environment overrides) into a :class:`Config`."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("", f"config must be a YAML mapping at the top level, got {type(data).__name__}")
+    merged = apply_env(dict(data), environ or {})
+    try:
+        return Config.model_validate(merged)
+    except ValidationError as error:
+        raise _describe(error) from None
+
+
+def load(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
+    """Read ``path`` (YAML) and build the config; every problem is a one-line :class:`ConfigError`."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError("", f"config {str(path)!r} is not UTF-8 text (byte {error.start})") from None
+    except OSError as error:
+        raise ConfigError("", f"cannot read config {str(path)!r}: {error.strerror or error}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError("", f"config {str(path)!r} is not valid YAML{where}") from None
+    return build(data, environ)

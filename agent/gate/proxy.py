@@ -4,6 +4,7 @@ Request path: size limit (413) -> business line and priority -> the line's token
 admission (queue; 429 when full, 503 after ``max_queue_wait_s``) -> an upstream chosen by the split,
 failing over to the next on a connection error (502 when every one fails, 503 when none is usable) ->
 the response relayed chunk by chunk (SSE stays streaming; agent/gate/relay.py) -> a :class:`RequestRecord`.
+Sending and failing over is agent/gate/forward.py.
 
 A client that disconnects cancels its handler (the runner is created with ``handler_cancellation``),
 which closes the upstream connection, so the engine aborts the request instead of generating for nobody.
@@ -15,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import math
 import random
@@ -30,6 +30,7 @@ from agent.config import GateConfig
 from agent.gate.admission import AdmissionQueue, Priority, Ticket, TicketState
 from agent.gate.cache import Entry, Fill, ResponseCache, cache_key, response_identity
 from agent.gate.ejection import BlindWatch, StallEjector
+from agent.gate.forward import Forwarder
 from agent.gate.held import HeldRequests
 from agent.gate.isolation import IsolationLane
 from agent.gate.line_slots import LineSlots, line_cap
@@ -43,8 +44,8 @@ from agent.gate.openai import (
 )
 from agent.gate.ratelimit import LineLimiter, LineLimits, LineResolver
 from agent.gate.records import GateStats, LengthBuckets, RequestRecord
-from agent.gate.relay import Relay, Unanswered, forward_headers, json_error
-from agent.gate.upstreams import Upstream, UpstreamPool, health_loop
+from agent.gate.relay import Relay, json_error
+from agent.gate.upstreams import UpstreamPool, health_loop
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +109,6 @@ class Gate:
         self.stats.slo = slo
         self._rng = rng or random.Random()
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
-        self._session: aiohttp.ClientSession | None = None
-        self._fresh: aiohttp.ClientSession | None = None  # opened on the first stale-connection retry
         self._runner: web.AppRunner | None = None
         self._health_stop = asyncio.Event()
         self._health_task: asyncio.Task[None] | None = None
@@ -135,10 +134,19 @@ class Gate:
         self._watch_line_shares(cfg)
         self.blind = BlindWatch(on_blind=self._went_blind)
         self._blind_task: asyncio.Task[None] | None = None
-        #: requests on a retry now, held to the budget
-        self._retrying = 0
-        # the clock is read through self: tests replace it after the start
-        self._relayer = Relay(lambda: self.clock(), self._finish, self._fill_cache)
+        # the clock and the config are read through self: tests replace the clock after the start, and a
+        # reload the config
+        relay = Relay(lambda: self.clock(), self._finish, self._fill_cache)
+        self.forwarder = Forwarder(
+            lambda: self.cfg,
+            self.pool,
+            self.held,
+            self.stats,
+            self.metrics,
+            relay,
+            lambda: self.clock(),
+            self._rng,
+        )
         self.app = web.Application(client_max_size=cfg.max_body_bytes)
         self.app.router.add_route("*", "/{tail:.*}", self._handle)
 
@@ -168,7 +176,7 @@ class Gate:
     # --- lifecycle ---------------------------------------------------------------------------------
     async def start(self, host: str | None = None, port: int | None = None) -> int:
         """Listen on ``host:port`` (config defaults; port 0 picks a free one) and return the port."""
-        self._session = self._new_session()
+        session = self.forwarder.open()
         self._runner = web.AppRunner(
             self.app,
             access_log=None,
@@ -185,7 +193,7 @@ class Gate:
         cfg = self.cfg
         checker = health_loop(
             self.pool,
-            self._session,
+            session,
             cfg.health_path,
             cfg.health_interval_s,
             self.clock,
@@ -234,19 +242,9 @@ class Gate:
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 await asyncio.wait_for(self._health_task, timeout=2.0)
         await self.drain()
-        for session in (self._session, self._fresh):
-            if session is not None:
-                await session.close()
+        await self.forwarder.close()
         if self.cache is not None:
             self.cache.close()
-
-    def _new_session(self, *, fresh: bool = False) -> aiohttp.ClientSession:
-        """The upstream session; ``fresh``: one that never reuses a connection (the stale-socket retry)."""
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, force_close=fresh)
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=self.cfg.connect_timeout_s, sock_read=self.cfg.read_timeout_s
-        )
-        return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
 
     # --- knobs and signals -------------------------------------------------------------------------
     @property
@@ -407,7 +405,7 @@ class Gate:
         path = request.rel_url.path
         known = path in ADMITTED_PATHS
         if not known and path not in self.cfg.admit_paths:
-            return await self._forward(request, body, None, RequestInfo())
+            return await self.forwarder.forward(request, body, None, RequestInfo())
         try:
             info = parse_request(path, body) if known else parse_any(body)
         except BadRequest as error:
@@ -497,7 +495,7 @@ class Gate:
         record.queue_wait_s += ticket.queue_wait_s
         try:
             prefer = None if lane is None else lane.upstream
-            return await self._forward(request, body, record, info, prefer, fill)
+            return await self.forwarder.forward(request, body, record, info, prefer, fill)
         finally:
             self._wake(admission.release(ticket, self.clock()))
 
@@ -542,159 +540,6 @@ class Gate:
         return json_error(
             status, message, "rate_limit_error" if status == 429 else "overloaded_error", code, retry_s
         )
-
-    async def _forward(
-        self,
-        request: web.Request,
-        body: bytes,
-        record: RequestRecord | None,
-        info: RequestInfo,
-        prefer: str | None = None,
-        fill: Fill | None = None,
-    ) -> web.StreamResponse:
-        """Send upstream: the split's pick first, or ``prefer`` (the long pool) first when given. The next
-        candidate gets it when an upstream refuses the connection, or when it hung before sending any of
-        its answer (:meth:`stalled_upstreams`): the client has had nothing yet."""
-        assert self._session is not None, "Gate.start() was not called"
-        headers = forward_headers(request.headers)
-        candidates = self.pool.candidates(self._rng.random())
-        if prefer is not None:
-            candidates.sort(key=lambda up: up.name != prefer)  # stable: the rest keep their order
-        errors: list[str] = []
-        stalled: list[str] = []
-        tried: set[str] = set()
-        retried = 0
-        try:
-            while candidates:
-                upstream = candidates.pop(0)
-                tried.add(upstream.name)
-                url = upstream.url + request.rel_url.path_qs
-                key = id(record)
-                if record is not None:
-                    self.held.sent(record, upstream.name, info.stream, self.clock())
-                try:
-                    body_for = self._body_for(upstream.name, body, info)
-                    if record is None:
-                        up = await self._send(request.method, url, body_for, headers)
-                    else:  # a hang before the response headers is taken back by expiring this at once
-                        async with asyncio.timeout(None) as taken_back:
-                            self.held.sending[key] = taken_back
-                            try:
-                                up = await self._send(request.method, url, body_for, headers)
-                            finally:
-                                del self.held.sending[key]
-                except (aiohttp.ClientConnectionError, TimeoutError, OSError) as error:
-                    if record is None or not record.abandoned:  # not taken back: the upstream failed
-                        self.pool.mark(upstream.name, False, self.clock(), f"{type(error).__name__}: {error}")
-                        errors.append(f"{upstream.name}: {type(error).__name__}")
-                        continue
-                    up = None
-                if record is not None and record.abandoned:  # taken back before or as its headers came
-                    if up is not None:
-                        up.close()
-                    stalled.append(self._resent(upstream.name, record))
-                    candidates = self._others(tried)
-                    continue
-                assert up is not None
-                if up.status in self.cfg.retry_statuses and candidates and self._may_retry(retried):
-                    self._retry(upstream.name, up, record)
-                    retried += 1
-                    continue
-                if record is not None:
-                    record.upstream = upstream.name
-                    self.held.relaying[key] = up  # so a hang can take its answer back (stalled_upstreams)
-                try:
-                    return await self._relayer(request, up, record, fill, info.token_event)
-                except Unanswered:
-                    assert record is not None
-                    stalled.append(self._resent(upstream.name, record))
-                    candidates = self._others(tried)
-                finally:
-                    up.release()
-        finally:
-            self._retrying -= min(retried, 1)
-            if record is not None:
-                self.held.done(record)
-        if stalled:  # it hung before answering, and no other upstream was left to ask
-            message = "; ".join(stalled + errors)
-            if record is not None:
-                record.outcome, record.status = "upstream_error", 504
-                record.e2e_s = self.clock() - record.arrived
-                self.stats.record(record, self.clock())
-            return json_error(504, message, "upstream_error", "upstream_stalled")
-        message = "no upstream reachable (" + "; ".join(errors) + ")" if errors else "no upstream configured"
-        if record is not None:
-            record.outcome, record.status, record.e2e_s = "upstream_error", 502, self.clock() - record.arrived
-            self.stats.record(record, self.clock())
-        return json_error(502, message, "upstream_error", "bad_gateway")
-
-    def _may_retry(self, retried: int) -> bool:
-        """Whether a request that met a retriable error may try the next upstream: a request already on
-        a retry may go on (it holds its place in the budget); a new one only while the requests on a
-        retry stay within ``retry_budget_ratio`` of those at upstreams, or fewer than 3 (Envoy's retry
-        budget: an upstream failing every request cannot double the load on the others)."""
-        if retried:
-            return True
-        budget = max(3.0, self.cfg.retry_budget_ratio * len(self.held))
-        if self._retrying + 1 > budget:
-            self.metrics.retry_denied.inc()
-            return False
-        self._retrying += 1
-        return True
-
-    def _retry(self, upstream: str, up: aiohttp.ClientResponse, record: RequestRecord | None) -> None:
-        """Drop ``upstream``'s error answer (nothing of it reached the client) and count it: as a retry,
-        and in the gate's answers as that upstream's 5xx, so the breaker and the canary still see an
-        engine failing half its requests while the clients get the next upstream's answers."""
-        self.metrics.retried.labels(upstream, str(up.status)).inc()
-        log.debug("upstream %s answered %d: asking the next upstream", upstream, up.status)
-        up.release()
-        if record is not None:
-            self.stats.attempt_failed(upstream)
-
-    def _resent(self, upstream: str, record: RequestRecord) -> str:
-        """Note a request taken back from a hung ``upstream`` before any of its answer; returns why."""
-        log.warning("took a request back, before any of its answer, from upstream %s", record.abandoned)
-        self.metrics.resent.labels(upstream).inc()
-        return f"upstream {record.abandoned}"
-
-    def _others(self, tried: set[str]) -> list[Upstream]:
-        """The upstreams still to try for a request taken back from a hung one, in the split's order."""
-        return [up for up in self.pool.candidates(self._rng.random()) if up.name not in tried]
-
-    def _body_for(self, upstream: str, body: bytes, info: RequestInfo) -> bytes:
-        """The body as ``upstream`` should get it: with its own model name (``gate.upstream_models``) in
-        place of the one the client named. An upstream serving a smaller model (the breaker's L3) answers
-        404 to the primary's model name; the rewrite keeps a degraded level serving. The answer keeps the
-        model that really answered. Only bodies the gate parsed (``info.model`` set) are rewritten."""
-        model = self.cfg.upstream_models.get(upstream)
-        if model is None or not info.model or info.model == model:
-            return body
-        doc = json.loads(body)  # parsed once already (parse_request, parse_any): a JSON object
-        doc["model"] = model
-        return json.dumps(doc).encode()
-
-    async def _send(
-        self, method: str, url: str, body: bytes, headers: Mapping[str, str]
-    ) -> aiohttp.ClientResponse:
-        """One upstream request. A kept-alive connection the upstream closed meanwhile (llama.cpp closes
-        after 100 requests or 5 s idle) fails before any response byte: either the write fails or the read
-        sees the disconnect at once. That is retried once on a new connection instead of marking a healthy
-        upstream down (as Go's HTTP transport does for reused connections). The retry goes through a
-        session that never reuses connections: the pool may hold several sockets the upstream closed at
-        the same moment, and a retry that picked another of them would fail the same way. A refused
-        connection is not retried. The cost of the rare case where an upstream died mid-request: one
-        duplicate attempt."""
-        assert self._session is not None
-        try:
-            return await self._session.request(method, url, data=body or None, headers=headers)
-        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as error:
-            if isinstance(error, aiohttp.ClientConnectorError):  # refused / unreachable: not a stale socket
-                raise
-            log.info("upstream connection went stale (%s); retrying once on a new one", error)
-            if self._fresh is None:
-                self._fresh = self._new_session(fresh=True)
-            return await self._fresh.request(method, url, data=body or None, headers=headers)
 
     def _finish(self, record: RequestRecord) -> None:
         self.stats.record(record, self.clock())

@@ -433,8 +433,8 @@ async def test_a_stale_keepalive_write_is_retried_once_not_marked_down(
     """llama.cpp closes a kept-alive connection after 100 requests; the gate's next write on it fails
     ("Can not write request body"). That request never reached the upstream: retry, no 502, still healthy."""
     gate = await _gate({"primary": upstream.url})
-    assert gate._session is not None
-    real = gate._session.request
+    assert gate.forwarder.session is not None
+    real = gate.forwarder.session.request
     failures = 0
 
     async def stale_once(*args: Any, **kwargs: Any) -> aiohttp.ClientResponse:
@@ -444,7 +444,7 @@ async def test_a_stale_keepalive_write_is_retried_once_not_marked_down(
             raise stale
         return await real(*args, **kwargs)
 
-    gate._session.request = stale_once  # type: ignore[method-assign]
+    gate.forwarder.session.request = stale_once  # type: ignore[method-assign]
     try:
         resp = await _post(client, gate, _body())
         assert resp.status == 200 and failures == 1 and upstream.seen == 1
@@ -459,7 +459,7 @@ async def test_the_retry_takes_a_new_connection_when_every_pooled_one_went_stale
     """An upstream that closes idle connections closes them all at once: a retry through the same pool
     would pick another dead socket. The retry must open a new connection."""
     gate = await _gate({"primary": upstream.url})
-    assert gate._session is not None
+    assert gate.forwarder.session is not None
     pooled = 0
 
     async def every_pooled_socket_is_dead(*args: Any, **kwargs: Any) -> aiohttp.ClientResponse:
@@ -467,7 +467,7 @@ async def test_the_retry_takes_a_new_connection_when_every_pooled_one_went_stale
         pooled += 1
         raise aiohttp.ClientOSError(32, "Can not write request body")
 
-    gate._session.request = every_pooled_socket_is_dead  # type: ignore[method-assign]
+    gate.forwarder.session.request = every_pooled_socket_is_dead  # type: ignore[method-assign]
     try:
         statuses = [(await _post(client, gate, _body())).status for _ in range(3)]
         assert statuses == [200, 200, 200] and pooled == 3 and upstream.seen == 3
@@ -1253,6 +1253,6 @@ async def test_the_retry_budget_passes_errors_on_rather_than_doubling_the_load(
         spare.release.set()
         statuses = sorted([(await resp).status for resp in sent])
         assert statuses == [200, 200, 200, 503, 503]
-        assert gate._retrying == 0  # every place in the budget was given back
+        assert gate.forwarder.retrying == 0  # every place in the budget was given back
     finally:
         await gate.stop()

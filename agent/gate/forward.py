@@ -1,0 +1,242 @@
+"""Sending a request upstream, and what to do when the upstream fails it.
+
+The split (:class:`UpstreamPool`) orders the candidates; the first one answering gets the request, and
+its answer is relayed (agent/gate/relay.py). The next candidate gets the request when:
+
+* the connection is refused or breaks before any response (the upstream is marked down);
+* the upstream answers one of ``gate.retry_statuses`` (it did not take the request), within the retry
+  budget (:meth:`Forwarder.may_retry`);
+* the upstream hung before sending any of its answer and the gate took the request back
+  (agent/gate/held.py, :class:`~agent.gate.relay.Unanswered`): the client has had nothing yet.
+
+A kept-alive connection the upstream closed meanwhile is retried once on a new connection instead
+(:meth:`Forwarder.send`). When no candidate is left the client gets 502, or 504 when one hung.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import Callable, Mapping
+
+import aiohttp
+from aiohttp import web
+
+from agent.config import GateConfig
+from agent.gate.cache import Fill
+from agent.gate.held import HeldRequests
+from agent.gate.metrics import GateMetrics
+from agent.gate.openai import RequestInfo
+from agent.gate.records import GateStats, RequestRecord
+from agent.gate.relay import Relay, Unanswered, forward_headers, json_error
+from agent.gate.upstreams import Upstream, UpstreamPool
+
+log = logging.getLogger(__name__)
+
+
+class Forwarder:
+    """Sends the gate's requests to its upstreams, with failover, retries and the stale-socket retry.
+
+    ``cfg`` is read at each request (a reload changes the retry rule); ``clock`` likewise (tests replace
+    the gate's clock after the start). :meth:`open` before the first request, :meth:`close` at the end.
+    """
+
+    def __init__(
+        self,
+        cfg: Callable[[], GateConfig],
+        pool: UpstreamPool,
+        held: HeldRequests,
+        stats: GateStats,
+        metrics: GateMetrics,
+        relay: Relay,
+        clock: Callable[[], float],
+        rng: random.Random,
+    ) -> None:
+        self._cfg = cfg
+        self.pool = pool
+        self.held = held
+        self.stats = stats
+        self.metrics = metrics
+        self.relay = relay
+        self.clock = clock
+        self.rng = rng
+        #: the upstream session (pooled connections); None before :meth:`open`
+        self.session: aiohttp.ClientSession | None = None
+        #: opened on the first stale-connection retry: never reuses a connection
+        self.fresh: aiohttp.ClientSession | None = None
+        #: requests on a retry now, held to the budget
+        self.retrying = 0
+
+    def open(self) -> aiohttp.ClientSession:
+        """Open the upstream session (the health checks use it too) and return it."""
+        self.session = self._new_session()
+        return self.session
+
+    async def close(self) -> None:
+        for session in (self.session, self.fresh):
+            if session is not None:
+                await session.close()
+
+    def _new_session(self, *, fresh: bool = False) -> aiohttp.ClientSession:
+        """An upstream session; ``fresh``: one that never reuses a connection (the stale-socket retry)."""
+        cfg = self._cfg()
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, force_close=fresh)
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s
+        )
+        return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+
+    async def forward(
+        self,
+        request: web.Request,
+        body: bytes,
+        record: RequestRecord | None,
+        info: RequestInfo,
+        prefer: str | None = None,
+        fill: Fill | None = None,
+    ) -> web.StreamResponse:
+        """Send upstream: the split's pick first, or ``prefer`` (the long pool) first when given. The next
+        candidate gets it when an upstream refuses the connection, or when it hung before sending any of
+        its answer (the gate's ``stalled_upstreams``): the client has had nothing yet."""
+        assert self.session is not None, "Gate.start() was not called"
+        headers = forward_headers(request.headers)
+        candidates = self.pool.candidates(self.rng.random())
+        if prefer is not None:
+            candidates.sort(key=lambda up: up.name != prefer)  # stable: the rest keep their order
+        errors: list[str] = []
+        stalled: list[str] = []
+        tried: set[str] = set()
+        retried = 0
+        try:
+            while candidates:
+                upstream = candidates.pop(0)
+                tried.add(upstream.name)
+                url = upstream.url + request.rel_url.path_qs
+                key = id(record)
+                if record is not None:
+                    self.held.sent(record, upstream.name, info.stream, self.clock())
+                try:
+                    body_for = self.body_for(upstream.name, body, info)
+                    if record is None:
+                        up = await self.send(request.method, url, body_for, headers)
+                    else:  # a hang before the response headers is taken back by expiring this at once
+                        async with asyncio.timeout(None) as taken_back:
+                            self.held.sending[key] = taken_back
+                            try:
+                                up = await self.send(request.method, url, body_for, headers)
+                            finally:
+                                del self.held.sending[key]
+                except (aiohttp.ClientConnectionError, TimeoutError, OSError) as error:
+                    if record is None or not record.abandoned:  # not taken back: the upstream failed
+                        self.pool.mark(upstream.name, False, self.clock(), f"{type(error).__name__}: {error}")
+                        errors.append(f"{upstream.name}: {type(error).__name__}")
+                        continue
+                    up = None
+                if record is not None and record.abandoned:  # taken back before or as its headers came
+                    if up is not None:
+                        up.close()
+                    stalled.append(self._resent(upstream.name, record))
+                    candidates = self._others(tried)
+                    continue
+                assert up is not None
+                if up.status in self._cfg().retry_statuses and candidates and self.may_retry(retried):
+                    self._retry(upstream.name, up, record)
+                    retried += 1
+                    continue
+                if record is not None:
+                    record.upstream = upstream.name
+                    self.held.relaying[key] = up  # so a hang can take its answer back (stalled_upstreams)
+                try:
+                    return await self.relay(request, up, record, fill, info.token_event)
+                except Unanswered:
+                    assert record is not None
+                    stalled.append(self._resent(upstream.name, record))
+                    candidates = self._others(tried)
+                finally:
+                    up.release()
+        finally:
+            self.retrying -= min(retried, 1)
+            if record is not None:
+                self.held.done(record)
+        if stalled:  # it hung before answering, and no other upstream was left to ask
+            return self._failed(record, 504, "; ".join(stalled + errors), "upstream_stalled")
+        message = "no upstream reachable (" + "; ".join(errors) + ")" if errors else "no upstream configured"
+        return self._failed(record, 502, message, "bad_gateway")
+
+    def _failed(self, record: RequestRecord | None, status: int, message: str, code: str) -> web.Response:
+        """No upstream answered: count the request as the upstreams' failure and tell the client why."""
+        if record is not None:
+            record.outcome, record.status = "upstream_error", status
+            record.e2e_s = self.clock() - record.arrived
+            self.stats.record(record, self.clock())
+        return json_error(status, message, "upstream_error", code)
+
+    def may_retry(self, retried: int) -> bool:
+        """Whether a request that met a retriable error may try the next upstream: a request already on
+        a retry may go on (it holds its place in the budget); a new one only while the requests on a
+        retry stay within ``retry_budget_ratio`` of those at upstreams, or fewer than 3 (Envoy's retry
+        budget: an upstream failing every request cannot double the load on the others)."""
+        if retried:
+            return True
+        budget = max(3.0, self._cfg().retry_budget_ratio * len(self.held))
+        if self.retrying + 1 > budget:
+            self.metrics.retry_denied.inc()
+            return False
+        self.retrying += 1
+        return True
+
+    def _retry(self, upstream: str, up: aiohttp.ClientResponse, record: RequestRecord | None) -> None:
+        """Drop ``upstream``'s error answer (nothing of it reached the client) and count it: as a retry,
+        and in the gate's answers as that upstream's 5xx, so the breaker and the canary still see an
+        engine failing half its requests while the clients get the next upstream's answers."""
+        self.metrics.retried.labels(upstream, str(up.status)).inc()
+        log.debug("upstream %s answered %d: asking the next upstream", upstream, up.status)
+        up.release()
+        if record is not None:
+            self.stats.attempt_failed(upstream)
+
+    def _resent(self, upstream: str, record: RequestRecord) -> str:
+        """Note a request taken back from a hung ``upstream`` before any of its answer; returns why."""
+        log.warning("took a request back, before any of its answer, from upstream %s", record.abandoned)
+        self.metrics.resent.labels(upstream).inc()
+        return f"upstream {record.abandoned}"
+
+    def _others(self, tried: set[str]) -> list[Upstream]:
+        """The upstreams still to try for a request taken back from a hung one, in the split's order."""
+        return [up for up in self.pool.candidates(self.rng.random()) if up.name not in tried]
+
+    def body_for(self, upstream: str, body: bytes, info: RequestInfo) -> bytes:
+        """The body as ``upstream`` should get it: with its own model name (``gate.upstream_models``) in
+        place of the one the client named. An upstream serving a smaller model (the breaker's L3) answers
+        404 to the primary's model name; the rewrite keeps a degraded level serving. The answer keeps the
+        model that really answered. Only bodies the gate parsed (``info.model`` set) are rewritten."""
+        model = self._cfg().upstream_models.get(upstream)
+        if model is None or not info.model or info.model == model:
+            return body
+        doc = json.loads(body)  # parsed once already (parse_request, parse_any): a JSON object
+        doc["model"] = model
+        return json.dumps(doc).encode()
+
+    async def send(
+        self, method: str, url: str, body: bytes, headers: Mapping[str, str]
+    ) -> aiohttp.ClientResponse:
+        """One upstream request. A kept-alive connection the upstream closed meanwhile (llama.cpp closes
+        after 100 requests or 5 s idle) fails before any response byte: either the write fails or the read
+        sees the disconnect at once. That is retried once on a new connection instead of marking a healthy
+        upstream down (as Go's HTTP transport does for reused connections). The retry goes through a
+        session that never reuses connections: the pool may hold several sockets the upstream closed at
+        the same moment, and a retry that picked another of them would fail the same way. A refused
+        connection is not retried. The cost of the rare case where an upstream died mid-request: one
+        duplicate attempt."""
+        assert self.session is not None
+        try:
+            return await self.session.request(method, url, data=body or None, headers=headers)
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as error:
+            if isinstance(error, aiohttp.ClientConnectorError):  # refused / unreachable: not a stale socket
+                raise
+            log.info("upstream connection went stale (%s); retrying once on a new one", error)
+            if self.fresh is None:
+                self.fresh = self._new_session(fresh=True)
+            return await self.fresh.request(method, url, data=body or None, headers=headers)

@@ -71,6 +71,9 @@ class ParsedRequest:
     prompt_pieces: tuple[str, ...] = ()
     instructions: str | None = None
     """A Responses request's ``instructions``, which its response object repeats."""
+    n: int = 1
+    """Sequences to generate for the prompt (completions and chat ``n``): each is a request of its own in
+    the engine, as vLLM fans them out, and their events interleave in one stream."""
 
 
 def estimate_tokens(text: str) -> int:
@@ -152,8 +155,9 @@ def parse(kind: str, body: Any, served_model: str) -> ParsedRequest:
     stream = stream_flag(body)
     options = body.get("stream_options") or {}
     include_usage = bool(isinstance(options, Mapping) and options.get("include_usage"))
+    n = sequences(body.get("n", 1))
     if kind == "chat":  # chat logprobs are not simulated: the fields are ignored as before
-        return ParsedRequest(kind, str(model), prompt_tokens, max_tokens, stream, include_usage)
+        return ParsedRequest(kind, str(model), prompt_tokens, max_tokens, stream, include_usage, n=n)
     echo = body.get("echo", False)
     if not isinstance(echo, bool):
         raise ApiError(400, "echo must be a boolean")
@@ -162,8 +166,22 @@ def parse(kind: str, body: Any, served_model: str) -> ParsedRequest:
         raise ApiError(400, f"logprobs must be an integer >= 0 or null, got {logprobs!r}")
     pieces = prompt_pieces(body["prompt"]) if echo or logprobs is not None else ()
     return ParsedRequest(
-        kind, str(model), prompt_tokens, max_tokens, stream, include_usage, echo, logprobs, pieces
+        kind, str(model), prompt_tokens, max_tokens, stream, include_usage, echo, logprobs, pieces, n=n
     )
+
+
+MAX_N = 128
+"""The most sequences one request may ask for: each holds a sequence slot and its KV cache, so a client
+asking thousands would crowd every other request out (vLLM leaves that to ``max_num_seqs``)."""
+
+
+def sequences(value: Any) -> int:
+    """A request's ``n``: an integer in [1, :data:`MAX_N`] (null means 1), else a 400."""
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_N:
+        raise ApiError(400, f"n must be an integer in [1, {MAX_N}], got {value!r}")
+    return value
 
 
 def token_text(index: int) -> str:
@@ -216,21 +234,22 @@ def chunk(
     text: str | None,
     finish_reason: str | None = None,
     role: bool = False,
+    index: int = 0,
 ) -> dict[str, Any]:
-    """One SSE chunk in OpenAI's (and vLLM's) shape."""
+    """One SSE chunk in OpenAI's (and vLLM's) shape, for sequence ``index`` of the request."""
     if kind == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
         if text is not None:
             delta["content"] = text
         choice: dict[str, Any] = {
-            "index": 0,
+            "index": index,
             "delta": delta,
             "logprobs": None,
             "finish_reason": finish_reason,
         }
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
         obj = "text_completion"
     return {"id": request_id, "object": obj, "created": created, "model": model, "choices": [choice]}
 
@@ -243,34 +262,51 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+@dataclass(frozen=True)
+class Answer:
+    """One sequence of a non-streaming answer: its text, why it ended, its logprobs block if asked."""
+
+    text: str
+    finish_reason: str
+    logprobs: dict[str, Any] | None = None
+
+
 def full_response(
     kind: str,
     request_id: str,
     model: str,
     created: int,
-    text: str,
-    finish_reason: str,
+    answers: Sequence[Answer],
     prompt_tokens: int,
     completion_tokens: int,
-    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The non-streaming answer (``logprobs``: a completions :func:`logprobs_block`)."""
-    if kind == "chat":
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": finish_reason,
-        }
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-        obj = "text_completion"
+    """The non-streaming answer: one choice per sequence (``n``), the prompt counted once in the usage
+    and the tokens of every sequence."""
+    choices: list[dict[str, Any]] = []
+    for index, answer in enumerate(answers):
+        if kind == "chat":
+            choices.append(
+                {
+                    "index": index,
+                    "message": {"role": "assistant", "content": answer.text},
+                    "logprobs": None,
+                    "finish_reason": answer.finish_reason,
+                }
+            )
+        else:
+            choices.append(
+                {
+                    "index": index,
+                    "text": answer.text,
+                    "logprobs": answer.logprobs,
+                    "finish_reason": answer.finish_reason,
+                }
+            )
     return {
         "id": request_id,
-        "object": obj,
+        "object": "chat.completion" if kind == "chat" else "text_completion",
         "created": created,
         "model": model,
-        "choices": [choice],
+        "choices": choices,
         "usage": usage(prompt_tokens, completion_tokens),
     }

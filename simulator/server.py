@@ -17,8 +17,8 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import numpy as np
 from aiohttp import web
@@ -44,6 +44,7 @@ RECEIVED_HEADER = "X-Sim-Received-Ns"
 STAMP_PREFIX = b": sent_ns="
 
 RID_PREFIXES = {"completion": "cmpl-", "responses": "resp_"}
+T = TypeVar("T")
 """Request ids as vLLM names them: ``cmpl-`` for completions, ``resp_`` for responses, ``chatcmpl-`` else."""
 
 
@@ -222,27 +223,33 @@ class SimServer:
         except openai_api.ApiError as error:
             return web.json_response(error.body(), status=error.status)
         rid = RID_PREFIXES.get(kind, "chatcmpl-") + uuid.uuid4().hex[:16]
-        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        # n > 1: a request of its own in the core for each sequence, as vLLM fans them out
+        sequence_ids = [rid] if parsed.n == 1 else [f"{rid}-{i}" for i in range(parsed.n)]
+        queues: list[asyncio.Queue[tuple[str, Any]]] = [asyncio.Queue() for _ in sequence_ids]
         try:
-            self.core.submit(rid, parsed.prompt_tokens, parsed.max_tokens, self.sim_now())
+            for sequence_id in sequence_ids:
+                self.core.submit(sequence_id, parsed.prompt_tokens, parsed.max_tokens, self.sim_now())
         except ValueError as error:
+            for sequence_id in sequence_ids:
+                self.core.abort(sequence_id, self.sim_now())
             return _error(400, str(error))
-        self._streams[rid] = queue
+        self._streams.update(zip(sequence_ids, queues, strict=True))
         self._wake.set()
         try:
             if parsed.stream:
-                return await self._stream(request, parsed, rid, queue, received_ns)
-            return await self._collect(parsed, rid, queue)
+                return await self._stream(request, parsed, rid, queues, received_ns)
+            return await self._collect(parsed, rid, queues)
         finally:
-            self._streams.pop(rid, None)
-            self.core.abort(rid, self.sim_now())  # a no-op unless the client went away mid-request
+            for sequence_id in sequence_ids:
+                self._streams.pop(sequence_id, None)
+                self.core.abort(sequence_id, self.sim_now())  # a no-op unless the client went away
 
     async def _stream(
         self,
         request: web.Request,
         parsed: openai_api.ParsedRequest,
         rid: str,
-        queue: asyncio.Queue[tuple[str, Any]],
+        queues: list[asyncio.Queue[tuple[str, Any]]],
         received_ns: int,
     ) -> web.StreamResponse:
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -263,19 +270,29 @@ class SimServer:
         try:
             if kind in ("messages", "responses"):
                 events = self._message_events if kind == "messages" else self._response_events
-                await events(write, parsed, rid, queue)
+                await events(write, parsed, rid, queues[0])
                 await response.write_eof()
                 return response
             if kind == "chat":
-                await send(openai_api.chunk(kind, rid, model, created, None, role=True))
+                for index in range(len(queues)):
+                    await send(openai_api.chunk(kind, rid, model, created, None, role=True, index=index))
 
-            async def token(index: int) -> None:
-                await send(openai_api.chunk(kind, rid, model, created, openai_api.token_text(index)))
+            async def relay(index: int, queue: asyncio.Queue[tuple[str, Any]]) -> int:
+                """Sequence ``index``'s tokens, then its closing chunk; returns how many it had."""
 
-            finish_reason, emitted = await _relay_tokens(queue, token)
-            await send(
-                openai_api.chunk(kind, rid, model, created, None if kind == "chat" else "", finish_reason)
-            )
+                async def token(position: int) -> None:
+                    text = openai_api.token_text(position)
+                    await send(openai_api.chunk(kind, rid, model, created, text, index=index))
+
+                finish_reason, emitted = await _relay_tokens(queue, token)
+                end = None if kind == "chat" else ""
+                await send(openai_api.chunk(kind, rid, model, created, end, finish_reason, index=index))
+                return emitted
+
+            if len(queues) == 1:  # no task of its own: the common case stays as cheap as it was
+                emitted = await relay(0, queues[0])
+            else:
+                emitted = sum(await _side_by_side([relay(i, q) for i, q in enumerate(queues)]))
             if parsed.include_usage:
                 tail = openai_api.chunk(kind, rid, model, created, None)
                 tail["choices"] = []
@@ -362,47 +379,45 @@ class SimServer:
         )
 
     async def _collect(
-        self, parsed: openai_api.ParsedRequest, rid: str, queue: asyncio.Queue[tuple[str, Any]]
+        self, parsed: openai_api.ParsedRequest, rid: str, queues: list[asyncio.Queue[tuple[str, Any]]]
     ) -> web.Response:
-        pieces: list[str] = []
-        while True:
-            what, value = await queue.get()
-            if what == "tokens":
-                pieces.extend(openai_api.token_text(len(pieces) + i) for i in range(value))
-                continue
-            if parsed.kind == "responses":
-                text, item_id = "".join(pieces), f"msg_{uuid.uuid4().hex[:16]}"
-                answer = responses_api.response(
-                    rid, self.model_name, int(time.time()), parsed.max_tokens,
-                    instructions=parsed.instructions, output=[responses_api.item(item_id, text)],
-                    finish_reason=value, tokens=(parsed.prompt_tokens, len(pieces)),
-                )  # fmt: skip
-                return web.json_response(answer)
-            if parsed.kind == "messages":
-                text, tokens = "".join(pieces), len(pieces)
-                answer = messages_api.full_message(
-                    rid, self.model_name, text, value, parsed.prompt_tokens, tokens
-                )
-                return web.json_response(answer)
-            logprobs = None
-            if parsed.logprobs is not None:  # precision read per answer: a control-API switch shows
-                precision = self.core.settings.precision
-                logprobs = openai_api.logprobs_block(
-                    parsed.prompt_pieces, pieces, parsed.echo, precision, self.fp8_ppl_delta
-                )
-            prefix = "".join(parsed.prompt_pieces) if parsed.echo else ""
-            body = openai_api.full_response(
-                parsed.kind,
-                rid,
-                self.model_name,
-                int(time.time()),
-                prefix + "".join(pieces),
-                value,
-                parsed.prompt_tokens,
-                len(pieces),
-                logprobs,
+        if len(queues) == 1:
+            outcomes = [await _gather_tokens(queues[0])]
+        else:
+            outcomes = await _side_by_side([_gather_tokens(q) for q in queues])
+        if parsed.kind == "responses":
+            (pieces, finish_reason), item_id = outcomes[0], f"msg_{uuid.uuid4().hex[:16]}"
+            answer = responses_api.response(
+                rid, self.model_name, int(time.time()), parsed.max_tokens,
+                instructions=parsed.instructions, output=[responses_api.item(item_id, "".join(pieces))],
+                finish_reason=finish_reason, tokens=(parsed.prompt_tokens, len(pieces)),
+            )  # fmt: skip
+            return web.json_response(answer)
+        if parsed.kind == "messages":
+            pieces, finish_reason = outcomes[0]
+            answer = messages_api.full_message(
+                rid, self.model_name, "".join(pieces), finish_reason, parsed.prompt_tokens, len(pieces)
             )
-            return web.json_response(body)
+            return web.json_response(answer)
+        precision = self.core.settings.precision  # read per answer: a control-API switch shows
+        prefix = "".join(parsed.prompt_pieces) if parsed.echo else ""
+        answers = [
+            openai_api.Answer(
+                prefix + "".join(pieces),
+                finish_reason,
+                None
+                if parsed.logprobs is None
+                else openai_api.logprobs_block(
+                    parsed.prompt_pieces, pieces, parsed.echo, precision, self.fp8_ppl_delta
+                ),
+            )
+            for pieces, finish_reason in outcomes
+        ]
+        tokens = sum(len(pieces) for pieces, _ in outcomes)
+        body = openai_api.full_response(
+            parsed.kind, rid, self.model_name, int(time.time()), answers, parsed.prompt_tokens, tokens
+        )
+        return web.json_response(body)
 
     # -- metrics, telemetry, faults -----------------------------------------------------------------
     async def metrics(self, request: web.Request) -> web.Response:
@@ -493,3 +508,25 @@ async def _relay_tokens(
         for _ in range(value):
             await token(emitted)
             emitted += 1
+
+
+async def _gather_tokens(queue: asyncio.Queue[tuple[str, Any]]) -> tuple[list[str], str]:
+    """A sequence's whole text as the core emits it into ``queue``, and why it ended."""
+    pieces: list[str] = []
+    while True:
+        what, value = await queue.get()
+        if what != "tokens":
+            return pieces, value
+        pieces.extend(openai_api.token_text(len(pieces) + i) for i in range(value))
+
+
+async def _side_by_side(sequences: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run one coroutine per sequence of a request (``n`` > 1) at once; their results in order. When one
+    fails (the client went away) the others are cancelled, rather than left waiting for tokens that the
+    aborted requests will never get."""
+    tasks = [asyncio.ensure_future(sequence) for sequence in sequences]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()

@@ -182,3 +182,36 @@ async def test_the_gate_records_each_sequences_own_token_gaps(stepped: SteppedUp
     assert registry.get_sample_value("servepilot_gate_itl_seconds_sum", bucket) == pytest.approx(0.3)
     assert values["gate.le256.itl_seconds.p99"] == pytest.approx(SteppedUpstream.STEP_S)
     assert registry.get_sample_value("servepilot_gate_ttft_seconds_sum", bucket) == pytest.approx(0.05)
+
+
+async def test_the_simulators_n_2_stream_is_timed_per_sequence_through_the_gate() -> None:
+    """The simulator serves ``n`` as vLLM does (tests/simulator/test_n_sequences.py): through the gate,
+    each of the two sequences (4 tokens and a closing chunk) gives 4 gaps, and the tokens of both count."""
+    from simulator.engine import make_core
+    from simulator.server import SimServer
+
+    sim = SimServer(make_core("h100-sxm", "llama-3-8b", "fp16", 64), speed=10.0)
+    runner = web.AppRunner(sim.app())
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    body = {
+        "prompt": "x" * 40,
+        "max_tokens": 4,
+        "n": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    try:
+        async with (
+            gate_for(f"http://127.0.0.1:{runner.addresses[0][1]}") as (_, base, registry),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+            client.post(f"{base}/v1/completions", json=body) as resp,
+        ):
+            assert resp.status == 200
+            await resp.read()
+    finally:
+        await runner.cleanup()
+    bucket = {"bucket": "le256"}
+    assert registry.get_sample_value("servepilot_gate_itl_seconds_count", bucket) == 8
+    output = registry.get_sample_value("servepilot_gate_tokens_total", {"line": "default", "kind": "output"})
+    assert output == 8.0  # from the usage: both sequences' tokens

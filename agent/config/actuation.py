@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from agent.config.base import Section, check_http_url
+from agent.config.base import HttpUrl, Section
 
 
 class ControlConfig(Section):
     """The engine control client (DESIGN.md section 4). Off unless configured."""
 
     enabled: bool = Field(False, description="use the engine's runtime control endpoints")
-    url: str = Field("http://127.0.0.1:8000", description="engine base URL")
+    url: HttpUrl = Field("http://127.0.0.1:8000", description="engine base URL")
     adapter: Literal["auto", "generic", "sglang", "vllm"] = Field("auto", description="API flavour")
     lease_s: float = Field(30.0, ge=1, le=3600, description="the engine reverts to defaults after this")
     release_on_stop: bool = Field(
@@ -22,11 +22,6 @@ class ControlConfig(Section):
     )
     timeout_s: float = Field(2.0, gt=0, le=60, description="HTTP timeout of one control call")
     token_file: str | None = Field(None, description="bearer token for the engine's control API (file)")
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        return check_http_url(value)
 
 
 class ActuatorConfig(Section):
@@ -54,8 +49,10 @@ class WebhookConfig(Section):
     """Alert webhooks from the agent: Alertmanager v2 and a signed generic JSON webhook. Off by default."""
 
     enabled: bool = Field(False, description="send findings and source outages as alerts")
-    alertmanager_url: str | None = Field(None, description="Alertmanager base URL (POST /api/v2/alerts)")
-    generic_url: str | None = Field(None, description="generic JSON webhook URL, signed (Standard Webhooks)")
+    alertmanager_url: HttpUrl | None = Field(None, description="Alertmanager base URL (POST /api/v2/alerts)")
+    generic_url: HttpUrl | None = Field(
+        None, description="generic JSON webhook URL, signed (Standard Webhooks)"
+    )
     secret_file: str | None = Field(
         None,
         description="file holding the signing secret (whsec_<base64>); several, space-separated, sign with "
@@ -81,11 +78,6 @@ class WebhookConfig(Section):
     group_by: tuple[str, ...] = Field(("alertname",), description="labels grouping generic messages")
     labels: dict[str, str] = Field(default_factory=dict, description="labels added to every alert")
     generator_url: str = Field("", description="link back to the agent in each alert")
-
-    @field_validator("alertmanager_url", "generic_url")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        return None if value is None else check_http_url(value)
 
     @model_validator(mode="after")
     def _generic_needs_a_secret(self) -> WebhookConfig:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 
 class Section(BaseModel):
@@ -18,6 +18,10 @@ def check_http_url(value: str) -> str:
     if not value.startswith(("http://", "https://")):
         raise ValueError("must start with http:// or https://")
     return value.rstrip("/")
+
+
+HttpUrl = Annotated[str, AfterValidator(check_http_url)]
+"""A base URL the sidecar calls: http(s), kept without its trailing slash (paths are appended to it)."""
 
 
 def is_loopback(host: str) -> bool:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, field_validator, model_validator
 
-from agent.config.base import Port, Section, check_http_url
+from agent.config.base import HttpUrl, Port, Section
 
 
 class GateLineConfig(Section):
@@ -39,7 +39,7 @@ class GateConfig(Section):
         "127.0.0.1", description="gate address (0.0.0.0 when the pod's service points at it)"
     )
     listen_port: Port = Field(8080, description="gate port")
-    upstreams: dict[str, str] = Field(
+    upstreams: dict[str, HttpUrl] = Field(
         default_factory=lambda: {"primary": "http://127.0.0.1:8000"}, description="upstream name -> base URL"
     )
     split: dict[str, float] = Field(
@@ -163,7 +163,7 @@ class GateConfig(Section):
     def _upstream_urls(cls, value: dict[str, str]) -> dict[str, str]:
         if not value:
             raise ValueError("must name at least one upstream")
-        return {name: check_http_url(url) for name, url in value.items()}
+        return value
 
     @model_validator(mode="after")
     def _upstream_models_known(self) -> GateConfig:

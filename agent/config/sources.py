@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from agent.config.base import Section, check_http_url
+from agent.config.base import HttpUrl, Section
 
 
 class EngineConfig(Section):
@@ -15,7 +15,7 @@ class EngineConfig(Section):
     kind: Literal["auto", "vllm", "sglang", "llamacpp", "tgi"] = Field(
         "auto", description="metric-name table to use; auto detects from the scrape"
     )
-    url: str = Field("http://127.0.0.1:8000", description="engine base URL")
+    url: HttpUrl = Field("http://127.0.0.1:8000", description="engine base URL")
     metrics_path: str = Field("/metrics", description="path of the Prometheus endpoint")
     timeout_s: float = Field(2.0, gt=0, le=60, description="HTTP timeout of one scrape")
     quantile_window_s: float = Field(
@@ -24,11 +24,6 @@ class EngineConfig(Section):
         le=3600,
         description="window of histogram quantiles and window means; older scrape baselines count as stale",
     )
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        return check_http_url(value)
 
     @field_validator("metrics_path")
     @classmethod
@@ -49,14 +44,9 @@ class NvmlConfig(Section):
     energy_interval_s: float = Field(
         1.0, ge=0.1, le=60, description="energy counter and power limit period (the counter is slow to read)"
     )
-    simulated_url: str = Field("http://127.0.0.1:8000", description="simulator serving simulated NVML")
+    simulated_url: HttpUrl = Field("http://127.0.0.1:8000", description="simulator serving simulated NVML")
     simulated_timeout_s: float = Field(0.5, gt=0, le=10, description="HTTP timeout of one simulated read")
     gpus: tuple[int, ...] = Field((), description="GPU indices to watch; empty = all")
-
-    @field_validator("simulated_url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        return check_http_url(value)
 
     @field_validator("gpus")
     @classmethod

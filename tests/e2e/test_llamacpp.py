@@ -190,8 +190,10 @@ async def test_each_prompt_of_a_native_two_prompt_stream_is_timed_by_its_own_tok
     assert len(expected) == 2 * (24 - 1) + 2, result.body[-400:]  # and each answer's closing event
     bucket = {"bucket": "le256"}
     assert registry.get_sample_value("servepilot_gate_itl_seconds_count", bucket) == len(expected)
+    # the tiny model decodes both answers in ~15 ms, and the client reads the gate's writes two events
+    # at a time: the sums agree in size only (the exact pairing is tests/agent/gate/test_sequences.py's)
     itl_sum = registry.get_sample_value("servepilot_gate_itl_seconds_sum", bucket)
-    assert itl_sum == pytest.approx(sum(expected), rel=0.2, abs=0.05), (itl_sum, expected)
+    assert itl_sum == pytest.approx(sum(expected), rel=0.5, abs=0.01), (itl_sum, expected)
 
 
 async def test_chat_without_v1_and_anthropic_messages_are_held_to_the_limit_and_counted(

@@ -201,7 +201,9 @@ async def test_each_sequence_of_a_stream_with_n_2_is_timed_by_its_own_tokens(eng
     bucket = {"bucket": "le256"}
     assert registry.get_sample_value("servepilot_gate_itl_seconds_count", bucket) == len(expected)
     itl_sum = registry.get_sample_value("servepilot_gate_itl_seconds_sum", bucket)
-    assert itl_sum == pytest.approx(sum(expected), rel=0.2, abs=0.05), (itl_sum, expected)
+    # each sequence's own gaps: about twice the gaps between consecutive events (2026-12-04: 0.061-0.083 s
+    # against 0.034-0.042 s for 32 tokens; the gate's sum within 1% of the client's)
+    assert itl_sum == pytest.approx(sum(expected), rel=0.3, abs=0.01), (itl_sum, expected)
 
 
 # --- capability discovery and the sleep lever ---------------------------------------------------------

@@ -20,7 +20,6 @@ from aiohttp import web
 from agent import eventloop
 from agent.api import build_app
 from agent.assembly import (
-    ENERGY_FLOOR_SHARE,
     breaker_levels,
     build_collectors,
     build_detectors,
@@ -311,40 +310,9 @@ class Sidecar:
         elif wanted is None and current is not None:
             self.loop.set_policy_state("breaker", breaker.release(state, now))
 
-    def _add_engine_energy(self) -> None:
-        """``policies.energy`` without a GPU actuator (``actuators.gpu: off``): the ladder drives the engine's
-        ``sm_clock_mhz`` where its control API offers it (the simulator's does; agent/knobs.py binds it),
-        over the range it publishes. Known only after discovery, hence here and not in __init__."""
-        if not self.cfg.policies.energy or self.knobs.gpu is not None or self.cfg.policies.set != "auto":
-            return
-        from agent.knobs import ENGINE_CLOCK
-
-        caps = self.knobs.control.capabilities if self.knobs.control is not None else None
-        spec = caps.knobs.get(ENGINE_CLOCK) if caps is not None else None
-        if spec is None or spec.maximum is None:
-            log.warning(
-                "energy policy off: actuators.gpu is off and the engine's control API offers no %s",
-                ENGINE_CLOCK,
-            )
-            return
-        from policies.energy import Energy
-        from policies.registry import clock_levels
-        from policies.schedule import Schedule
-
-        p = self.cfg.policies
-        top = float(spec.maximum)
-        levels = p.energy_levels or clock_levels(
-            top, max(float(spec.minimum or 0.0), ENERGY_FLOOR_SHARE * top)
-        )
-        schedule = Schedule.from_data(p.schedule) if p.schedule else None
-        self.loop.policies.append(Energy(p.ttft_slo_s, p.itl_slo_s, levels, schedule=schedule))
-        log.info(
-            "energy policy on the engine's %s: %s MHz", ENGINE_CLOCK, ", ".join(f"{v:g}" for v in levels)
-        )
-
     async def _after_control_discovery(self) -> None:
-        """The levers that depend on what the engine's control API offers (each one logs why it stays out),
-        and the saved pins that waited for its knobs."""
+        """The levers that depend on what the engine's control API offers (agent/engine_levers.py; each
+        one logs why it stays out), and the saved pins that waited for its knobs."""
         if self._held_pins:
             from agent import persist
 
@@ -352,10 +320,17 @@ class Sidecar:
             if restored:
                 log.info("restored now that the engine's knobs are bound: %s", ", ".join(restored))
             self._held_pins.clear()
-        await self._start_batch_at_the_engines_cap()
-        self._add_engine_energy()
-        await self._add_token_budget()
-        self._add_sleep_wake()
+        from agent import engine_levers
+
+        policies = self.loop.policies
+        await engine_levers.start_batch_at_the_engines_cap(self.knobs, policies)
+        # in this order: the token budget's controller looks for the energy policy
+        if (energy := engine_levers.engine_energy(self.cfg, self.knobs)) is not None:
+            policies.append(energy)
+        if (budget := await engine_levers.token_budget(self.cfg, self.knobs, policies)) is not None:
+            policies.append(budget)
+        if (sleep := engine_levers.sleep_wake(self.cfg, self.knobs)) is not None:
+            policies.append(sleep)
 
     async def _discover_control_later(self) -> None:
         """Ask for the engine's control API again, backing off from 1 s to 30 s, until it answers, says for
@@ -380,85 +355,6 @@ class Sidecar:
                 log.error("engine control unavailable: %s", error)
             await self._after_control_discovery()
             return
-
-    async def _add_token_budget(self) -> None:
-        """When the engine's control API offers the chunked-prefill budget (the simulator does; vLLM and
-        SGLang fix ``max_num_batched_tokens`` at start-up), the ``auto`` set gains its controller, around
-        the value the engine runs with now. Known only after discovery, hence here and not in __init__."""
-        from policies import knobs as policy_knobs
-
-        bound = policy_knobs.TOKEN_BUDGET in self.knobs.actuation.knobs
-        if self.cfg.policies.set != "auto" or not bound or self.knobs.control is None:
-            return
-        try:
-            current = (await self.knobs.control.read()).get(policy_knobs.TOKEN_BUDGET.split(".", 1)[1])
-        except Exception as error:  # observation goes on without the lever
-            log.warning("token budget controller not started: cannot read the engine's budget: %s", error)
-            return
-        if isinstance(current, int | float) and not isinstance(current, bool) and current > 0:
-            from dataclasses import replace
-
-            from policies.energy import Energy
-            from policies.registry import token_budget_policy
-
-            p = self.cfg.policies
-            budget = token_budget_policy(p.ttft_slo_s, p.itl_slo_s, float(current))
-            if any(isinstance(policy, Energy) for policy in self.loop.policies):  # as build_set does
-                budget = replace(budget, itl_floor=budget.lower)
-            self.loop.policies.append(budget)
-            log.info("token budget controller on: the engine runs max_num_batched_tokens=%g", current)
-
-    async def _start_batch_at_the_engines_cap(self) -> None:
-        """Without a gate the batch knob is the engine's ``max_num_seqs`` (agent/knobs.py), and the auto
-        policy must start from the value the engine runs with (vLLM's default is 256), not from
-        ``policies.initial_batch``: its first step up from 64 would otherwise cut the engine to 96."""
-        from dataclasses import replace
-
-        from policies import knobs as policy_knobs
-        from policies.batch_auto import AutoBatch
-
-        if self.knobs.gate is not None or policy_knobs.BATCH not in self.knobs.actuation.knobs:
-            return
-        read, _ = self.knobs.actuation.binding(policy_knobs.BATCH)
-        try:
-            current = float(await read())
-        except Exception as error:  # observation goes on; auto keeps policies.initial_batch
-            log.warning("cannot read the engine's max_num_seqs: %s", error)
-            return
-        for i, policy in enumerate(self.loop.policies):
-            if isinstance(policy, AutoBatch):
-                start = min(policy.upper, max(policy.lower, current))
-                self.loop.policies[i] = replace(policy, initial=start)
-                log.info("auto batch starts at the engine's max_num_seqs=%g", current)
-
-    def _add_sleep_wake(self) -> None:
-        """``policies.sleep``: the sleep/wake policy joins the set when the engine's control API offers
-        sleep (vLLM serves ``/sleep`` and ``/wake_up`` in dev mode). Known only after discovery."""
-        if not self.cfg.policies.sleep:
-            return
-        from policies.sleep import SLEEPING, SleepWake
-
-        if SLEEPING not in self.knobs.actuation.knobs:
-            log.warning(
-                "sleep/wake off: the engine's control API offers no sleep (%s is not bound)", SLEEPING
-            )
-            return
-        p, f = self.cfg.policies, self.cfg.forecast
-        # the horizon the forecaster selects its model at (30 min), when published: the wake-up then starts
-        # that long before the forecast rise, more than a reload takes; the top quantile is the upper bound
-        horizon = (
-            f.selection_horizon_min if f.selection_horizon_min in f.horizons_min else max(f.horizons_min)
-        )
-        signal = f"forecast.requests_per_second.h{horizon}m.q{max(f.quantiles):g}"
-        self.loop.policies.append(
-            SleepWake(p.sleep_below_rps, p.wake_above_rps, p.sleep_min_idle_s, forecast_signal=signal)
-        )
-        log.info(
-            "sleep/wake on: sleeps after %g s idle while %s < %g",
-            p.sleep_min_idle_s,
-            signal,
-            p.sleep_below_rps,
-        )
 
     def _tell_gate_of_a_stall(self, state: AgentState) -> None:
         """The engine_stall finding, or its end, to the gate's upstream that is this engine: a hang the

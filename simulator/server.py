@@ -17,14 +17,14 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from simulator import messages_api, openai_api, responses_api
+from simulator import messages_api, openai_api, responses_api, streams
 from simulator.control import ControlError, ControlPlane
 from simulator.engine import EngineCore, StepResult
 from simulator.faults import FaultError
@@ -44,7 +44,6 @@ RECEIVED_HEADER = "X-Sim-Received-Ns"
 STAMP_PREFIX = b": sent_ns="
 
 RID_PREFIXES = {"completion": "cmpl-", "responses": "resp_"}
-T = TypeVar("T")
 """Request ids as vLLM names them: ``cmpl-`` for completions, ``resp_`` for responses, ``chatcmpl-`` else."""
 
 
@@ -88,7 +87,7 @@ class SimServer:
         self._wall0 = clock()
         self._sim0 = core.time
         self._rng = np.random.default_rng(seed)
-        self._streams: dict[str, asyncio.Queue[tuple[str, Any]]] = {}
+        self._streams: dict[str, streams.TokenQueue] = {}
         self._wake = asyncio.Event()
         self.nvml = NvmlView(core, seed=seed, pid=self.pid)
         self.registry = registry_with(VllmCollector(core, self.model_name))
@@ -225,7 +224,7 @@ class SimServer:
         rid = RID_PREFIXES.get(kind, "chatcmpl-") + uuid.uuid4().hex[:16]
         # n > 1: a request of its own in the core for each sequence, as vLLM fans them out
         sequence_ids = [rid] if parsed.n == 1 else [f"{rid}-{i}" for i in range(parsed.n)]
-        queues: list[asyncio.Queue[tuple[str, Any]]] = [asyncio.Queue() for _ in sequence_ids]
+        queues: list[streams.TokenQueue] = [asyncio.Queue() for _ in sequence_ids]
         try:
             for sequence_id in sequence_ids:
                 self.core.submit(sequence_id, parsed.prompt_tokens, parsed.max_tokens, self.sim_now())
@@ -249,7 +248,7 @@ class SimServer:
         request: web.Request,
         parsed: openai_api.ParsedRequest,
         rid: str,
-        queues: list[asyncio.Queue[tuple[str, Any]]],
+        queues: list[streams.TokenQueue],
         received_ns: int,
     ) -> web.StreamResponse:
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -269,22 +268,22 @@ class SimServer:
 
         try:
             if kind in ("messages", "responses"):
-                events = self._message_events if kind == "messages" else self._response_events
-                await events(write, parsed, rid, queues[0])
+                events = streams.message_events if kind == "messages" else streams.response_events
+                await events(write, parsed, rid, self.model_name, queues[0])
                 await response.write_eof()
                 return response
             if kind == "chat":
                 for index in range(len(queues)):
                     await send(openai_api.chunk(kind, rid, model, created, None, role=True, index=index))
 
-            async def relay(index: int, queue: asyncio.Queue[tuple[str, Any]]) -> int:
+            async def relay(index: int, queue: streams.TokenQueue) -> int:
                 """Sequence ``index``'s tokens, then its closing chunk; returns how many it had."""
 
                 async def token(position: int) -> None:
                     text = openai_api.token_text(position)
                     await send(openai_api.chunk(kind, rid, model, created, text, index=index))
 
-                finish_reason, emitted = await _relay_tokens(queue, token)
+                finish_reason, emitted = await streams.relay_tokens(queue, token)
                 end = None if kind == "chat" else ""
                 await send(openai_api.chunk(kind, rid, model, created, end, finish_reason, index=index))
                 return emitted
@@ -292,7 +291,7 @@ class SimServer:
             if len(queues) == 1:  # no task of its own: the common case stays as cheap as it was
                 emitted = await relay(0, queues[0])
             else:
-                emitted = sum(await _side_by_side([relay(i, q) for i, q in enumerate(queues)]))
+                emitted = sum(await streams.side_by_side([relay(i, q) for i, q in enumerate(queues)]))
             if parsed.include_usage:
                 tail = openai_api.chunk(kind, rid, model, created, None)
                 tail["choices"] = []
@@ -304,87 +303,13 @@ class SimServer:
             pass  # the client went away: _generate's finally aborts the request in the core
         return response
 
-    async def _message_events(
-        self,
-        write: Callable[[bytes], Awaitable[None]],
-        parsed: openai_api.ParsedRequest,
-        rid: str,
-        queue: asyncio.Queue[tuple[str, Any]],
-    ) -> None:
-        """An Anthropic Messages stream (simulator/messages_api.py): one text block, a delta per token."""
-        await write(messages_api.message_start(rid, self.model_name, parsed.prompt_tokens))
-        await write(messages_api.block_start())
-
-        async def token(index: int) -> None:
-            await write(messages_api.block_delta(openai_api.token_text(index)))
-
-        finish_reason, emitted = await _relay_tokens(queue, token)
-        await write(messages_api.block_stop())
-        await write(messages_api.message_delta(finish_reason, parsed.prompt_tokens, emitted))
-        await write(messages_api.message_stop())
-
-    async def _response_events(
-        self,
-        write: Callable[[bytes], Awaitable[None]],
-        parsed: openai_api.ParsedRequest,
-        rid: str,
-        queue: asyncio.Queue[tuple[str, Any]],
-    ) -> None:
-        """A Responses API stream (simulator/responses_api.py): one message item, a delta per token."""
-        api, sequence = responses_api, iter(range(1 << 62))
-        item_id, created = f"msg_{uuid.uuid4().hex[:16]}", int(time.time())
-
-        def whole(
-            finish_reason: str | None = None, text: str | None = None, emitted: int = 0
-        ) -> dict[str, Any]:
-            output = None if text is None else [api.item(item_id, text)]
-            tokens = None if finish_reason is None else (parsed.prompt_tokens, emitted)
-            return api.response(
-                rid, self.model_name, created, parsed.max_tokens, instructions=parsed.instructions,
-                output=output, finish_reason=finish_reason, tokens=tokens,
-            )  # fmt: skip
-
-        where = {"output_index": 0, "item_id": item_id, "content_index": 0}
-        for kind in ("response.created", "response.in_progress"):
-            await write(api.event(kind, next(sequence), {"response": whole()}))
-        await write(
-            api.event(
-                "response.output_item.added",
-                next(sequence),
-                {"item": api.item(item_id, None), "output_index": 0},
-            )
-        )
-        added = {**where, "part": api.part("", done=False)}
-        await write(api.event("response.content_part.added", next(sequence), added))
-        pieces: list[str] = []
-
-        async def token(index: int) -> None:
-            pieces.append(openai_api.token_text(index))
-            delta = {**where, "delta": pieces[-1], "logprobs": []}
-            await write(api.event("response.output_text.delta", next(sequence), delta))
-
-        finish_reason, emitted = await _relay_tokens(queue, token)
-        text = "".join(pieces)
-        done = {**where, "logprobs": [], "text": text}
-        await write(api.event("response.output_text.done", next(sequence), done))
-        await write(
-            api.event(
-                "response.content_part.done", next(sequence), {**where, "part": api.part(text, done=True)}
-            )
-        )
-        finished = {"item": api.item(item_id, text), "output_index": 0}
-        await write(api.event("response.output_item.done", next(sequence), finished))
-        await write(
-            api.event("response.completed", next(sequence), {"response": whole(finish_reason, text, emitted)})
-        )
-
     async def _collect(
-        self, parsed: openai_api.ParsedRequest, rid: str, queues: list[asyncio.Queue[tuple[str, Any]]]
+        self, parsed: openai_api.ParsedRequest, rid: str, queues: list[streams.TokenQueue]
     ) -> web.Response:
         if len(queues) == 1:
-            outcomes = [await _gather_tokens(queues[0])]
+            outcomes = [await streams.gather_tokens(queues[0])]
         else:
-            outcomes = await _side_by_side([_gather_tokens(q) for q in queues])
+            outcomes = await streams.side_by_side([streams.gather_tokens(q) for q in queues])
         if parsed.kind == "responses":
             (pieces, finish_reason), item_id = outcomes[0], f"msg_{uuid.uuid4().hex[:16]}"
             answer = responses_api.response(
@@ -493,40 +418,3 @@ class SimServer:
         except ControlError as error:
             return _error(error.status, str(error), "ControlError")
         return web.json_response(answer)
-
-
-async def _relay_tokens(
-    queue: asyncio.Queue[tuple[str, Any]], token: Callable[[int], Awaitable[None]]
-) -> tuple[str, int]:
-    """Call ``token(index)`` for each token the core emits into ``queue`` until it ends the request;
-    return the finish reason and the number of tokens. Every streamed API writes its events through it."""
-    emitted = 0
-    while True:
-        what, value = await queue.get()
-        if what != "tokens":
-            return value, emitted
-        for _ in range(value):
-            await token(emitted)
-            emitted += 1
-
-
-async def _gather_tokens(queue: asyncio.Queue[tuple[str, Any]]) -> tuple[list[str], str]:
-    """A sequence's whole text as the core emits it into ``queue``, and why it ended."""
-    pieces: list[str] = []
-    while True:
-        what, value = await queue.get()
-        if what != "tokens":
-            return pieces, value
-        pieces.extend(openai_api.token_text(len(pieces) + i) for i in range(value))
-
-
-async def _side_by_side(sequences: list[Coroutine[Any, Any, T]]) -> list[T]:
-    """Run one coroutine per sequence of a request (``n`` > 1) at once; their results in order. When one
-    fails (the client went away) the others are cancelled, rather than left waiting for tokens that the
-    aborted requests will never get."""
-    tasks = [asyncio.ensure_future(sequence) for sequence in sequences]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:
-        for task in tasks:
-            task.cancel()

@@ -1,0 +1,126 @@
+"""How a request's tokens reach its client: the core emits them into a queue per sequence
+(:meth:`simulator.server.SimServer._dispatch`), and these turn each queue into an API's events, or into
+the whole text. The API modules (:mod:`simulator.openai_api`, :mod:`simulator.messages_api`,
+:mod:`simulator.responses_api`) say what the events look like; these say when they are written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from simulator import messages_api, openai_api, responses_api
+
+T = TypeVar("T")
+TokenQueue = asyncio.Queue[tuple[str, Any]]
+"""What the core sends a sequence: ``("tokens", count)`` per step, then ``("finish", reason)``."""
+
+
+async def relay_tokens(queue: TokenQueue, token: Callable[[int], Awaitable[None]]) -> tuple[str, int]:
+    """Call ``token(index)`` for each token the core emits into ``queue`` until it ends the request;
+    return the finish reason and the number of tokens. Every streamed API writes its events through it."""
+    emitted = 0
+    while True:
+        what, value = await queue.get()
+        if what != "tokens":
+            return value, emitted
+        for _ in range(value):
+            await token(emitted)
+            emitted += 1
+
+
+async def gather_tokens(queue: TokenQueue) -> tuple[list[str], str]:
+    """A sequence's whole text as the core emits it into ``queue``, and why it ended."""
+    pieces: list[str] = []
+    while True:
+        what, value = await queue.get()
+        if what != "tokens":
+            return pieces, value
+        pieces.extend(openai_api.token_text(len(pieces) + i) for i in range(value))
+
+
+async def side_by_side(sequences: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run one coroutine per sequence of a request (``n`` > 1) at once; their results in order. When one
+    fails (the client went away) the others are cancelled, rather than left waiting for tokens that the
+    aborted requests will never get."""
+    tasks = [asyncio.ensure_future(sequence) for sequence in sequences]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def message_events(
+    write: Callable[[bytes], Awaitable[None]],
+    parsed: openai_api.ParsedRequest,
+    rid: str,
+    model: str,
+    queue: TokenQueue,
+) -> None:
+    """An Anthropic Messages stream (simulator/messages_api.py): one text block, a delta per token."""
+    await write(messages_api.message_start(rid, model, parsed.prompt_tokens))
+    await write(messages_api.block_start())
+
+    async def token(index: int) -> None:
+        await write(messages_api.block_delta(openai_api.token_text(index)))
+
+    finish_reason, emitted = await relay_tokens(queue, token)
+    await write(messages_api.block_stop())
+    await write(messages_api.message_delta(finish_reason, parsed.prompt_tokens, emitted))
+    await write(messages_api.message_stop())
+
+
+async def response_events(
+    write: Callable[[bytes], Awaitable[None]],
+    parsed: openai_api.ParsedRequest,
+    rid: str,
+    model: str,
+    queue: TokenQueue,
+) -> None:
+    """A Responses API stream (simulator/responses_api.py): one message item, a delta per token."""
+    api, sequence = responses_api, iter(range(1 << 62))
+    item_id, created = f"msg_{uuid.uuid4().hex[:16]}", int(time.time())
+
+    def whole(finish_reason: str | None = None, text: str | None = None, emitted: int = 0) -> dict[str, Any]:
+        output = None if text is None else [api.item(item_id, text)]
+        tokens = None if finish_reason is None else (parsed.prompt_tokens, emitted)
+        return api.response(
+            rid, model, created, parsed.max_tokens, instructions=parsed.instructions,
+            output=output, finish_reason=finish_reason, tokens=tokens,
+        )  # fmt: skip
+
+    where = {"output_index": 0, "item_id": item_id, "content_index": 0}
+    for kind in ("response.created", "response.in_progress"):
+        await write(api.event(kind, next(sequence), {"response": whole()}))
+    await write(
+        api.event(
+            "response.output_item.added",
+            next(sequence),
+            {"item": api.item(item_id, None), "output_index": 0},
+        )
+    )
+    added = {**where, "part": api.part("", done=False)}
+    await write(api.event("response.content_part.added", next(sequence), added))
+    pieces: list[str] = []
+
+    async def token(index: int) -> None:
+        pieces.append(openai_api.token_text(index))
+        delta = {**where, "delta": pieces[-1], "logprobs": []}
+        await write(api.event("response.output_text.delta", next(sequence), delta))
+
+    finish_reason, emitted = await relay_tokens(queue, token)
+    text = "".join(pieces)
+    done = {**where, "logprobs": [], "text": text}
+    await write(api.event("response.output_text.done", next(sequence), done))
+    await write(
+        api.event("response.content_part.done", next(sequence), {**where, "part": api.part(text, done=True)})
+    )
+    finished = {"item": api.item(item_id, text), "output_index": 0}
+    await write(api.event("response.output_item.done", next(sequence), finished))
+    await write(
+        api.event("response.completed", next(sequence), {"response": whole(finish_reason, text, emitted)})
+    )

@@ -50,7 +50,10 @@ class GateConfig(Section):
         description="upstream name -> model name sent to it, for one serving another model (e.g. small)",
     )
     max_in_flight: int = Field(
-        64, ge=1, le=65536, description="effective batch: requests sent upstream at once"
+        64,
+        ge=1,
+        le=65536,
+        description="effective batch: sequences sent upstream at once (a request for n takes n)",
     )
     queue_size: int = Field(1024, ge=0, le=1_000_000, description="requests that may wait; beyond -> 429")
     max_queue_wait_s: float = Field(

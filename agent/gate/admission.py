@@ -5,13 +5,19 @@ so the virtual-time tests drive exactly the code that serves traffic.
 
 Rules, for a limit ``L`` and a reserve ``R = min(L - 1, round(r L))`` (``r`` = ``high_reserved_ratio``):
 
-* a request whose *original* class is ``high`` may run while ``in_flight < L``; any other request only
-  while ``in_flight < L - R``. The reserve keeps room for high traffic during a flood of lower classes,
-  and is not open to promoted requests, so aging cannot drain it;
+* the limit counts sequences in the engine, not requests: a request asking for several (``n``, a list of
+  prompts) has that ``weight``, and takes that many slots, capped at its class's share (below) so that
+  it can always run, alone if need be. Counting it as one let a client with ``n`` = 8 put eight times
+  the effective batch into the engine;
+* a request whose *original* class is ``high`` may run while ``in_flight + weight <= L``; any other
+  request only while ``in_flight + weight <= L - R``. The reserve keeps room for high traffic during a
+  flood of lower classes, and is not open to promoted requests, so aging cannot drain it;
 * a request that has waited ``aging_s`` is promoted one class (once: low -> normal, normal -> high);
 * when capacity frees, waiting requests are ranked by (effective class, arrival order) and the first
   that fits is admitted. A lower effective class is never admitted ahead of a higher one that fits
-  (no inversion), and a promoted request keeps its original arrival order within its new class;
+  (no inversion), and a promoted request keeps its original arrival order within its new class. A
+  request that would fit but for its weight waits for room, and nothing ranked below it is admitted
+  meanwhile: smaller requests filling the slots as they free would starve it;
 * a full queue sheds the newest request of the lowest class present when a higher class arrives, and
   otherwise rejects the arrival (429); a request that waits ``max_wait_s`` expires (503).
 
@@ -65,6 +71,10 @@ class Ticket:
     admitted_at: float | None = None
     promoted: bool = False
     reason: str = field(default="")
+    weight: int = 1
+    """Sequences it will put in the engine (``n``, a batch's prompts)."""
+    charge: int = 0
+    """Slots it holds while admitted: its weight, capped at its class's share of the limit then."""
 
     def effective(self, now: float, aging_s: float) -> Priority:
         if self.priority < Priority.HIGH and now - self.arrived >= aging_s:
@@ -127,10 +137,13 @@ class AdmissionQueue:
         return {p: len(q) for p, q in self._queues.items()}
 
     # --- transitions -------------------------------------------------------------------------------
-    def offer(self, priority: Priority, now: float) -> tuple[Ticket, list[Ticket]]:
-        """A request arrives. Returns its ticket and the other tickets whose state changed (shed)."""
+    def offer(self, priority: Priority, now: float, weight: int = 1) -> tuple[Ticket, list[Ticket]]:
+        """A request of ``weight`` sequences arrives. Returns its ticket and the other tickets whose state
+        changed (shed)."""
+        if weight < 1:
+            raise ValueError(f"weight must be >= 1, got {weight}")
         self._seq += 1
-        ticket = Ticket(self._seq, priority, now)
+        ticket = Ticket(self._seq, priority, now, weight=int(weight))
         self._queues[priority].append(ticket)
         self._depth += 1
         changed = self._dispatch(now)
@@ -145,7 +158,7 @@ class AdmissionQueue:
         if ticket.state is not TicketState.ADMITTED:
             raise ValueError(f"release of a ticket in state {ticket.state.value}")
         ticket.state = TicketState.DONE
-        self._in_flight -= 1
+        self._in_flight -= ticket.charge
         return self._dispatch(now)
 
     def cancel(self, ticket: Ticket) -> bool:
@@ -186,22 +199,30 @@ class AdmissionQueue:
         return self._dispatch(now)
 
     # --- internals ---------------------------------------------------------------------------------
-    def _fits(self, ticket: Ticket) -> bool:
-        cap = self._limit if ticket.priority is Priority.HIGH else self._limit - self.reserved
-        return self._in_flight < cap
+    def _cap(self, ticket: Ticket) -> int:
+        """The most of the limit ``ticket``'s original class may use."""
+        return self._limit if ticket.priority is Priority.HIGH else self._limit - self.reserved
 
     def _dispatch(self, now: float) -> list[Ticket]:
         admitted: list[Ticket] = []
         while self._depth and self._in_flight < self._limit:
             heads = [(q[0].effective(now, self.aging_s), -q[0].seq, q[0]) for q in self._queues.values() if q]
             heads.sort(key=lambda h: (h[0], h[1]), reverse=True)
-            chosen = next((h for h in heads if self._fits(h[2])), None)
+            chosen = None
+            for head in heads:
+                cap = self._cap(head[2])
+                if self._in_flight + min(head[2].weight, cap) <= cap:
+                    chosen = head
+                    break
+                if self._in_flight < cap:  # only its weight keeps it out: the rest wait behind it
+                    break
             if chosen is None:
                 break
             effective, _, ticket = chosen
             self._queues[ticket.priority].popleft()
             self._depth -= 1
-            self._in_flight += 1
+            ticket.charge = min(ticket.weight, self._cap(ticket))
+            self._in_flight += ticket.charge
             if effective > ticket.priority:
                 ticket.promoted = True
                 self.promotions += 1

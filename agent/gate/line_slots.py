@@ -7,7 +7,9 @@ requests past this point (waiting in the gate's queue or at the engine) number a
 ``max(1, floor(share x limit))``; the others wait here, in the line's own FIFO, under the same queue
 deadline, so the shared queue and the engine keep room for the other lines. The cap follows the limit as
 the policies move it (a raised limit hands its new slots to the waiters at once; a lowered one takes
-none back, the line drains to it). Lines without a share are not held here at all.
+none back, the line drains to it). Lines without a share are not held here at all. Slots count
+sequences, as the in-flight limit does (agent/gate/admission.py): a request for ``n`` of them takes ``n``,
+capped at the line's cap so that it can always run, alone if need be.
 
 Asyncio-only state, no I/O: a slot freed goes straight to the line's oldest waiter.
 """
@@ -20,7 +22,7 @@ from collections.abc import Callable
 
 
 def line_cap(share: float, limit: int) -> int:
-    """The most requests a line with ``share`` of an in-flight ``limit`` may have past its own queue."""
+    """The most sequences a line with ``share`` of an in-flight ``limit`` may have past its own queue."""
     return max(1, int(share * limit))
 
 
@@ -30,41 +32,50 @@ class LineSlots:
     def __init__(self) -> None:
         self.held: dict[str, int] = {}
         self._caps: dict[str, Callable[[], int]] = {}
-        self._waiters: dict[str, deque[asyncio.Future[None]]] = {}
+        #: per line, its waiters in arrival order: each one's future (its charge, once granted) and weight
+        self._waiters: dict[str, deque[tuple[asyncio.Future[int], int]]] = {}
 
     def waiting(self, line: str) -> int:
         """Requests of ``line`` waiting for one of its slots."""
         return len(self._waiters.get(line, ()))
 
-    async def acquire(self, line: str, cap: Callable[[], int], timeout_s: float) -> bool:
-        """One of ``line``'s slots, first come, first served (``cap()`` says how many it has now); False
-        when none freed within ``timeout_s``. A caller that gets one gives it back with :meth:`release`;
+    async def acquire(self, line: str, cap: Callable[[], int], timeout_s: float, weight: int = 1) -> int:
+        """Slots of ``line`` for a request of ``weight`` sequences, first come, first served (``cap()`` says
+        how many the line has now); returns how many it holds (its weight, at most the cap), 0 when they
+        did not free within ``timeout_s``. A caller that gets some gives them back with :meth:`release`;
         one cancelled while waiting holds nothing."""
         self._caps[line] = cap
         self._fill(line)
         waiters = self._waiters.setdefault(line, deque())
-        if self.held.get(line, 0) < cap() and not waiters:
-            self.held[line] = self.held.get(line, 0) + 1
-            return True
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters.append(future)
+        charge = self._charge(line, weight)
+        if charge and not waiters:
+            self.held[line] = self.held.get(line, 0) + charge
+            return charge
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        entry = (future, weight)
+        waiters.append(entry)
         try:
-            await asyncio.wait_for(asyncio.shield(future), timeout_s)
+            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except BaseException as error:  # timed out, or the client left while waiting
             if future.done():
-                self.release(line)  # handed a slot just as it gave up: pass it on
+                self.release(line, future.result())  # handed slots just as it gave up: pass them on
             else:
                 future.cancel()
-                waiters.remove(future)
+                waiters.remove(entry)
             if isinstance(error, TimeoutError):
-                return False
+                return 0
             raise
-        return True
 
-    def release(self, line: str) -> None:
-        """Give back a slot :meth:`acquire` granted; the line's oldest waiter gets it."""
-        self.held[line] -= 1
+    def release(self, line: str, slots: int = 1) -> None:
+        """Give back ``slots`` that :meth:`acquire` granted; the line's oldest waiters get them."""
+        self.held[line] -= slots
         self._fill(line)
+
+    def _charge(self, line: str, weight: int) -> int:
+        """The slots a request of ``weight`` takes if it fits now, else 0."""
+        cap = self._caps[line]()
+        charge = min(weight, cap)
+        return charge if self.held.get(line, 0) + charge <= cap else 0
 
     def refill(self) -> None:
         """After the in-flight limit grew: hand the slots it adds to the lines' waiters now."""
@@ -74,10 +85,10 @@ class LineSlots:
     def _fill(self, line: str) -> None:
         """Hand free slots (one released, or more after the cap grew) to the oldest waiters."""
         waiters = self._waiters.get(line)
-        while waiters and self.held.get(line, 0) < self._caps[line]():
-            future = waiters.popleft()
-            self.held[line] = self.held.get(line, 0) + 1
-            future.set_result(None)
+        while waiters and (charge := self._charge(line, waiters[0][1])):
+            future, _ = waiters.popleft()
+            self.held[line] = self.held.get(line, 0) + charge
+            future.set_result(charge)
         if not waiters and not self.held.get(line):  # nothing of the line left: forget it
             self._waiters.pop(line, None)
             self.held.pop(line, None)

@@ -39,7 +39,11 @@ class GateMetrics:
         late: PerUpstream,
     ) -> None:
         self.upstreams = tuple(upstreams)
-        in_flight_g = Gauge("servepilot_gate_in_flight", "Requests upstream now.", registry=registry)
+        in_flight_g = Gauge(
+            "servepilot_gate_in_flight",
+            "Sequences upstream now (a request for n takes n).",
+            registry=registry,
+        )
         queue_g = Gauge("servepilot_gate_queue_depth", "Requests waiting for admission.", registry=registry)
         limit_g = Gauge("servepilot_gate_limit", "In-flight limit (effective batch).", registry=registry)
         up_g = Gauge(

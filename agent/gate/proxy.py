@@ -442,9 +442,13 @@ class Gate:
         if lane is not None:
             lane.routed.inc()
         share = limiter.max_in_flight_share
-        if share is not None:  # first a slot of the line's share (agent/gate/line_slots.py)
+        held = 0  # slots of the line's share
+        if share is not None:  # first the line's share (agent/gate/line_slots.py), a slot per sequence
             deadline = self._deadline(own_wait_s)
-            if not await self.line_slots.acquire(line, lambda: line_cap(share, admission.limit), deadline):
+            held = await self.line_slots.acquire(
+                line, lambda: line_cap(share, admission.limit), deadline, info.choices
+            )
+            if not held:
                 limiter.refund(est_tokens)
                 cap = line_cap(share, admission.limit)
                 message = (
@@ -459,8 +463,8 @@ class Gate:
                 request, body, record, info, limiter, priority, admission, lane, fill, own_wait_s
             )
         finally:
-            if share is not None:
-                self.line_slots.release(line)
+            if held:
+                self.line_slots.release(line, held)
 
     def _deadline(self, own_wait_s: float | None) -> float:
         """How long a request may wait to be admitted: the gate's deadline, or the client's when shorter."""
@@ -482,7 +486,7 @@ class Gate:
         """Through the admission queue (its deadline, or ``own_wait_s`` when shorter), then upstream.
         ``record.queue_wait_s`` holds the wait before it (in the line's own queue), if any."""
         est_tokens = info.prompt_tokens + record.max_tokens  # as admitted by the line's buckets
-        ticket, changed = admission.offer(priority, record.arrived)
+        ticket, changed = admission.offer(priority, record.arrived, info.choices)
         self._wake(changed)
         if ticket.state is TicketState.WAITING:
             refusal = await self._wait(ticket, record, admission, own_wait_s)

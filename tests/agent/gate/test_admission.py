@@ -6,6 +6,7 @@ import heapq
 import random
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -84,55 +85,66 @@ def test_promoted_request_keeps_its_arrival_order_within_the_new_class() -> None
     assert order[:2] == [old_low, normal]
 
 
-def test_no_inversion_over_random_traffic() -> None:
+@pytest.mark.parametrize("max_weight", [1, 4])
+def test_no_inversion_over_random_traffic(max_weight: int) -> None:
     """Whenever a request is admitted, no waiting request has a higher effective class that would fit,
-    and none of the same class arrived earlier."""
+    and none of the same class arrived earlier; with weights too (a request kept out by its weight holds
+    back everything ranked below it)."""
     rng = random.Random(7)
     q = _queue(limit=6, queue_size=1000, high_reserved_ratio=0.2, aging_s=0.2)
     running: list[Ticket] = []
     waiting: list[Ticket] = []
     now = 0.0
+
+    def check(admitted: list[Ticket], before: list[Ticket]) -> None:
+        for ticket in admitted:
+            rank = (ticket.effective(now, 0.2), -ticket.seq)
+            for other in before:
+                if other.state is TicketState.WAITING and (other.priority is H or ticket.priority is not H):
+                    assert (other.effective(now, 0.2), -other.seq) < rank
+
     for _ in range(3000):
         now += rng.expovariate(40.0)
+        before = [t for t in waiting if t.state is TicketState.WAITING]
         if running and rng.random() < 0.5:
-            done = running.pop(rng.randrange(len(running)))
-            before = [t for t in waiting if t.state is TicketState.WAITING]
-            admitted = q.release(done, now)
-            for ticket in admitted:
-                rank = (ticket.effective(now, 0.2), -ticket.seq)
-                for other in before:
-                    if other.state is TicketState.WAITING and (
-                        other.priority is H or ticket.priority is not H
-                    ):
-                        assert (other.effective(now, 0.2), -other.seq) < rank
-            running += admitted
+            admitted = q.release(running.pop(rng.randrange(len(running))), now)
         else:
-            ticket, _ = q.offer(Priority(rng.randrange(3)), now)
-            (running if ticket.state is TicketState.ADMITTED else waiting).append(ticket)
+            ticket, changed = q.offer(Priority(rng.randrange(3)), now, rng.randint(1, max_weight))
+            waiting.append(ticket)
+            admitted = [t for t in (ticket, *changed) if t.state is TicketState.ADMITTED]  # aging reorders
+        check(admitted, before)
+        running += admitted
+        assert q.in_flight == sum(t.charge for t in running) <= q.limit
     assert q.promotions > 0
 
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.lists(st.tuples(st.sampled_from(["offer", "release", "limit"]), st.integers(0, 2), st.integers(1, 12)))
+    st.lists(
+        st.tuples(st.sampled_from(["offer", "release", "limit"]), st.integers(0, 2), st.integers(1, 12))
+    ),
+    st.booleans(),
 )
-def test_in_flight_never_exceeds_the_limit_also_while_it_changes(ops: list[tuple[str, int, int]]) -> None:
+def test_in_flight_never_exceeds_the_limit_also_while_it_changes(
+    ops: list[tuple[str, int, int]], weighted: bool
+) -> None:
     q = _queue(limit=4, queue_size=20)
     running: list[Ticket] = []
     for step, (op, prio, value) in enumerate(ops):
         now = step * 0.05
         before = q.in_flight
         if op == "offer":
-            ticket, _ = q.offer(Priority(prio), now)
+            ticket, changed = q.offer(Priority(prio), now, value if weighted else 1)
             if ticket.state is TicketState.ADMITTED:
                 running.append(ticket)
+            running += [t for t in changed if t.state is TicketState.ADMITTED]
         elif op == "release" and running:
             running += q.release(running.pop(value % len(running)), now)
         elif op == "limit":
             running += q.set_limit(value, now)
         grew = q.in_flight > before
         assert not grew or q.in_flight <= q.limit
-        assert q.in_flight == len(running) and q.in_flight <= max(q.limit, before)
+        assert q.in_flight == sum(t.charge for t in running) and q.in_flight <= max(q.limit, before)
 
 
 def test_full_queue_rejects_an_arrival_of_the_lowest_class() -> None:
@@ -215,3 +227,55 @@ def test_high_priority_wait_p99_under_250_ms_during_a_low_priority_flood() -> No
     high_waits = [t.queue_wait_s for t in high_tickets if t.admitted_at is not None]
     assert len(high_waits) > 800 and q.queue_depth > 1000  # the flood really flooded
     assert float(np.percentile(high_waits, 99)) < 0.25
+
+
+def test_a_request_for_several_sequences_takes_as_many_slots() -> None:
+    """``n`` = 4 is four sequences in the engine: two such requests fill a limit of 8, a third waits."""
+    q = _queue(limit=8, high_reserved_ratio=0.0)
+    first, _ = q.offer(N, 0.0, weight=4)
+    second, _ = q.offer(N, 0.0, weight=4)
+    third, _ = q.offer(N, 0.0, weight=4)
+    assert (first.state, second.state, third.state) == (TicketState.ADMITTED,) * 2 + (TicketState.WAITING,)
+    assert q.in_flight == 8
+    assert q.release(first, 0.1) == [third] and q.in_flight == 8
+
+
+def test_a_request_larger_than_its_share_runs_alone_and_leaves_the_reserve() -> None:
+    """A batch of 20 prompts with a limit of 10 (2 reserved for high): it takes the 8 other slots once
+    they are all free, never the reserve, so high traffic still gets through beside it."""
+    q = _queue(limit=10, high_reserved_ratio=0.2)
+    small, _ = q.offer(N, 0.0)
+    big, _ = q.offer(N, 0.0, weight=20)
+    assert big.state is TicketState.WAITING
+    assert q.release(small, 0.1) == [big] and big.charge == 8 and q.in_flight == 8
+    high, _ = q.offer(H, 0.2)
+    assert high.state is TicketState.ADMITTED and q.in_flight == 9
+
+
+def test_a_heavy_request_is_not_starved_by_lighter_ones_behind_it() -> None:
+    """Slots freed one at a time go to the heavy request at the head once enough are free, not to the
+    single-sequence requests that arrived after it (which would otherwise refill them forever)."""
+    q = _queue(limit=4, high_reserved_ratio=0.0)
+    running = [q.offer(N, 0.0)[0] for _ in range(4)]
+    heavy, _ = q.offer(N, 0.1, weight=3)
+    light = [q.offer(N, 0.1 + i / 100)[0] for i in range(3)]
+    assert q.release(running.pop(), 0.2) == []  # one free slot: the heavy one needs three
+    assert q.release(running.pop(), 0.2) == []
+    assert q.release(running.pop(), 0.2) == [heavy]
+    assert all(t.state is TicketState.WAITING for t in light)
+    assert q.release(running.pop(), 0.3) == [light[0]]
+
+
+def test_a_heavy_request_of_a_higher_class_holds_back_the_lower_classes() -> None:
+    q = _queue(limit=4, high_reserved_ratio=0.0, aging_s=10.0)
+    running = [q.offer(N, 0.0)[0] for _ in range(3)]
+    heavy_high, _ = q.offer(H, 0.1, weight=2)
+    low, _ = q.offer(L, 0.1)
+    assert heavy_high.state is TicketState.WAITING and low.state is TicketState.WAITING  # 1 free slot
+    assert q.release(running.pop(), 0.2) == [heavy_high]
+    assert low.state is TicketState.WAITING
+
+
+def test_weight_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="weight must be >= 1"):
+        _queue().offer(N, 0.0, weight=0)

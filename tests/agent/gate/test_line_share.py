@@ -181,3 +181,22 @@ async def test_a_share_given_by_a_reload_caps_the_line_from_its_next_request(ups
         assert registry.get_sample_value("servepilot_gate_line_waiting", {"line": "batch"}) == 1
         upstream.go.set()
         assert [(await t).status for t in batch] == [200, 200]
+
+
+async def test_a_line_s_slots_count_sequences() -> None:
+    """A share of 4 slots: a request for 3 sequences holds 3, one for 2 waits until they are back, and one
+    for 9 (more than the share) holds all 4 once nothing else of the line runs."""
+    slots = LineSlots()
+    assert await slots.acquire("a", lambda: 4, TIMEOUT, weight=3) == 3
+    pair = asyncio.create_task(slots.acquire("a", lambda: 4, TIMEOUT, weight=2))
+    await _until(lambda: slots.waiting("a") == 1)
+    big = asyncio.create_task(slots.acquire("a", lambda: 4, TIMEOUT, weight=9))
+    await _until(lambda: slots.waiting("a") == 2)
+    slots.release("a", 3)
+    assert await pair == 2 and not big.done()
+    slots.release("a", 2)
+    assert await big == 4 and slots.held == {"a": 4}
+    slots.release("a", 4)
+    assert slots.held == {} and slots.waiting("a") == 0
+    assert await slots.acquire("a", lambda: 4, 0.01, weight=1) == 1
+    assert await slots.acquire("a", lambda: 4, 0.01, weight=4) == 0  # 3 free of 4: timed out

@@ -384,6 +384,28 @@ async def test_in_flight_never_exceeds_the_limit_at_the_proxy(
         await gate.stop()
 
 
+async def test_a_request_for_several_sequences_takes_as_many_of_the_limit(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """``n`` = 3 is three sequences in the engine's batch: with a limit of 4, a request for 2 more waits
+    while it runs (counted as one request, the two put 5 sequences into a batch of 4), and so does a
+    single one behind it, first come first served. Until 2026-12-04 the limit counted requests."""
+    upstream.release.clear()
+    gate = await _gate({"primary": upstream.url}, max_in_flight=4, high_reserved_ratio=0.0)
+    try:
+        first = asyncio.create_task(_post(client, gate, _body(n=3)))
+        await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
+        assert gate.snapshot_values()["gate.in_flight"] == 3
+        later = [asyncio.create_task(_post(client, gate, _body(**extra))) for extra in ({"n": 2}, {})]
+        await asyncio.wait_for(_until(lambda: gate.admission.queue_depth == 2), TIMEOUT)
+        assert upstream.running == 1
+        upstream.release.set()
+        assert [r.status for r in await asyncio.gather(first, *later)] == [200] * 3
+        assert gate.admission.in_flight == 0
+    finally:
+        await gate.stop()
+
+
 async def test_usage_of_a_plain_response_lands_in_the_token_counter(
     upstream: Upstream, client: aiohttp.ClientSession
 ) -> None:

@@ -103,6 +103,14 @@ class RequestInfo:
     """In a stream, the bytes that mark an event carrying tokens; empty when every event carries some
     (completions, chat). The first such event is the first token (TTFT), the gaps between them the ITL,
     and without a ``usage`` their count is the output token count."""
+    prompts: int = 1
+    """Prompts in it (a list of prompts, vLLM's batch chat, SGLang's batch): ``prompt_tokens`` is their
+    sum, so a prompt's own length, which picks its length bucket and its pool, is the share of one."""
+
+    @property
+    def prompt_length(self) -> float:
+        """The estimated tokens of one of its prompts (all of them for a single prompt)."""
+        return self.prompt_tokens / self.prompts
 
 
 class BadRequest(ValueError):
@@ -201,12 +209,14 @@ def _parse(path: str, body: bytes) -> RequestInfo:
     if path in POOLING_PATHS or path == SAGEMAKER_PATH:
         return _by_field(doc)
     choices = max((v for v in (doc.get("n"), doc.get("best_of")) if _count(v)), default=1)
+    prompts = 1
     if path in CHAT_PATHS or path in (CHAT_BATCH_PATH, MESSAGES_PATH):
         messages = doc.get("messages")
         if not isinstance(messages, list):
             raise BadRequest("'messages' must be a list")
         if path == CHAT_BATCH_PATH:  # a list of conversations
-            choices *= max(1, len(messages))
+            prompts = max(1, len(messages))
+            choices *= prompts
             messages = [
                 m for conversation in messages if isinstance(conversation, list) for m in conversation
             ]
@@ -215,7 +225,8 @@ def _parse(path: str, body: bytes) -> RequestInfo:
             prompt += _text_tokens(doc.get("system") or "")
     elif path == "/v1/completions":
         prompt = _text_tokens(doc.get("prompt", ""))
-        choices *= _prompt_count(doc.get("prompt"))
+        prompts = _prompt_count(doc.get("prompt"))
+        choices *= prompts
     elif path == RESPONSES_PATH:
         prompt = _text_tokens(doc.get("input", "")) + _text_tokens(doc.get("instructions") or "")
     elif path == SGLANG_GENERATE_PATH:
@@ -237,6 +248,7 @@ def _parse(path: str, body: bytes) -> RequestInfo:
         model if isinstance(model, str) else "",
         choices,
         TOKEN_EVENTS.get(path, b""),
+        prompts,
     )
 
 
@@ -266,8 +278,10 @@ def _parse_generate(doc: dict[str, Any]) -> RequestInfo:
     max_tokens = params.get("max_new_tokens") or 0
     _check_max_tokens(max_tokens, "sampling_params.max_new_tokens")
     n = params.get("n")
-    choices = max(1, len(prompts)) * (n if _count(n) else 1)
-    return RequestInfo(bool(doc.get("stream", False)), _text_tokens(prompts), float(max_tokens), "", choices)
+    count = max(1, len(prompts))
+    choices = count * (n if _count(n) else 1)
+    stream = bool(doc.get("stream", False))
+    return RequestInfo(stream, _text_tokens(prompts), float(max_tokens), "", choices, prompts=count)
 
 
 def _parse_llamacpp(doc: dict[str, Any]) -> RequestInfo:
@@ -284,9 +298,8 @@ def _parse_llamacpp(doc: dict[str, Any]) -> RequestInfo:
     tokens = _text_tokens(prompt) + sum(
         _text_tokens(doc[key]) for key in ("input_prefix", "input_suffix", "input_extra") if key in doc
     )
-    return RequestInfo(
-        bool(doc.get("stream", False)), tokens, float(n_predict), "", len(prompt) if many else 1
-    )
+    count = len(prompt) if many else 1
+    return RequestInfo(bool(doc.get("stream", False)), tokens, float(n_predict), "", count, prompts=count)
 
 
 def _count(value: Any) -> TypeGuard[int]:

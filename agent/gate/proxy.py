@@ -422,6 +422,7 @@ class Gate:
             return json_error(400, message, "invalid_request_error", "bad_request")
         record = RequestRecord(line, priority.name.lower(), path, info.prompt_tokens, arrived)
         record.max_tokens, record.choices = info.max_tokens * info.choices, info.choices
+        record.prompts = info.prompts
         est_tokens = info.prompt_tokens + record.max_tokens  # max_tokens for each of its sequences
         verdict = limiter.admit(est_tokens, arrived)
         if not verdict.granted:
@@ -437,7 +438,7 @@ class Gate:
                     return await self._serve_cached(request, entry)
                 fill = Fill(key, self.cache.admit(key), self.cfg.cache_max_entry_bytes)
         isolation = self.isolation
-        lane = isolation if isolation is not None and isolation.is_long(info.prompt_tokens) else None
+        lane = isolation if isolation is not None and isolation.is_long(info.prompt_length) else None
         admission = self.admission if lane is None else lane.admission
         if lane is not None:
             lane.routed.inc()

@@ -70,6 +70,8 @@ class RequestRecord:
     choices: int = 1
     """Sequences generated for it side by side (``n``, a batch's prompts or conversations): its tokens
     are shared among them, so its latency is judged per sequence."""
+    prompts: int = 1
+    """Prompts in it (a batch): ``prompt_tokens`` is their sum, and its length bucket is one prompt's."""
     sent_at: float = 0.0
     """When the gate sent it upstream (stall ejection)."""
     heard_at: float | None = None
@@ -214,7 +216,7 @@ class GateStats:
             if rec.upstream:
                 answered, errors, slo_bad = self.by_upstream.get(rec.upstream, (0, 0, 0))
                 self.by_upstream[rec.upstream] = (answered + 1, errors + error, slo_bad + missed)
-        bucket = self.buckets.name(rec.prompt_tokens)
+        bucket = self.buckets.name(rec.prompt_tokens / max(1, rec.prompts))  # a prompt's, not a batch's
         self.queue_wait.labels(rec.priority).observe(rec.queue_wait_s)
         self.tokens.labels(rec.line, "prompt").inc(rec.prompt_tokens)
         self.tokens.labels(rec.line, "output").inc(rec.output_tokens)

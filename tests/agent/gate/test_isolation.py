@@ -94,6 +94,22 @@ async def test_long_prompt_goes_to_the_long_pool(
         await gate.stop()
 
 
+async def test_a_batch_of_short_prompts_is_judged_by_one_prompt_not_their_sum(
+    pair: tuple[Upstream, Upstream], client: aiohttp.ClientSession
+) -> None:
+    """Four 40-token prompts in one completions request (160 tokens in all, over the 100-token threshold)
+    are four short prompts: they stay in the short pool; a batch with a long prompt's share goes long."""
+    short, long = pair
+    gate = await _isolating_gate(short, long)
+    try:
+        assert (await _post(client, gate, _body(prompt=["x" * 160] * 4))).status == 200
+        assert (long.seen, short.seen) == (0, 1)
+        assert (await _post(client, gate, _body(prompt=["x" * 400] * 2))).status == 200
+        assert (long.seen, short.seen) == (1, 1)
+    finally:
+        await gate.stop()
+
+
 async def test_parked_long_requests_do_not_hold_short_ones(
     pair: tuple[Upstream, Upstream], client: aiohttp.ClientSession
 ) -> None:

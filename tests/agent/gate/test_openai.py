@@ -66,3 +66,22 @@ def test_llamacpp_native_completion_is_read_for_prompt_n_predict_and_its_counts(
     )
     assert usage_from_sse_tail(stream) == (11.0, 5.0)
     assert usage_from_sse_tail(stream[-40:]) is None  # its event cut off: the events are counted instead
+
+
+def test_a_batch_counts_its_prompts_so_one_prompt_s_length_is_known() -> None:
+    listed = _info("/v1/completions", {"prompt": ["a" * 400, "b" * 400, "c" * 400], "n": 2})
+    assert (listed.prompts, listed.choices, listed.prompt_tokens, listed.prompt_length) == (
+        3,
+        6,
+        300.0,
+        100.0,
+    )
+    chats = [[{"role": "user", "content": "a" * 40}], [{"role": "user", "content": "b" * 40}]]
+    batch = _info("/v1/chat/completions/batch", {"messages": chats})
+    assert (batch.prompts, batch.prompt_length) == (2, 10.0)
+    sglang = _info("/generate", {"text": ["a" * 80, "b" * 80], "sampling_params": {"n": 3}})
+    assert (sglang.prompts, sglang.choices, sglang.prompt_length) == (2, 6, 20.0)
+    llamacpp = _info("/completion", {"prompt": ["a" * 8] * 4})
+    assert (llamacpp.prompts, llamacpp.prompt_length) == (4, 2.0)
+    single = _info("/v1/completions", {"prompt": "a" * 400, "n": 4})
+    assert (single.prompts, single.prompt_length) == (1, 100.0)  # n answers one prompt

@@ -75,3 +75,14 @@ def test_each_sequences_own_gaps_count_as_inter_token_latency() -> None:
     values = stats.values(1.0)
     assert values["gate.le256.itl_seconds.p50"] == pytest.approx(0.1)
     assert registry.get_sample_value("servepilot_gate_ttft_seconds_count", {"bucket": "le256"}) == 2
+
+
+def test_a_batch_is_bucketed_by_the_length_of_one_of_its_prompts() -> None:
+    """Sixteen 200-token prompts in one request are short prompts (le256), not a 3,200-token one."""
+    registry = CollectorRegistry()
+    stats = GateStats(registry, LengthBuckets(), window_s=60, start=0.0)
+    stats.record(_record(3200, ttft=0.1, prompts=16, choices=16), now=1.0)
+    assert registry.get_sample_value("servepilot_gate_ttft_seconds_count", {"bucket": "le256"}) == 1
+    assert registry.get_sample_value("servepilot_gate_ttft_seconds_count", {"bucket": "le4k"}) is None
+    prompt = registry.get_sample_value("servepilot_gate_tokens_total", {"line": "default", "kind": "prompt"})
+    assert prompt == 3200  # the token count is the whole batch's

@@ -72,8 +72,16 @@ class ParsedRequest:
     instructions: str | None = None
     """A Responses request's ``instructions``, which its response object repeats."""
     n: int = 1
-    """Sequences to generate for the prompt (completions and chat ``n``): each is a request of its own in
-    the engine, as vLLM fans them out, and their events interleave in one stream."""
+    """Sequences to generate for each prompt (completions and chat ``n``): each is a request of its own
+    in the engine, as vLLM fans them out, and their events interleave in one stream."""
+    batch: tuple[int, ...] = ()
+    """A completions ``prompt`` that is a list of prompts: each one's tokens (``prompt_tokens`` is their
+    sum, as the usage counts it); empty for one prompt."""
+
+    @property
+    def prompt_lengths(self) -> tuple[int, ...]:
+        """Each prompt's tokens, in order."""
+        return self.batch or (self.prompt_tokens,)
 
 
 def estimate_tokens(text: str) -> int:
@@ -101,7 +109,15 @@ def _prompt_tokens(prompt: Any) -> int:
         return len(prompt)
     if isinstance(prompt, list) and len(prompt) == 1:
         return _prompt_tokens(prompt[0])
-    raise ApiError(400, "prompt must be a string or a list of token ids (batched prompts are not supported)")
+    raise ApiError(400, "prompt must be a string, a list of token ids, or a list of those")
+
+
+def _batch(prompt: Any) -> tuple[int, ...]:
+    """Each prompt's tokens when ``prompt`` is a list of several prompts (strings or token-id lists), as
+    vLLM takes them; empty for one prompt."""
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str | list) for p in prompt):
+        return tuple(_prompt_tokens(p) for p in prompt)
+    return ()
 
 
 def chat_tokens(messages: Any) -> int:
@@ -149,7 +165,8 @@ def parse(kind: str, body: Any, served_model: str) -> ParsedRequest:
     else:
         if "prompt" not in body:
             raise ApiError(400, "prompt is required")
-        prompt_tokens = _prompt_tokens(body["prompt"])
+        batch = _batch(body["prompt"])
+        prompt_tokens = sum(batch) if batch else _prompt_tokens(body["prompt"])
     raw_max = body.get("max_completion_tokens", body.get("max_tokens"))
     max_tokens = DEFAULT_MAX_TOKENS[kind] if raw_max is None else token_limit("max_tokens", raw_max)
     stream = stream_flag(body)
@@ -164,10 +181,13 @@ def parse(kind: str, body: Any, served_model: str) -> ParsedRequest:
     logprobs = body.get("logprobs")
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
         raise ApiError(400, f"logprobs must be an integer >= 0 or null, got {logprobs!r}")
+    if batch and (echo or logprobs is not None):
+        raise ApiError(400, "echo and logprobs take one prompt, not a list of them")
     pieces = prompt_pieces(body["prompt"]) if echo or logprobs is not None else ()
     return ParsedRequest(
-        kind, str(model), prompt_tokens, max_tokens, stream, include_usage, echo, logprobs, pieces, n=n
-    )
+        kind, str(model), prompt_tokens, max_tokens, stream, include_usage, echo, logprobs, pieces, n=n,
+        batch=batch,
+    )  # fmt: skip
 
 
 MAX_N = 128

@@ -222,12 +222,14 @@ class SimServer:
         except openai_api.ApiError as error:
             return web.json_response(error.body(), status=error.status)
         rid = RID_PREFIXES.get(kind, "chatcmpl-") + uuid.uuid4().hex[:16]
-        # n > 1: a request of its own in the core for each sequence, as vLLM fans them out
-        sequence_ids = [rid] if parsed.n == 1 else [f"{rid}-{i}" for i in range(parsed.n)]
+        # several prompts, or n > 1: a request of its own in the core for each sequence, as vLLM fans
+        # them out; sequence p x n + i is prompt p's i-th, its choices[].index
+        lengths = [length for length in parsed.prompt_lengths for _ in range(parsed.n)]
+        sequence_ids = [rid] if len(lengths) == 1 else [f"{rid}-{i}" for i in range(len(lengths))]
         queues: list[streams.TokenQueue] = [asyncio.Queue() for _ in sequence_ids]
         try:
-            for sequence_id in sequence_ids:
-                self.core.submit(sequence_id, parsed.prompt_tokens, parsed.max_tokens, self.sim_now())
+            for sequence_id, length in zip(sequence_ids, lengths, strict=True):
+                self.core.submit(sequence_id, length, parsed.max_tokens, self.sim_now())
         except ValueError as error:
             for sequence_id in sequence_ids:
                 self.core.abort(sequence_id, self.sim_now())

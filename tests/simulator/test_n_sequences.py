@@ -111,3 +111,23 @@ async def test_a_client_leaving_aborts_every_sequence(sim: Any) -> None:
     await asyncio.sleep(0)  # a cancelled task ends at its next step
     left = [t for t in asyncio.all_tasks() if "relay" in repr(t.get_coro())]
     assert left == []
+
+
+async def test_a_list_of_prompts_is_a_sequence_per_prompt_and_per_n(sim: Any) -> None:
+    """vLLM answers a completions ``prompt`` list with ``n`` choices per prompt, prompt p's i-th at index
+    p x n + i, and a usage that sums the prompts."""
+    core = sim.sim_server.core
+    before = core.stats.request_success["length"]
+    body = {"prompt": ["x" * 40, "y" * 80], "max_tokens": 3, "n": 2}
+    answer = await (await sim.post("/v1/completions", json=body)).json()
+    assert [c["index"] for c in answer["choices"]] == [0, 1, 2, 3]
+    assert answer["usage"] == {"prompt_tokens": 10 + 20, "completion_tokens": 12, "total_tokens": 42}
+    assert core.stats.request_success["length"] - before == 4
+    streamed = await sim.post("/v1/completions", json={**body, "stream": True})
+    assert Counter(_order(_chunks(await streamed.read()))) == {i: 4 for i in range(4)}
+
+
+async def test_echo_and_logprobs_take_one_prompt(sim: Any) -> None:
+    response = await sim.post("/v1/completions", json={"prompt": ["a", "b"], "echo": True})
+    assert response.status == 400
+    assert "one prompt" in (await response.json())["error"]["message"]

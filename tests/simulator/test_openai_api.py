@@ -28,7 +28,14 @@ def test_completion_defaults_to_16_tokens_like_openai() -> None:
 
 @pytest.mark.parametrize(
     "body",
-    [[], {"prompt": "a", "max_tokens": 0}, {"prompt": "a", "stream": "yes"}, {"prompt": ["a", "b"]}, {}],
+    [
+        [],
+        {"prompt": "a", "max_tokens": 0},
+        {"prompt": "a", "stream": "yes"},
+        {"prompt": ["a", 3]},
+        {"prompt": []},
+        {},
+    ],
 )
 def test_malformed_bodies_are_400(body: object) -> None:
     with pytest.raises(ApiError) as error:

@@ -182,7 +182,10 @@ def _by_field(doc: dict[str, Any]) -> RequestInfo:
     )
     max_tokens = next((float(b) for b in bounds if _count(b) and b <= MAX_TOKENS_LIMIT), 0.0)
     model = doc.get("model")
-    return RequestInfo(doc.get("stream") is True, prompt, max_tokens, model if isinstance(model, str) else "")
+    # a list of inputs (embeddings, documents to rerank, items to score): one prompt's length is a share
+    prompts = max((_prompt_count(doc[key]) for key in PROMPT_FIELDS if key in doc), default=1)
+    stream = doc.get("stream") is True
+    return RequestInfo(stream, prompt, max_tokens, model if isinstance(model, str) else "", prompts=prompts)
 
 
 def _load(body: bytes) -> dict[str, Any]:
@@ -233,8 +236,9 @@ def _parse(path: str, body: bytes) -> RequestInfo:
         return _parse_generate(doc)
     elif path in LLAMACPP_COMPLETION_PATHS or path == LLAMACPP_INFILL_PATH:
         return _parse_llamacpp(doc)
-    else:
+    else:  # embeddings: a list of inputs is that many prompts, each embedded on its own
         prompt = _text_tokens(doc.get("input", ""))
+        prompts = _prompt_count(doc.get("input"))
     if path == RESPONSES_PATH:
         max_tokens = doc.get("max_output_tokens") or 0
     else:

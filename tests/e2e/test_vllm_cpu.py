@@ -206,6 +206,36 @@ async def test_each_sequence_of_a_stream_with_n_2_is_timed_by_its_own_tokens(eng
     assert itl_sum == pytest.approx(sum(expected), rel=0.3, abs=0.01), (itl_sum, expected)
 
 
+async def _queue_time(session: aiohttp.ClientSession, engine: RunningEngine) -> tuple[float, float]:
+    """vLLM's ``vllm:request_queue_time_seconds`` (time its requests waited for the scheduler): sum, count."""
+    expo = parse_exposition(await _scrape(session, engine), 0.0, ["vllm:request_queue_time_seconds"])
+    series = expo.histograms["vllm:request_queue_time_seconds"]
+    return sum(h.sum or 0.0 for h in series), sum(h.count or 0.0 for h in series)
+
+
+async def test_a_gate_limit_at_max_num_seqs_keeps_requests_for_several_sequences_out_of_vllms_queue(
+    engine: RunningEngine,
+) -> None:
+    """This vLLM runs at most 4 sequences (``max_num_seqs``). With the gate's limit at 4, requests for
+    3 and 2 sequences wait at the gate, where its priorities and deadline apply, and not in vLLM's queue:
+    the gate counts each sequence. Counted as one request each, they put 10 sequences into a batch of 4,
+    and vLLM queued the rest for whole answers (2026-12-04, 160 tokens: 0.37 s a sequence in vLLM's
+    queue when counted by request, 0.00 s counted by sequence)."""
+    bodies = [completion(f"sequences {i}", 160, n=3 - i % 2, temperature=1.0) for i in range(4)]
+    async with (
+        gate_for(engine.url, max_in_flight=4, high_reserved_ratio=0.0) as (gate, base, _),
+        aiohttp.ClientSession() as session,
+    ):
+        before = await _queue_time(session, engine)
+        results = await stream_many(session, base, bodies)
+        after = await _queue_time(session, engine)
+    assert [r.status for r in results] == [200] * 4, [r.body[-200:] for r in results]
+    waited, sequences = after[0] - before[0], after[1] - before[1]
+    assert sequences == 3 + 2 + 3 + 2
+    assert waited / sequences < 0.1, (waited, sequences)  # a scheduler step or two, not an answer
+    assert gate.admission.in_flight == 0
+
+
 # --- capability discovery and the sleep lever ---------------------------------------------------------
 
 

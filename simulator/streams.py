@@ -17,6 +17,8 @@ from simulator import messages_api, openai_api, responses_api
 T = TypeVar("T")
 TokenQueue = asyncio.Queue[tuple[str, Any]]
 """What the core sends a sequence: ``("tokens", count)`` per step, then ``("finish", reason)``."""
+Write = Callable[[bytes], Awaitable[None]]
+"""Writes one event to the client's stream."""
 
 
 async def relay_tokens(queue: TokenQueue, token: Callable[[int], Awaitable[None]]) -> tuple[str, int]:
@@ -55,7 +57,7 @@ async def side_by_side(sequences: list[Coroutine[Any, Any, T]]) -> list[T]:
 
 
 async def message_events(
-    write: Callable[[bytes], Awaitable[None]],
+    write: Write,
     parsed: openai_api.ParsedRequest,
     rid: str,
     model: str,
@@ -75,7 +77,7 @@ async def message_events(
 
 
 async def response_events(
-    write: Callable[[bytes], Awaitable[None]],
+    write: Write,
     parsed: openai_api.ParsedRequest,
     rid: str,
     model: str,

@@ -202,11 +202,12 @@ def overview() -> dashboard.Dashboard:
             ts(
                 "Gate in flight and queued",
                 "short",
-                q("servepilot_gate_in_flight{@POD}", "{{pod}} in flight"),
+                q("servepilot_gate_in_flight{@POD}", "{{pod}} sequences in flight"),
                 q("servepilot_gate_queue_depth{@POD}", "{{pod}} queued", "B"),
                 q("servepilot_gate_limit{@POD}", "{{pod}} limit", "C"),
                 q("servepilot_gate_line_waiting{@POD}", "{{pod}} {{line}} waiting for its share", "D"),
-                desc="Requests relaying now, queued for a slot, and the limit (the batch knob). A line "
+                desc="Sequences at the engine now (a request for n takes n), requests queued for "
+                "slots, and the limit (the batch knob). A line "
                 "with a share of the gate (gate.lines.<name>.max_in_flight_share) that has used it waits "
                 "in its own queue (503 line_share_full at the deadline), shown per line: one tenant "
                 "held at its cap, not the gate full.",

@@ -267,7 +267,10 @@ def _check_max_tokens(max_tokens: Any, name: str = "max_tokens") -> None:
 
 def _parse_generate(doc: dict[str, Any]) -> RequestInfo:
     """SGLang's ``/generate``: ``text`` (a prompt or a list of them) or ``input_ids`` (a list of ids, or
-    a list of such lists); a batch is as many answers, each ``sampling_params.n`` times."""
+    a list of such lists); a batch is as many answers, each ``sampling_params.n`` times.
+    ``sampling_params`` is one object for every prompt, or a list of them, one per prompt (SGLang takes
+    both); with a list, each prompt is bounded by its own ``max_new_tokens``, and the request by the
+    largest."""
     text, ids = doc.get("text"), doc.get("input_ids")
     if text is not None:
         prompts = text if isinstance(text, list) else [text]
@@ -275,15 +278,27 @@ def _parse_generate(doc: dict[str, Any]) -> RequestInfo:
         prompts = ids
     else:
         prompts = [ids] if ids is not None else []
-    params = doc.get("sampling_params")
-    if params is not None and not isinstance(params, dict):
-        raise BadRequest("'sampling_params' must be an object")
-    params = params or {}
-    max_tokens = params.get("max_new_tokens") or 0
-    _check_max_tokens(max_tokens, "sampling_params.max_new_tokens")
-    n = params.get("n")
     count = max(1, len(prompts))
-    choices = count * (n if _count(n) else 1)
+    params = doc.get("sampling_params")
+    if params is None:
+        params = {}
+    if isinstance(params, list):
+        if not all(isinstance(p, dict) for p in params) or len(params) not in (1, count):
+            raise BadRequest(
+                f"'sampling_params' must be an object, or a list of objects, one per prompt ({count})"
+            )
+        per_prompt = params if len(params) == count else params * count
+    elif isinstance(params, dict):
+        per_prompt = [params] * count
+    else:
+        raise BadRequest("'sampling_params' must be an object, or a list of objects (one per prompt)")
+    max_tokens, choices = 0, 0
+    for each in per_prompt:
+        bound = each.get("max_new_tokens") or 0
+        _check_max_tokens(bound, "sampling_params.max_new_tokens")
+        max_tokens = max(max_tokens, bound)
+        n = each.get("n")
+        choices += n if _count(n) else 1
     stream = bool(doc.get("stream", False))
     return RequestInfo(stream, _text_tokens(prompts), float(max_tokens), "", choices, prompts=count)
 

@@ -78,6 +78,22 @@ def test_a_generate_body_is_read_for_its_prompts_batch_and_max_new_tokens() -> N
         _info({"text": "x", "sampling_params": {"max_new_tokens": -1}})
 
 
+def test_a_batch_may_carry_sampling_params_per_prompt_as_sglang_takes_them() -> None:
+    """SGLang's ``sampling_params`` is an object or a list of them, one per prompt; the gate answered
+    the list with a 400 until 2026-12-04, so such a client could not pass it at all."""
+    params = [{"max_new_tokens": 8, "n": 2}, {"max_new_tokens": 32}]
+    info = _info({"text": ["x" * 8, "y" * 4], "sampling_params": params})
+    assert (info.prompts, info.choices, info.max_tokens) == (2, 3, 32.0)  # bounded by the largest
+    single = _info({"text": ["x", "y", "z"], "sampling_params": [{"max_new_tokens": 4}]})
+    assert (single.choices, single.max_tokens) == (3, 4.0)  # one object in a list: for every prompt
+    with pytest.raises(BadRequest, match=r"one per prompt \(2\)"):
+        _info({"text": ["x", "y"], "sampling_params": [{}, {}, {}]})
+    with pytest.raises(BadRequest, match=r"'sampling_params\.max_new_tokens' must be a number"):
+        _info({"text": ["x", "y"], "sampling_params": [{"max_new_tokens": 1}, {"max_new_tokens": "a"}]})
+    with pytest.raises(BadRequest, match="'sampling_params' must be an object"):
+        _info({"text": "x", "sampling_params": "greedy"})
+
+
 def test_meta_info_counts_a_plain_answer_a_batch_and_the_last_event_of_a_stream() -> None:
     assert usage_from_json(json.dumps({"text": "abc", "meta_info": _meta(4, 3)}).encode()) == (4.0, 3.0)
     batch = [{"text": "a", "meta_info": _meta(4, 3)}, {"text": "b", "meta_info": _meta(6, 2)}]

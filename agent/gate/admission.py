@@ -17,7 +17,9 @@ Rules, for a limit ``L`` and a reserve ``R = min(L - 1, round(r L))`` (``r`` = `
   that fits is admitted. A lower effective class is never admitted ahead of a higher one that fits
   (no inversion), and a promoted request keeps its original arrival order within its new class. A
   request that would fit but for its weight waits for room, and nothing ranked below it is admitted
-  meanwhile: smaller requests filling the slots as they free would starve it;
+  meanwhile (smaller requests filling the slots as they free would starve it), except requests whose
+  original class is ``high`` when it is not: the reserve and the high class's precedence hold even
+  while a heavy normal or low request waits;
 * a full queue sheds the newest request of the lowest class present when a higher class arrives, and
   otherwise rejects the arrival (429); a request that waits ``max_wait_s`` expires (503).
 
@@ -209,13 +211,19 @@ class AdmissionQueue:
             heads = [(q[0].effective(now, self.aging_s), -q[0].seq, q[0]) for q in self._queues.values() if q]
             heads.sort(key=lambda h: (h[0], h[1]), reverse=True)
             chosen = None
+            held_back = False  # a lower class waits for room: only original-high requests may pass it
             for head in heads:
-                cap = self._cap(head[2])
-                if self._in_flight + min(head[2].weight, cap) <= cap:
+                ticket = head[2]
+                if held_back and ticket.priority is not Priority.HIGH:
+                    continue
+                cap = self._cap(ticket)
+                if self._in_flight + min(ticket.weight, cap) <= cap:
                     chosen = head
                     break
-                if self._in_flight < cap:  # only its weight keeps it out: the rest wait behind it
-                    break
+                if self._in_flight < cap:  # only its weight keeps it out: what ranks below waits for it
+                    if ticket.priority is Priority.HIGH:
+                        break
+                    held_back = True  # but high traffic keeps its reserve
             if chosen is None:
                 break
             effective, _, ticket = chosen

@@ -279,3 +279,18 @@ def test_a_heavy_request_of_a_higher_class_holds_back_the_lower_classes() -> Non
 def test_weight_must_be_positive() -> None:
     with pytest.raises(ValueError, match="weight must be >= 1"):
         _queue().offer(N, 0.0, weight=0)
+
+
+def test_high_traffic_passes_a_heavy_lower_request_that_waits_for_room() -> None:
+    """A heavy normal request waiting for room must not hold high traffic out of its reserve (the
+    acceptance's high-priority wait under a flood of lower classes); normal traffic behind it waits."""
+    q = _queue(limit=10, high_reserved_ratio=0.2, aging_s=10.0)
+    running = [q.offer(N, 0.0)[0] for _ in range(7)]
+    heavy, _ = q.offer(N, 0.1, weight=3)  # 7 + 3 > 8, the share normal traffic may use
+    high, _ = q.offer(H, 0.2)
+    normal, _ = q.offer(N, 0.3)
+    assert heavy.state is TicketState.WAITING and high.state is TicketState.ADMITTED
+    assert normal.state is TicketState.WAITING and q.in_flight == 8
+    q.release(running.pop(), 0.4)
+    assert q.release(running.pop(), 0.4) == [] and q.release(high, 0.4) == [heavy]  # 5 + 3 = 8
+    assert normal.state is TicketState.WAITING

@@ -182,10 +182,12 @@ def _by_field(doc: dict[str, Any]) -> RequestInfo:
     )
     max_tokens = next((float(b) for b in bounds if _count(b) and b <= MAX_TOKENS_LIMIT), 0.0)
     model = doc.get("model")
-    # a list of inputs (embeddings, documents to rerank, items to score): one prompt's length is a share
+    # a list of inputs (embeddings, documents to rerank, items to score): each is a sequence of its own in
+    # the engine, and one prompt's length is a share of the whole
     prompts = max((_prompt_count(doc[key]) for key in PROMPT_FIELDS if key in doc), default=1)
     stream = doc.get("stream") is True
-    return RequestInfo(stream, prompt, max_tokens, model if isinstance(model, str) else "", prompts=prompts)
+    model_name = model if isinstance(model, str) else ""
+    return RequestInfo(stream, prompt, max_tokens, model_name, choices=prompts, prompts=prompts)
 
 
 def _load(body: bytes) -> dict[str, Any]:
@@ -236,9 +238,9 @@ def _parse(path: str, body: bytes) -> RequestInfo:
         return _parse_generate(doc)
     elif path in LLAMACPP_COMPLETION_PATHS or path == LLAMACPP_INFILL_PATH:
         return _parse_llamacpp(doc)
-    else:  # embeddings: a list of inputs is that many prompts, each embedded on its own
+    else:  # embeddings: a list of inputs is that many prompts, each embedded as a sequence of its own
         prompt = _text_tokens(doc.get("input", ""))
-        prompts = _prompt_count(doc.get("input"))
+        prompts = choices = _prompt_count(doc.get("input"))
     if path == RESPONSES_PATH:
         max_tokens = doc.get("max_output_tokens") or 0
     else:

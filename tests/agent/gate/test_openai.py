@@ -87,11 +87,12 @@ def test_a_batch_counts_its_prompts_so_one_prompt_s_length_is_known() -> None:
     assert (single.prompts, single.prompt_length) == (1, 100.0)  # n answers one prompt
 
 
-def test_a_list_of_inputs_to_embed_or_score_is_as_many_prompts() -> None:
-    """An embeddings batch of short inputs is short inputs, for its bucket and its pool; it still takes
-    one slot of the in-flight limit (``choices`` 1: pooling generates nothing)."""
+def test_a_list_of_inputs_to_embed_or_score_is_as_many_prompts_and_sequences() -> None:
+    """An embeddings batch of short inputs is short inputs, for its bucket and its pool, and as many
+    sequences in the engine (vLLM and llama.cpp run each input as a request of its own)."""
     embed = _info("/v1/embeddings", {"input": ["a" * 40] * 10})
-    assert (embed.prompts, embed.prompt_length, embed.choices) == (10, 10.0, 1)
+    assert (embed.prompts, embed.prompt_length, embed.choices) == (10, 10.0, 10)
+    assert _info("/v1/embeddings", {"input": "a" * 40, "n": 3}).choices == 1  # n means nothing here
     assert _info("/v1/embeddings", {"input": [1, 2, 3]}).prompts == 1  # token ids: one input
     rerank = _info("/rerank", {"query": "q" * 40, "documents": ["d" * 40] * 4})
-    assert (rerank.prompts, rerank.prompt_length) == (4, 12.5)
+    assert (rerank.prompts, rerank.prompt_length, rerank.choices) == (4, 12.5, 4)  # a pair each

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -445,6 +446,28 @@ def _engine_core(parent: int) -> int:
     raise AssertionError(f"no VLLM::EngineCore child of {parent}")
 
 
+PROGRESS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total", "vllm:request_success_total")
+"""vLLM counters that move while it works (what the engine_stall detector takes for progress)."""
+
+
+async def _until_quiet(session: aiohttp.ClientSession, engine: RunningEngine, within_s: float = 4.0) -> None:
+    """Until two scrapes 0.5 s apart show the same :data:`PROGRESS` counters, for at most ``within_s``
+    (well inside the gate's ``EJECT_S``, which must not pass before the test looks at the detector)."""
+
+    async def progress() -> tuple[float, ...]:
+        expo = parse_exposition(await _scrape(session, engine), 0.0, PROGRESS)
+        return tuple(sum(c.value for c in expo.counters.get(name, ())) for name in PROGRESS)
+
+    deadline = time.monotonic() + within_s
+    last = await progress()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        now = await progress()
+        if now == last:
+            return
+        last = now
+
+
 # Wall-clock on 2 shared cores: the machine itself stopped for up to 5.9 s here under this engine, and
 # its streams for up to 2.8 s more (EJECT_S). One rerun, reported by pytest as "rerun", never hidden.
 @pytest.mark.flaky(reruns=1)
@@ -603,7 +626,11 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(
             try:
                 os.kill(core, signal.SIGSTOP)
                 stopped_at = gate.clock()
-                await asyncio.sleep(0.5)  # a step that was running ends; nothing after it
+                # a step that was running ends, and the API server hands out what the engine core had
+                # sent before the stop; only then is nothing moving. On 2 shared cores that took more
+                # than the 0.5 s this waited before: counters moved at a later (virtual) tick and the
+                # stall was found after the last one looked at
+                await _until_quiet(session, engine)
                 verdicts = []
                 for second in range(1, 81, 10):
                     state = await loop.tick(t + second)

@@ -290,10 +290,7 @@ class SimServer:
                 await send(openai_api.chunk(kind, rid, model, created, end, finish_reason, index=index))
                 return emitted
 
-            if len(queues) == 1:  # no task of its own: the common case stays as cheap as it was
-                emitted = await relay(0, queues[0])
-            else:
-                emitted = sum(await streams.side_by_side([relay(i, q) for i, q in enumerate(queues)]))
+            emitted = sum(await streams.side_by_side([relay(i, q) for i, q in enumerate(queues)]))
             if parsed.include_usage:
                 tail = openai_api.chunk(kind, rid, model, created, None)
                 tail["choices"] = []
@@ -308,10 +305,7 @@ class SimServer:
     async def _collect(
         self, parsed: openai_api.ParsedRequest, rid: str, queues: list[streams.TokenQueue]
     ) -> web.Response:
-        if len(queues) == 1:
-            outcomes = [await streams.gather_tokens(queues[0])]
-        else:
-            outcomes = await streams.side_by_side([streams.gather_tokens(q) for q in queues])
+        outcomes = await streams.side_by_side([streams.gather_tokens(q) for q in queues])
         if parsed.kind == "responses":
             (pieces, finish_reason), item_id = outcomes[0], f"msg_{uuid.uuid4().hex[:16]}"
             answer = responses_api.response(

@@ -47,7 +47,9 @@ async def gather_tokens(queue: TokenQueue) -> tuple[list[str], str]:
 async def side_by_side(sequences: list[Coroutine[Any, Any, T]]) -> list[T]:
     """Run one coroutine per sequence of a request (``n`` > 1) at once; their results in order. When one
     fails (the client went away) the others are cancelled, rather than left waiting for tokens that the
-    aborted requests will never get."""
+    aborted requests will never get. A single sequence, the common case, runs in the caller's task."""
+    if len(sequences) == 1:
+        return [await sequences[0]]
     tasks = [asyncio.ensure_future(sequence) for sequence in sequences]
     try:
         return list(await asyncio.gather(*tasks))

@@ -282,25 +282,22 @@ def _parse_generate(doc: dict[str, Any]) -> RequestInfo:
         prompts = [ids] if ids is not None else []
     count = max(1, len(prompts))
     params = doc.get("sampling_params")
-    if params is None:
-        params = {}
-    if isinstance(params, list):
-        if not all(isinstance(p, dict) for p in params) or len(params) not in (1, count):
-            raise BadRequest(
-                f"'sampling_params' must be an object, or a list of objects, one per prompt ({count})"
-            )
-        per_prompt = params if len(params) == count else params * count
-    elif isinstance(params, dict):
-        per_prompt = [params] * count
-    else:
+    if params is None or isinstance(params, dict):
+        params = [params or {}]  # one object for every prompt
+    elif not isinstance(params, list) or not all(isinstance(p, dict) for p in params):
         raise BadRequest("'sampling_params' must be an object, or a list of objects (one per prompt)")
+    elif len(params) not in (1, count):
+        raise BadRequest(
+            f"'sampling_params' must be an object, or a list of objects, one per prompt ({count})"
+        )
+    each_applies_to = count // len(params)  # prompts each object stands for: all of them, or its own
     max_tokens, choices = 0, 0
-    for each in per_prompt:
+    for each in params:
         bound = each.get("max_new_tokens") or 0
         _check_max_tokens(bound, "sampling_params.max_new_tokens")
         max_tokens = max(max_tokens, bound)
         n = each.get("n")
-        choices += n if _count(n) else 1
+        choices += each_applies_to * (n if _count(n) else 1)
     stream = bool(doc.get("stream", False))
     return RequestInfo(stream, _text_tokens(prompts), float(max_tokens), "", choices, prompts=count)
 

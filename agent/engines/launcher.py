@@ -136,12 +136,16 @@ class LaunchOptions:
     2-core machine whose other core the client, gate and sidecar share, 2 threads stalled whenever one was
     descheduled (3 concurrent 32-token streams beside one niced CPU-bound process: 0.25 requests/s, median
     18 s; with 1 thread 131 requests/s, median 23 ms).
+
+    ``embeddings`` (llama.cpp only) also serves ``/v1/embeddings`` with mean pooling, each input up to
+    2,048 tokens, beside generation.
     """
 
     parallel: int = 4
     ctx: int = 8192
     threads: int = 1
     dev_mode: bool = True
+    embeddings: bool = False
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -154,6 +158,8 @@ def command(
         argv = [py, str(HERE / "serve_llamacpp.py"), "-m", str(model), "--host", "127.0.0.1"]
         argv += ["--port", str(port), "-c", str(opts.ctx), "-np", str(opts.parallel)]
         argv += ["-t", str(opts.threads), "--alias", SERVED_MODEL]
+        if opts.embeddings:
+            argv += ["--embeddings", "-ub", "2048"]
         return argv, {}
     home = spec.home()
     env = {

@@ -25,6 +25,10 @@ def main() -> None:
     ap.add_argument("-np", "--parallel", type=int, default=4, help="slots (sequences decoded together)")
     ap.add_argument("-t", "--threads", type=int, default=1, help="compute threads (see LaunchOptions)")
     ap.add_argument("--alias", default="tiny-random-llama", help="model name the API reports")
+    ap.add_argument("--embeddings", action="store_true", help="serve /v1/embeddings too (mean pooling)")
+    ap.add_argument(
+        "-ub", "--ubatch-size", type=int, default=512, help="physical batch (longest input to embed)"
+    )
     a = ap.parse_args()
 
     p = xllamacpp.CommonParams()
@@ -41,6 +45,11 @@ def main() -> None:
     p.cont_batching = True
     p.offline = True  # never reach for a model hub
     p.model_alias = {a.alias}
+    p.n_ubatch = a.ubatch_size
+    p.n_batch = max(p.n_batch, a.ubatch_size)
+    if a.embeddings:  # an input is embedded whole, in one physical batch
+        p.embedding = True
+        p.pooling_type = xllamacpp.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
 
     server = xllamacpp.Server(p)  # loads the model and starts listening
     print(f"xllamacpp {xllamacpp.__version__} listening on {server.listening_address}", flush=True)

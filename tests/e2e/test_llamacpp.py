@@ -29,7 +29,7 @@ from agent.collectors.engine_metrics import EngineMetricsCollector, parse
 from agent.collectors.llamacpp_slots import LlamaCppSlotsCollector
 from agent.collectors.metric_mapping import load_mappings
 from agent.config import EngineConfig
-from agent.engines.launcher import SERVED_MODEL, RunningEngine
+from agent.engines.launcher import SERVED_MODEL, LaunchOptions, RunningEngine
 from agent.gate.collector import GateCollector
 from detectors.base import Finding
 from detectors.scheduler import SchedulerEfficiencyDetector
@@ -231,6 +231,38 @@ async def test_chat_without_v1_and_anthropic_messages_are_held_to_the_limit_and_
     tokens = gate_tokens(registry)
     assert tokens == {"prompt": sum(c[0] for c in counted), "output": sum(c[1] for c in counted)}, tokens
     assert all(prompt > 10 for prompt, _ in counted), counted  # the template's tokens are in each
+
+
+async def test_each_input_to_embed_takes_a_slot_of_the_limit() -> None:
+    """A list of inputs to ``/v1/embeddings``: llama.cpp embeds each one in a slot of its own, so the gate
+    charges a slot per input. With a limit of 3 and requests of two inputs, one request runs at a time:
+    the engine's busy slots peak at 2 (charged a slot per request, three requests, six inputs, ran on all
+    four slots). Each input is about 800 tokens, so the request's length bucket is one input's (``le1k``),
+    not the pair's, while the gate counts every prompt token llama.cpp reports. Its own engine, with
+    embeddings on beside generation."""
+    words = " ".join(f"word{i}" for i in range(150))
+    bodies = [{"model": SERVED_MODEL, "input": [f"{words} {i}a", f"{i}b {words}"]} for i in range(4)]
+    with running("llamacpp", LaunchOptions(embeddings=True, ctx=16384)) as engine:
+        slots = LlamaCppSlotsCollector(EngineConfig(url=engine.url, kind="llamacpp"))
+
+        async def embed(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
+            async with session.post(url + "/v1/embeddings", json=body) as r:
+                assert r.status == 200, await r.text()
+                return dict(await r.json())
+
+        async with (
+            gate_for(engine.url, max_in_flight=3, high_reserved_ratio=0.0) as (_, url, registry),
+            aiohttp.ClientSession() as session,
+            sampled(functools.partial(_busy, slots), 0.005) as busy_seen,
+        ):
+            answers = await asyncio.gather(*(embed(session, url, body) for body in bodies))
+        await slots.close()
+    assert [len(a["data"]) for a in answers] == [2] * 4
+    prompt_tokens = [a["usage"]["prompt_tokens"] for a in answers]
+    assert all(2 * 256 < t <= 2 * 1024 for t in prompt_tokens), prompt_tokens  # a pair would be le4k
+    assert max(busy_seen) == 2, collections.Counter(busy_seen)
+    assert gate_tokens(registry)["prompt"] == sum(prompt_tokens)
+    assert registry.get_sample_value("servepilot_gate_e2e_seconds_count", {"bucket": "le1k"}) == 4
 
 
 # --- the collectors agree with the traffic ----------------------------------------------------------

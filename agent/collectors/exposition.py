@@ -25,14 +25,12 @@ from types import MappingProxyType
 from typing import TypeVar
 
 from prometheus_client.metrics_core import Metric
-from prometheus_client.parser import _parse_value_and_timestamp, text_string_to_metric_families
+from prometheus_client.parser import text_string_to_metric_families
 
-Labels = tuple[tuple[str, str], ...]
-"""Label pairs sorted by name: hashable, so it doubles as the series key."""
+from agent.collectors.series_memo import SENTINEL_PREFIXES, Family, Labels, Series, SeriesMemo, series_of
 
 DCGM_INT64_BLANK_MIN = 9223372036854775792  # DCGM_INT64_BLANK (0x7ffffffffffffff0) and the codes above it
 DCGM_FP64_BLANK_MIN = float(2**47)  # DCGM_FP64_BLANK = 140737488355328.0
-SENTINEL_PREFIXES: tuple[str, ...] = ("DCGM_", "dcgm_")
 _SUFFIXES = ("_bucket", "_count", "_sum")
 _MAX_ERRORS = 20
 T = TypeVar("T")
@@ -189,136 +187,7 @@ def _describe(number: int, line: str) -> str:
     return f"line {number}: cannot parse {shown!r}"
 
 
-@dataclass(frozen=True, slots=True)
-class _Series:
-    """What the library made of one ``name{labels}`` key, prepared once for :class:`_Builder`."""
-
-    name: str
-    labels: Labels
-    """All labels, sorted (the key of a counter or gauge series)."""
-    series: Labels
-    """Labels without ``le``, sorted (the key of a histogram series)."""
-    le: str | None
-    bound: float | None
-    """``le`` as a number; ``None`` when absent or not a number."""
-    part: str
-    """``bucket``, ``count``, ``sum`` or ``""``: which histogram part the sample is."""
-    sentinel: bool
-    """The sample name is a DCGM one, whose blank codes are dropped."""
-
-
-def _series_of(name: str, labels: Mapping[str, str]) -> _Series:
-    rest = dict(labels)
-    le = rest.pop("le", None)
-    bound: float | None = None
-    if le is not None:
-        try:
-            bound = float(le)
-        except ValueError:
-            bound = None
-    if name.endswith("_bucket") and le is not None:
-        part = "bucket"
-    elif name.endswith("_count"):
-        part = "count"
-    elif name.endswith("_sum"):
-        part = "sum"
-    else:
-        part = ""
-    return _Series(
-        name,
-        tuple(sorted(labels.items())),
-        tuple(sorted(rest.items())),
-        le,
-        bound,
-        part,
-        name.startswith(SENTINEL_PREFIXES),
-    )
-
-
-def _value(rest: str) -> float:
-    """The value after a series key, as the library's parser reads it (a timestamp is checked, then dropped).
-
-    The common case, a bare number, is ``float()`` of it: what the library's ``_parse_value`` returns up to
-    ``int``/``float`` (the builder converts to float anyway). Anything else goes to the library's own
-    function, and whatever raises sends the scrape down the plain path.
-    """
-    text = rest.strip()
-    if " " in text or "\t" in text or "_" in text:
-        return _parse_value_and_timestamp(rest)[0]
-    return float(text)
-
-
-Family = tuple[str, str, list[tuple[_Series, float]]]
-"""A family read through the memo: its name, its type and its samples with their values."""
-
-
-class _Memo:
-    """What the library parsed for each family header and each series key, reused on later scrapes.
-
-    Scrape after scrape the same series come back with new values, and most of the library's cost is in
-    parsing the ``name{labels}`` part (~15 µs a line, char by char). The memo keeps the library's result
-    for each (header, ``name{labels}``) pair, already in the shape the builder needs (sorted label tuples,
-    histogram part and bound), so a later scrape only reads values. Any line the memo cannot take as is
-    sends the whole scrape down the plain path.
-    Bounded: it is cleared when it grows past ``limit`` entries (label churn cannot grow it for ever).
-    """
-
-    def __init__(self, limit: int = 50_000) -> None:
-        self.limit = limit
-        self.headers: dict[str, tuple[str, str]] = {}
-        #: header -> ``name{labels}`` -> what the library made of it (one dict per header: no tuple keys)
-        self.series: dict[str, dict[str, _Series]] = {}
-        self.entries = 0
-
-    def _bound(self) -> None:
-        if self.entries + len(self.headers) > self.limit:
-            self.series.clear()
-            self.headers.clear()
-            self.entries = 0
-
-    def family(self, block: list[str]) -> Family | None:
-        """The block read through the memo, or ``None`` when it needs the plain path."""
-        header = "\n".join(line for line in block if line[0] == "#")
-        if not header:
-            return None
-        meta = self.headers.get(header)
-        if meta is None:
-            parsed = list(text_string_to_metric_families(header))
-            if len(parsed) != 1:
-                return None
-            self._bound()
-            meta = self.headers[header] = (parsed[0].name, parsed[0].type)
-        series = self.series.get(header)
-        if series is None:
-            series = self.series[header] = {}
-        samples: list[tuple[_Series, float]] = []
-        for line in block:
-            if line[0] == "#":
-                continue
-            brace = line.rfind("}")
-            if brace >= 0:
-                key, rest = line[: brace + 1], line[brace + 1 :]
-            else:
-                key, _, rest = line.partition(" ")
-            if "#" in rest:
-                return None
-            known = series.get(key)
-            if known is None:
-                parsed = list(text_string_to_metric_families(f"{header}\n{key} 0"))
-                if len(parsed) != 1 or parsed[0].name != meta[0] or len(parsed[0].samples) != 1:
-                    return None
-                self._bound()
-                if header not in self.series:  # _bound() just cleared everything
-                    series = self.series[header] = {}
-                    self.headers[header] = meta
-                sample = parsed[0].samples[0]
-                known = series[key] = _series_of(sample.name, sample.labels)
-                self.entries += 1
-            samples.append((known, _value(rest)))
-        return meta[0], meta[1], samples
-
-
-_MEMO = _Memo()
+_MEMO = SeriesMemo()
 USE_MEMO = True
 """Module switch so a test can compare the memo path with the library's plain path on every fixture."""
 
@@ -392,10 +261,10 @@ class _Builder:
 
     def add(self, family: Metric) -> None:
         """One family from the library's plain parse."""
-        samples = [(_series_of(s.name, s.labels), s.value) for s in family.samples]
+        samples = [(series_of(s.name, s.labels), s.value) for s in family.samples]
         self.add_samples(family.name, family.type, samples)
 
-    def add_samples(self, name: str, kind: str, samples: Iterable[tuple[_Series, float]]) -> None:
+    def add_samples(self, name: str, kind: str, samples: Iterable[tuple[Series, float]]) -> None:
         """The samples of family ``name`` of type ``kind``."""
         if kind in ("untyped", "unknown"):
             kind = self.declared.get(name, "untyped")
@@ -404,7 +273,7 @@ class _Builder:
         elif kind in _SCALAR_KINDS:  # summaries, info and state sets carry nothing the brain uses
             self._add_scalars(kind == "counter", samples)
 
-    def _add_scalars(self, counter: bool, samples: Iterable[tuple[_Series, float]]) -> None:
+    def _add_scalars(self, counter: bool, samples: Iterable[tuple[Series, float]]) -> None:
         now, isfinite = self.now, math.isfinite
         for series, value in samples:
             if not isfinite(value) or (series.sentinel and value >= DCGM_FP64_BLANK_MIN):
@@ -418,7 +287,7 @@ class _Builder:
             else:
                 self.gauges.setdefault(name, []).append(Gauge(name, series.labels, value, now))
 
-    def _add_histogram(self, name: str, samples: Iterable[tuple[_Series, float]]) -> None:
+    def _add_histogram(self, name: str, samples: Iterable[tuple[Series, float]]) -> None:
         # parts accumulate across families: line-by-line salvage yields one family per surviving line
         parts = self._parts.setdefault(name, {})
         sentinel = name.startswith(SENTINEL_PREFIXES)

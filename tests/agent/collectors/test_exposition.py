@@ -190,9 +190,9 @@ def test_memo_follows_new_values_for_known_series() -> None:
 
 
 def test_memo_is_bounded() -> None:
-    from agent.collectors.exposition import _Memo
+    from agent.collectors.series_memo import SeriesMemo
 
-    memo = _Memo(limit=10)
+    memo = SeriesMemo(limit=10)
     for i in range(50):
         memo.family(["# TYPE g gauge", f'g{{i="{i}"}} 1'])
     assert memo.entries + len(memo.headers) <= 11

@@ -11,8 +11,12 @@ differs is the target: not a learned no-load latency but the operator's SLO, wit
 
     thrash                       ->  L = min(L, running) * md             KV cache thrashes: back off
     g_itl < 1                    ->  L = L * max(md, g_itl)              ITL over target: shrink
+    behind the gate, the engine queues > s of its admits for engine_queue_ticks, KV below kv_target
+                                 ->  L = running + R + s                 its own cap binds: queue here
+                                     (s = max(2, ceil(sqrt(running))), only when it cuts >= max(2, 10%))
     L binds and
       g_itl > ai_margin and kv_usage < kv_target and no preemption this tick
+      (and behind the gate, the engine's queue smoothed over engine_queue_tau_s <= its own slack)
                                  ->  L = max(L + max(1, sqrt(L)),        room to grow: additive increase,
                                              L * min(2, sqrt(g_itl / ai_margin)))   or faster far below target
     L outside [lower, upper]     ->  L                                    brought back inside (below)
@@ -43,6 +47,18 @@ controller held at 2). The gate's own in-flight count minus what the engine says
 the larger of the two is used, also as the base the limit shrinks from (a sampled 0 would otherwise cut
 the limit to its floor in one step). An engine whose own cap binds below the gate's limit queues the
 gate's excess itself, so ``running`` stays below ``L - R - 1`` and the gate's limit does not grow for it.
+Nor should it stay there: requests queued inside the engine wait FIFO, where the gate's priorities, the
+promotion of old requests and the queue deadline (503 with ``Retry-After``) cannot reach them. So when
+the engine keeps more than a slack ``s`` of the gate's requests queued, tick after tick, with room in its
+cache, the limit comes down to ``running + R + s``: the engine keeps ``s`` to admit from when a slot
+frees, the rest wait in the gate. Seen on llama.cpp (4 slots) in ``servepilot demo --mode act``: the
+gate's limit stayed at its initial 64 for a minute while 47 requests waited in the engine. A full cache
+is left out: there the engine admits as blocks free, and a limit pinned to what ran before would keep
+it from admitting more when shorter requests come (the growth rule stops above ``kv_target``).
+Growth waits too while the engine's queue, smoothed over ``engine_queue_tau_s``, is above the slack of
+what the engine itself says it runs: on that llama.cpp a scrape now and then read 0 running and 0
+waiting with 7 in flight, which made the limit look bound, and the limit went 9 -> 14 -> 21 -> 32 -> 48
+-> 64 in six ticks after being brought down.
 
 A limit that does not bind (fewer running than allowed and no queue) never grows: the controller only
 probes upward when the queue asks for it, so an idle period cannot leave a huge limit behind. TTFT enters
@@ -70,6 +86,10 @@ class AutoState:
     #: Smoothed preemptions/s and the time it was last updated.
     preempt_rate: float = 0.0
     at: float | None = None
+    #: Consecutive ticks the engine has queued more of the gate's requests than the slack it is left.
+    engine_queued: int = 0
+    #: The engine's own queue, smoothed over ``engine_queue_tau_s``.
+    engine_queue: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -87,6 +107,8 @@ class AutoBatch:
     ai_margin: float = 1.1
     preempt_tau_s: float = 30.0
     preempt_max: float = 2.0
+    engine_queue_ticks: int = 5
+    engine_queue_tau_s: float = 10.0
     name: str = "batch_auto"
 
     def __post_init__(self) -> None:
@@ -122,6 +144,21 @@ class AutoBatch:
         finished = snapshot.get(knobs.FINISHED) or 0.0
         wait = waiting / finished if finished > 0 else (math.inf if waiting > 0 else 0.0)
         ttft_risk = ttft > self.headroom * self.ttft_slo_s or wait > 0.5 * self.ttft_slo_s
+        # behind the gate, the engine queueing the gate's admits tick after tick with room in its cache means
+        # its own cap (slots, max_num_seqs, token budget) binds below the limit: there the requests wait
+        # FIFO, out of reach of the gate's priorities, promotion and deadlines. Leave it a slack, no more.
+        slack = max(2.0, math.ceil(math.sqrt(running)))
+        queued = (state.engine_queued if state is not None else 0) + 1 if engine_waiting > slack else 0
+        engine_queue = smoothed(
+            state.engine_queue if state else 0.0, at, now, engine_waiting, self.engine_queue_tau_s
+        )
+        capped = running + reserved + slack
+        engine_binds = (
+            in_flight is not None
+            and queued >= self.engine_queue_ticks
+            and kv < self.kv_target  # a full cache binding is the engine's to pace (see above)
+            and limit - capped >= max(2.0, 0.1 * limit)
+        )
         if rate > self.preempt_max and preempt > 0:
             new = min(limit, running) * self.md
             why = (
@@ -130,7 +167,21 @@ class AutoBatch:
         elif g_itl < 1.0 and not ttft_risk:
             new = min(limit, max(running, 1.0)) * max(self.md, g_itl)
             why = f"ITL {itl:.3f}s above target {self.headroom * self.itl_slo_s:.3f}s"
-        elif binds and g_itl > self.ai_margin and kv < self.kv_target and preempt <= 0:
+        elif engine_binds:
+            new = capped
+            why = (
+                f"the engine queues {engine_waiting:.0f} of the gate's requests itself ({running:.0f} "
+                f"running, {queued} ticks): they wait in the gate instead, where priorities apply"
+            )
+        elif (
+            binds
+            and g_itl > self.ai_margin
+            and kv < self.kv_target
+            and preempt <= 0
+            # behind the gate, not while the engine holds more than a slack queued (by its own count of
+            # running: a sampled 0 + 0 reading with the gate's in-flight would hide its cap for a tick)
+            and (in_flight is None or engine_queue <= max(2.0, math.ceil(math.sqrt(engine_running))))
+        ):
             # far below the ITL target (a cold start at a small limit) the gradient's square root
             # outgrows the additive step: the operating point is reached in a few ticks, not dozens
             new = max(limit + max(1.0, math.sqrt(limit)), limit * min(2.0, math.sqrt(g_itl / self.ai_margin)))
@@ -141,7 +192,7 @@ class AutoBatch:
             new = limit
             why = f"limit {limit:g} outside the policy's bounds [{self.lower:g}, {self.upper:g}]"
         else:
-            return AutoState(limit, rate, now), []
+            return AutoState(limit, rate, now, queued, engine_queue), []
         new = min(self.upper, max(self.lower, new))
         proposal = Proposal(self.name, knobs.BATCH, round(new), why, PRIORITY["throughput"])
-        return AutoState(new, rate, now), [proposal]
+        return AutoState(new, rate, now, queued, engine_queue), [proposal]

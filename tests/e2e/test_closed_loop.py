@@ -15,27 +15,41 @@ from typing import Any
 from aiohttp import web
 
 from agent import config
+from agent.engines.launcher import SERVED_MODEL, RunningEngine
 from agent.engines.launcher import free_port as _free_port
 from agent.loadgen import LoadGenerator
 from agent.sidecar import Sidecar
 from simulator.engine import make_core
 from simulator.server import SimServer
+from tests.engines.fixture import running
 
 
 async def _run(
-    tmp_path: Path, mode: str, ticks: int, initial: int = 4, rate: float = 50.0
+    tmp_path: Path,
+    mode: str,
+    ticks: int,
+    initial: int = 4,
+    rate: float = 50.0,
+    real: RunningEngine | None = None,
 ) -> tuple[Sidecar, list[dict[str, Any]], int]:
-    sim = SimServer(make_core("h100-sxm", "llama-3-8b"))
-    runner = web.AppRunner(sim.app(), access_log=None)
-    await runner.setup()
-    engine_port, gate_port = _free_port(), _free_port()
-    await web.TCPSite(runner, "127.0.0.1", engine_port).start()
-    engine = f"http://127.0.0.1:{engine_port}"
+    """The loop for ``ticks`` ticks of 0.25 s against the simulator, or ``real`` (a llama.cpp server)."""
+    runner: web.AppRunner | None = None
+    gate_port = _free_port()
+    if real is None:
+        sim = SimServer(make_core("h100-sxm", "llama-3-8b"))
+        runner = web.AppRunner(sim.app(), access_log=None)
+        await runner.setup()
+        engine_port = _free_port()
+        await web.TCPSite(runner, "127.0.0.1", engine_port).start()
+        engine, kind, model = f"http://127.0.0.1:{engine_port}", "vllm", sim.model_name
+        nvml: dict[str, Any] = {"backend": "simulated", "simulated_url": engine}
+    else:
+        engine, kind, model, nvml = real.url, "llamacpp", SERVED_MODEL, {"backend": "off"}
     cfg = config.build(
         {
             "agent": {"interval_s": 0.25, "listen_port": _free_port(), "admin_listen_port": None},
-            "engine": {"kind": "vllm", "url": engine, "quantile_window_s": 5},
-            "nvml": {"backend": "simulated", "simulated_url": engine},
+            "engine": {"kind": kind, "url": engine, "quantile_window_s": 5},
+            "nvml": nvml,
             "probe": {"enabled": False},
             "gate": {
                 "enabled": True,
@@ -55,7 +69,7 @@ async def _run(
     trace = [[i / rate, 256, 64] for i in range(int(8 * rate))]  # 50 req/s: far above 4 in flight
     import numpy as np
 
-    gen = LoadGenerator(f"http://127.0.0.1:{gate_port}", np.array(trace, dtype=float), model=sim.model_name)
+    gen = LoadGenerator(f"http://127.0.0.1:{gate_port}", np.array(trace, dtype=float), model=model)
     stop = asyncio.Event()
     load = asyncio.create_task(gen.run(stop))
     try:
@@ -66,7 +80,8 @@ async def _run(
         await load
         limit = sidecar.knobs.gate.limit
         await sidecar.stop()
-        await runner.cleanup()
+        if runner is not None:
+            await runner.cleanup()
     path = tmp_path / "audit.jsonl"
     actions = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     return sidecar, actions, limit
@@ -104,3 +119,19 @@ async def test_observe_mode_leaves_the_limit_alone(tmp_path: Path) -> None:
     _, actions, limit = await _run(tmp_path, "observe", ticks=16)
     assert limit == 4
     assert actions == []
+
+
+async def test_a_real_engine_queueing_the_gates_requests_brings_the_limit_down_to_its_slots(
+    tmp_path: Path,
+) -> None:
+    """llama.cpp with 4 slots behind a gate at 32: the engine queues what it cannot run, FIFO, where the
+    gate's priorities and deadlines cannot reach. The auto policy sees that tick after tick and brings the
+    limit down to what the engine runs, the high-priority reserve and a slack, so the excess waits in the
+    gate. (Before 2026-12-04 it held at 32: `servepilot demo --engine llamacpp --mode act` kept 47
+    requests queued in the engine for a minute.)"""
+    with running("llamacpp") as engine:
+        _, actions, limit = await _run(tmp_path, "act", ticks=40, initial=32, rate=100.0, real=engine)
+    cuts = [a for a in actions if a["knob"] == "batch.max_in_flight" and "the engine queues" in a["reason"]]
+    assert cuts and all(a["result"] == "ok" and a["policy"] == "batch_auto" for a in cuts), actions
+    assert cuts[-1]["to"] <= 4 + 2 + 3, cuts  # 4 running, a reserve of 20%, a slack of 2 or 3
+    assert limit < 32

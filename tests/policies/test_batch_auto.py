@@ -73,6 +73,75 @@ def test_an_engine_queueing_below_the_gates_limit_does_not_grow_it():
     )
 
 
+#: Behind the gate at 64, an engine with 4 slots runs 4 and queues 43 of the gate's requests itself.
+ENGINE_CAPPED = {
+    "gate__limit": 64,
+    "gate__reserved": 12,
+    "gate__in_flight": 47,
+    "gate__queue_depth": 0,
+    "engine__requests_running": 4,
+    "engine__requests_waiting": 43,
+    "engine__kv_cache_usage_ratio": 0.3,
+    "engine__itl_seconds__mean": 0.01,
+}
+
+
+def _ticks(values: list[dict[str, float]], policy: AutoBatch = POLICY) -> list[list[float]]:
+    """Proposals tick by tick, the state carried over as the sidecar's loop carries it."""
+    state: AutoState | None = None
+    out = []
+    for t, tick in enumerate(values):
+        state, proposals = policy.decide(make_snapshot(float(t), **tick), [], state, float(t))
+        out.append([float(p.value) for p in proposals])
+    return out
+
+
+def test_an_engine_queueing_the_gates_requests_tick_after_tick_brings_the_limit_down_to_it():
+    """Requests queued in the engine wait FIFO, past the gate's priorities: after 5 ticks the limit comes
+    down to what runs, the reserve and a slack of 2 for the engine to admit from (4 + 12 + 2)."""
+    assert _ticks([ENGINE_CAPPED] * 6) == [[], [], [], [], [18], [18]]
+
+
+def test_a_tick_without_the_engine_queue_starts_the_count_again():
+    quiet = {**ENGINE_CAPPED, "engine__requests_waiting": 2}  # no more than the slack: not the engine's cap
+    assert _ticks([ENGINE_CAPPED] * 4 + [quiet] + [ENGINE_CAPPED] * 4) == [[]] * 9
+    assert _ticks([ENGINE_CAPPED] * 4 + [quiet] + [ENGINE_CAPPED] * 5)[-1] == [18]
+
+
+def test_the_slack_grows_with_what_the_engine_runs():
+    """256 running and 100 queued in the engine: a slack of 16 (the square root), the limit 256 + 64 + 16."""
+    big = {**ENGINE_CAPPED, "gate__limit": 420, "gate__reserved": 64, "gate__in_flight": 356}
+    big.update(engine__requests_running=256, engine__requests_waiting=100)
+    assert _ticks([big] * 5)[-1] == [336]
+
+
+def test_a_sampled_empty_engine_does_not_grow_a_limit_the_engine_was_seen_to_cap():
+    """After the cut to 18 the engine runs 4 and queues the rest of the 14 normal slots' requests; then
+    one scrape reads 0 running, 0 waiting. With 14 in flight the gate looks bound (14 >= 18 - 3 - 1) and
+    the ITL has room, but the engine's smoothed queue says its own cap still binds: no growth. Without
+    that history the same tick grows (18 -> 36: ITL at a tenth of its target)."""
+    after = {
+        **ENGINE_CAPPED,
+        "gate__limit": 18,
+        "gate__reserved": 3,
+        "gate__in_flight": 14,
+        "gate__queue_depth": 40,
+        "engine__requests_waiting": 10,
+    }
+    blank = {**after, "engine__requests_running": 0, "engine__requests_waiting": 0}
+    assert _ticks([ENGINE_CAPPED] * 5 + [after] * 4 + [blank])[-1] == []
+    assert _ticks([blank]) == [[36]]
+
+
+def test_an_engine_queue_is_left_alone_without_a_gate_with_a_full_cache_or_for_a_small_cut():
+    no_gate = {k: v for k, v in ENGINE_CAPPED.items() if not k.startswith("gate__")}
+    assert _ticks([no_gate] * 8) == [[]] * 8  # the replay's engine alone: its queue is the only one
+    full = {**ENGINE_CAPPED, "engine__kv_cache_usage_ratio": 0.95}
+    assert _ticks([full] * 8) == [[]] * 8  # the cache binds: the engine admits as blocks free
+    close = {**ENGINE_CAPPED, "gate__limit": 19}  # 19 -> 18 is no cut worth a change
+    assert _ticks([close] * 8) == [[]] * 8
+
+
 #: A tick with the KV cache full, one preemption, a queue and ITL far below target.
 FULL = {
     "gate__limit": 256,

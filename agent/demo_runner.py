@@ -89,7 +89,8 @@ def _status_line(sidecar: Sidecar, gen: LoadGenerator, elapsed: float) -> str:
         return "-" if value is None else f"{value * scale:.{digits}f}"
 
     line = (
-        f"[{elapsed:5.0f} s] sent {gen.stats.sent} ok {gen.stats.ok} failed {gen.stats.failed} | "
+        f"[{elapsed:5.0f} s] sent {gen.stats.sent} ok {gen.stats.ok} shed {gen.stats.shed} "
+        f"failed {gen.stats.failed} | "
         f"running {fmt('engine.requests_running')} waiting {fmt('engine.requests_waiting')} "
         f"kv {fmt('engine.kv_cache_usage_ratio', 100)}% "
         f"gen {fmt('engine.generation_tokens_per_second')} tok/s "
@@ -145,7 +146,8 @@ async def _main(args: argparse.Namespace, faults: dict[str, float], cfg_data: di
         await sim.stop()
     print(
         f"servepilot demo: stopped after {time.monotonic() - started:.0f} s; "
-        f"{gen.stats.ok} requests completed, {gen.stats.failed} failed; "
+        f"{gen.stats.ok} requests completed, {gen.stats.shed} shed (429/503 with Retry-After), "
+        f"{gen.stats.failed} failed; "
         f"the sidecar ran {sidecar.loop.state.stats.ticks} ticks",
         file=sys.stderr,
     )

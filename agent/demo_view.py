@@ -105,7 +105,7 @@ def render(
 
     top = Table.grid(padding=(0, 3))
     load_t = Table(title="load (client)", show_header=False, box=None)
-    load_t.add_row("sent / ok / failed", f"{load.sent} / {load.ok} / {load.failed}")
+    load_t.add_row("sent / ok / shed / failed", f"{load.sent} / {load.ok} / {load.shed} / {load.failed}")
     load_t.add_row("in flight", str(load.in_flight))
     load_t.add_row(
         "TTFT p50 / p99",

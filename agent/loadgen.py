@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 import aiohttp
 import numpy as np
 
+#: Statuses a server sheds load with (together with a ``Retry-After`` header).
+SHED_STATUSES = frozenset((429, 503))
+
 
 @dataclass
 class LoadStats:
@@ -24,6 +27,9 @@ class LoadStats:
 
     sent: int = 0
     ok: int = 0
+    #: Refused on purpose with ``Retry-After`` (429 or 503: the gate shedding load, a line over its rate):
+    #: the admission control at work, not an error, so apart from ``failed``.
+    shed: int = 0
     failed: int = 0
     dropped: int = 0
     in_flight: int = 0
@@ -136,8 +142,11 @@ class LoadGenerator:
         try:
             async with session.post(f"{self.base_url}/v1/completions", json=body) as response:
                 if response.status != 200:
-                    self.stats.failed += 1
-                    self.stats.last_error = f"HTTP {response.status}"
+                    if response.status in SHED_STATUSES and "Retry-After" in response.headers:
+                        self.stats.shed += 1
+                    else:
+                        self.stats.failed += 1
+                        self.stats.last_error = f"HTTP {response.status}"
                     return
                 async for line in response.content:
                     if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):

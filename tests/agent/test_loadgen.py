@@ -11,12 +11,14 @@ from aiohttp import web
 from agent.loadgen import LoadGenerator
 
 
-def _sse_app(seen: list[dict[str, Any]], status: int = 200) -> web.Application:
+def _sse_app(
+    seen: list[dict[str, Any]], status: int = 200, headers: dict[str, str] | None = None
+) -> web.Application:
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         seen.append(body)
         if status != 200:
-            return web.json_response({"error": "down"}, status=status)
+            return web.json_response({"error": "down"}, status=status, headers=headers)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         for i in range(body["max_tokens"]):
@@ -70,6 +72,15 @@ async def test_http_errors_are_counted_not_raised(aiohttp_server: Any) -> None:
     gen = LoadGenerator(str(server.make_url("")), np.array([[0.0, 1, 1]]), speed=1000.0)
     await _run_until(gen, lambda: gen.stats.failed >= 1)
     assert gen.stats.last_error == "HTTP 503"
+    assert gen.stats.shed == 0  # no Retry-After: an engine that is down, not one shedding load
+
+
+@pytest.mark.parametrize("status", [429, 503])
+async def test_a_refusal_with_retry_after_counts_as_shed_not_failed(aiohttp_server: Any, status: int) -> None:
+    server = await aiohttp_server(_sse_app([], status=status, headers={"Retry-After": "1"}))
+    gen = LoadGenerator(str(server.make_url("")), np.array([[0.0, 1, 1]]), speed=1000.0)
+    await _run_until(gen, lambda: gen.stats.shed >= 1)
+    assert (gen.stats.failed, gen.stats.last_error) == (0, "")
 
 
 def test_rejects_an_empty_trace() -> None:

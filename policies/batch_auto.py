@@ -58,7 +58,7 @@ it from admitting more when shorter requests come (the growth rule stops above `
 Growth waits too while the engine's queue, smoothed over ``engine_queue_tau_s``, is above the slack of
 what the engine itself says it runs: on that llama.cpp a scrape now and then read 0 running and 0
 waiting with 7 in flight, which made the limit look bound, and the limit went 9 -> 14 -> 21 -> 32 -> 48
--> 64 in six ticks after being brought down.
+-> 64 within seconds after being brought down.
 
 A limit that does not bind (fewer running than allowed and no queue) never grows: the controller only
 probes upward when the queue asks for it, so an idle period cannot leave a huge limit behind. TTFT enters

@@ -147,10 +147,10 @@ class AutoBatch:
         # behind the gate, the engine queueing the gate's admits tick after tick with room in its cache means
         # its own cap (slots, max_num_seqs, token budget) binds below the limit: there the requests wait
         # FIFO, out of reach of the gate's priorities, promotion and deadlines. Leave it a slack, no more.
-        slack = max(2.0, math.ceil(math.sqrt(running)))
-        queued = (state.engine_queued if state is not None else 0) + 1 if engine_waiting > slack else 0
+        slack = _slack(running)
+        queued = ((state.engine_queued if state is not None else 0) + 1) if engine_waiting > slack else 0
         engine_queue = smoothed(
-            state.engine_queue if state else 0.0, at, now, engine_waiting, self.engine_queue_tau_s
+            state.engine_queue if state is not None else 0.0, at, now, engine_waiting, self.engine_queue_tau_s
         )
         capped = running + reserved + slack
         engine_binds = (
@@ -180,7 +180,7 @@ class AutoBatch:
             and preempt <= 0
             # behind the gate, not while the engine holds more than a slack queued (by its own count of
             # running: a sampled 0 + 0 reading with the gate's in-flight would hide its cap for a tick)
-            and (in_flight is None or engine_queue <= max(2.0, math.ceil(math.sqrt(engine_running))))
+            and (in_flight is None or engine_queue <= _slack(engine_running))
         ):
             # far below the ITL target (a cold start at a small limit) the gradient's square root
             # outgrows the additive step: the operating point is reached in a few ticks, not dozens
@@ -196,3 +196,8 @@ class AutoBatch:
         new = min(self.upper, max(self.lower, new))
         proposal = Proposal(self.name, knobs.BATCH, round(new), why, PRIORITY["throughput"])
         return AutoState(new, rate, now, queued, engine_queue), [proposal]
+
+
+def _slack(running: float) -> float:
+    """Of the gate's requests, how many the engine may keep queued to admit from: max(2, ceil(sqrt))."""
+    return max(2.0, math.ceil(math.sqrt(running)))

@@ -51,6 +51,7 @@ HOT = (
     "gate.retry_statuses",  # read per request: the next error answer follows the new rule
     "gate.retry_budget_ratio",
     "gate.admit_paths",  # read per request, like retry_statuses
+    "gate.engine_priority",  # read per request: the next request sent carries the new value
     "policies.ttft_slo_s",
     "policies.itl_slo_s",
     "policies.batch_min",

@@ -31,6 +31,26 @@ class GateLineConfig(Section):
     )
 
 
+#: An engine's own priority order as a preset: the value of the request body's ``priority`` for each of
+#: the gate's classes. vLLM (``--scheduling-policy priority``) serves lower values first; SGLang
+#: (``--enable-priority-scheduling``) higher ones, unless started with
+#: ``--schedule-low-priority-values-first``, when the ``vllm`` order is its order too. Normal is 0, the
+#: engines' default, so a request the gate sends without a class is ranked as normal.
+PRIORITY_PRESETS: dict[str, dict[str, int]] = {
+    "vllm": {"high": -1, "normal": 0, "low": 1},
+    "sglang": {"high": 1, "normal": 0, "low": -1},
+}
+_INT64 = 2**63
+
+
+class EnginePriorityValues(Section):
+    """The ``priority`` value an engine is sent for each of the gate's classes (an engine not preset)."""
+
+    high: int = Field(ge=-_INT64, lt=_INT64, description="value for a request admitted as high")
+    normal: int = Field(ge=-_INT64, lt=_INT64, description="value for a request admitted as normal")
+    low: int = Field(ge=-_INT64, lt=_INT64, description="value for a request admitted as low")
+
+
 class GateConfig(Section):
     """The admission gate: a reverse proxy in front of the engine's OpenAI API. Off unless configured."""
 
@@ -48,6 +68,13 @@ class GateConfig(Section):
     upstream_models: dict[str, str] = Field(
         default_factory=dict,
         description="upstream name -> model name sent to it, for one serving another model (e.g. small)",
+    )
+    engine_priority: dict[str, EnginePriorityValues] = Field(
+        default_factory=dict,
+        description="upstream name -> the engine's own priority order (vllm, sglang, or a map of high, "
+        "normal and low to values): each request sent there carries its class as admitted in the body's "
+        "priority field, so the engine's queue and its preemption rank it too; only for an engine running "
+        "priority scheduling (docs/gate.md)",
     )
     max_in_flight: int = Field(
         64,
@@ -177,6 +204,38 @@ class GateConfig(Section):
             if not model.strip():
                 raise ValueError(f"upstream_models.{name} must be a model name, got {model!r}")
         return self
+
+    @model_validator(mode="after")
+    def _engine_priority_known(self) -> GateConfig:
+        for name in self.engine_priority:
+            if name not in self.upstreams:
+                known = ", ".join(self.upstreams)
+                raise ValueError(f"engine_priority names {name!r}, not one of the upstreams ({known})")
+        return self
+
+    @field_validator("engine_priority", mode="before")
+    @classmethod
+    def _priority_presets(cls, value: Any) -> Any:
+        """A preset's name stands for its values (:data:`PRIORITY_PRESETS`)."""
+        if not isinstance(value, Mapping):
+            return value  # the field's own check says what is wrong with it
+        out = {}
+        for name, order in value.items():
+            if isinstance(order, str):
+                if order not in PRIORITY_PRESETS:
+                    presets = " or ".join(PRIORITY_PRESETS)
+                    raise ValueError(
+                        f"entry {name!r} must be {presets}, or a map of high, normal and low to values"
+                    )
+                order = PRIORITY_PRESETS[order]
+            out[name] = order
+        return out
+
+    def priority_value(self, upstream: str, priority: str) -> int | None:
+        """The body's ``priority`` for a request of class ``priority`` sent to ``upstream``; None when
+        that upstream is not sent one (``engine_priority``)."""
+        values = self.engine_priority.get(upstream)
+        return None if values is None else int(getattr(values, priority))
 
     @model_validator(mode="after")
     def _split_known(self) -> GateConfig:

@@ -30,7 +30,8 @@ def reference_markdown() -> str:
 
 
 def _reference_row(setting: str, info: Any) -> str:
-    default = info.get_default(call_default_factory=True)  # {} rather than PydanticUndefined
+    required = info.is_required()
+    default = None if required else info.get_default(call_default_factory=True)  # {}, not undefined
     default = list(default) if isinstance(default, tuple) else default
     allowed = []
     for meta in info.metadata:
@@ -40,7 +41,9 @@ def _reference_row(setting: str, info: Any) -> str:
     choices = getattr(info.annotation, "__args__", ()) if "Literal" in str(info.annotation) else ()
     if choices:
         allowed.append(" \\| ".join(str(c) for c in choices))
-    if isinstance(default, bool):
+    if required:
+        default_text = "required"
+    elif isinstance(default, bool):
         default_text = str(default).lower()
     elif isinstance(default, dict):
         default_text = json.dumps(default)  # as YAML reads it

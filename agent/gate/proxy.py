@@ -278,9 +278,9 @@ class Gate:
 
     def set_admission_rules(self, cfg: GateConfig) -> None:
         """Take the business-line rules of ``cfg`` (lines and their rates, API keys, default line, the
-        line and priority headers, the body size limit, the retry rule) without a restart
-        (agent/reload.py: the caller has checked that nothing else differs). Each line keeps its bucket
-        levels; requests already admitted or queued are not touched."""
+        line and priority headers, the body size limit, the retry rule, the engine's priority order)
+        without a restart (agent/reload.py: the caller has checked that nothing else differs). Each line
+        keeps its bucket levels; requests already admitted or queued are not touched."""
         self.lines = self.lines.reconfigured(cfg, self.clock())
         self.resolver = LineResolver(cfg)
         self.cfg = cfg
@@ -498,6 +498,7 @@ class Gate:
             limiter.refund(est_tokens)
             return self._refuse(record, 429, "the gate's queue is full", "queue_full", self.cfg.aging_s)
         record.queue_wait_s += ticket.queue_wait_s
+        record.admitted_as = ticket.admitted_in.name.lower()
         try:
             prefer = None if lane is None else lane.upstream
             return await self.forwarder.forward(request, body, record, info, prefer, fill)

@@ -60,6 +60,9 @@ class RequestRecord:
     path: str
     prompt_tokens: float
     arrived: float
+    admitted_as: str = ""
+    """The class it was admitted in: its own, or one higher when it was promoted while it waited; what an
+    engine with priority scheduling is told (``gate.engine_priority``). Empty before admission."""
     upstream: str = ""
     output_tokens: float = 0.0
     queue_wait_s: float = 0.0

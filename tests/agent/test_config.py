@@ -67,6 +67,18 @@ def test_examples_exist_for_demo_vllm_and_sglang() -> None:
         ({"gate": {"split": {"fp8": 1.0}}}, "gate.split names 'fp8', not one of the upstreams (primary)"),
         ({"gate": {"split": {"primary": 0.0}}}, "gate.split must give shares >= 0 with a total above 0"),
         (
+            {"gate": {"engine_priority": {"fp8": "vllm"}}},
+            "gate.engine_priority names 'fp8', not one of the upstreams (primary)",
+        ),
+        (
+            {"gate": {"engine_priority": {"primary": "fcfs"}}},
+            "gate.engine_priority entry 'primary' must be vllm or sglang, or a map of high, normal and low",
+        ),
+        (
+            {"gate": {"engine_priority": {"primary": {"high": 1, "normal": 0}}}},
+            "gate.engine_priority.primary.low is required",
+        ),
+        (
             {"agent": {"engine_restart_stall_s": 60}},
             "agent.engine_restart_stall_s must be 0 (never) or >= 300 s, got 60 "
             "(a restart reloads the weights)",

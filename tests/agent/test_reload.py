@@ -373,3 +373,12 @@ def test_the_gate_retry_rule_is_applied_without_a_restart(setup: Setup) -> None:
     result = setup.reloader.reload("SIGHUP")
     assert result.result == "applied", result.message
     assert setup.applied[-1].retry_statuses == (503,) and setup.applied[-1].retry_budget_ratio == 0.5
+
+
+def test_the_engines_priority_order_is_applied_without_a_restart(setup: Setup) -> None:
+    """An operator who turns on vLLM's priority scheduling (an engine restart) turns on the gate's side
+    of it by a reload: the data path stays up."""
+    setup.path.write_text(BASE.replace("gate:\n", "gate:\n  engine_priority: {primary: vllm}\n"))
+    result = setup.reloader.reload("SIGHUP")
+    assert result.result == "applied", result.message
+    assert setup.applied[-1].priority_value("primary", "high") == -1

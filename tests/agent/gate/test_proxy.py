@@ -22,6 +22,7 @@ from agent.gate.proxy import Gate
 from policies import knobs
 
 TIMEOUT = 5.0
+PRIORITY = "x-servepilot-priority"
 
 
 class Upstream:
@@ -38,6 +39,7 @@ class Upstream:
         self.running = 0
         self.peak = 0
         self.seen = 0
+        self.bodies: list[dict[str, Any]] = []  # as received, in order
         self.aborted: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.runner: web.AppRunner | None = None
         self.url = ""
@@ -45,6 +47,7 @@ class Upstream:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.seen += 1
+        self.bodies.append(body)
         if self.fail_status:
             error = {"message": "engine unavailable", "type": "InternalServerError", "code": self.fail_status}
             return web.json_response({"error": error}, status=self.fail_status)
@@ -546,6 +549,60 @@ async def test_an_upstream_serving_another_model_gets_its_own_model_name(
         await mapped.stop()
         for runner in runners:
             await runner.cleanup()
+
+
+async def test_an_engine_with_priority_scheduling_is_told_each_requests_class_as_admitted(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """``gate.engine_priority``: the body's ``priority`` carries the class the gate admitted a request in,
+    in the engine's order (vLLM: lower first), in place of the client's own; a request promoted while it
+    waited is sent as its new class, so the engine does not rank it behind the class it left."""
+    gate = await _gate(
+        {"primary": upstream.url},
+        engine_priority={"primary": "vllm"},
+        max_in_flight=1,
+        high_reserved_ratio=0.0,
+        aging_s=0.05,
+    )
+    try:
+        for cls in ("high", "normal", "low"):
+            resp = await _post(client, gate, _body(prompt=cls, priority=-99), headers={PRIORITY: cls})
+            assert resp.status == 200
+        assert [(b["prompt"], b["priority"]) for b in upstream.bodies] == [
+            ("high", -1),
+            ("normal", 0),
+            ("low", 1),
+        ]
+        upstream.release.clear()  # the one slot held, so a low request waits past aging_s
+        first = asyncio.create_task(_post(client, gate, _body(prompt="holder")))
+        await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
+        waiter = asyncio.create_task(_post(client, gate, _body(prompt="aged"), headers={PRIORITY: "low"}))
+        await asyncio.wait_for(_until(lambda: gate.admission.queue_depth == 1), TIMEOUT)
+        await asyncio.sleep(0.1)
+        upstream.release.set()
+        assert (await first).status == 200 and (await waiter).status == 200
+        assert upstream.bodies[-1]["prompt"] == "aged" and upstream.bodies[-1]["priority"] == 0
+        assert gate.admission.promotions == 1
+    finally:
+        await gate.stop()
+
+
+async def test_without_engine_priority_the_body_goes_as_the_client_sent_it(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """An engine not running priority scheduling may refuse a ``priority`` (vLLM before V1 did): the gate
+    adds none unless configured, and passes a client's own untouched."""
+    gate = await _gate({"primary": upstream.url, "spare": upstream.url}, engine_priority={"spare": "sglang"})
+    try:
+        for extra in ({}, {"priority": 7}):
+            resp = await _post(client, gate, _body(**extra), headers={PRIORITY: "high"})
+            assert resp.status == 200
+        assert [b.get("priority") for b in upstream.bodies] == [None, 7]
+        gate.set_split({"spare": 1.0})  # the upstream configured with SGLang's order: higher first
+        resp = await _post(client, gate, _body(), headers={PRIORITY: "high"})
+        assert resp.status == 200 and upstream.bodies[-1]["priority"] == 1
+    finally:
+        await gate.stop()
 
 
 async def test_an_anthropic_messages_stream_from_the_simulator_is_metered_like_vllms(

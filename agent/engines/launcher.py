@@ -139,6 +139,9 @@ class LaunchOptions:
 
     ``embeddings`` (llama.cpp only) also serves ``/v1/embeddings`` with mean pooling, each input up to
     2,048 tokens, beside generation.
+
+    ``scheduling_policy`` (vLLM only): ``fcfs``, its default, or ``priority``, which ranks its queue by the
+    requests' ``priority`` (lower first), then arrival, and preempts the lowest-ranked first.
     """
 
     parallel: int = 4
@@ -146,6 +149,7 @@ class LaunchOptions:
     threads: int = 1
     dev_mode: bool = True
     embeddings: bool = False
+    scheduling_policy: str = "fcfs"
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -178,6 +182,8 @@ def command(
     argv = [py, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--dtype", "float32", "--max-model-len", str(opts.ctx // opts.parallel)]
     argv += ["--max-num-seqs", str(opts.parallel), "--served-model-name", SERVED_MODEL]
+    if opts.scheduling_policy != "fcfs":
+        argv += ["--scheduling-policy", opts.scheduling_policy]
     return argv, env
 
 

@@ -99,10 +99,14 @@ def completion(prompt: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
 
 
 async def stream(
-    session: aiohttp.ClientSession, base_url: str, body: dict[str, Any], path: str = "/v1/completions"
+    session: aiohttp.ClientSession,
+    base_url: str,
+    body: dict[str, Any],
+    path: str = "/v1/completions",
+    headers: dict[str, str] | None = None,
 ) -> StreamResult:
     started = time.monotonic()
-    async with session.post(base_url + path, json=body) as resp:
+    async with session.post(base_url + path, json=body, headers=headers) as resp:
         result = StreamResult(resp.status)
         raw = bytearray()
         last: float | None = None

@@ -79,3 +79,21 @@ def test_the_status_line_shows_the_clock_and_in_act_mode_the_newest_action() -> 
     )
     line = _status_line(acting, gen, 5.0)  # type: ignore[arg-type]
     assert line.endswith("| gate limit 216, last action: gpu.sm_clock_mhz 1669.0 -> 1513.0")
+
+
+def test_the_status_line_falls_back_to_the_clients_ttft_where_the_engine_reports_none() -> None:
+    """llama.cpp has no TTFT histogram: the line shows the load generator's p99, marked as the client's."""
+    from types import SimpleNamespace
+
+    from agent.demo_runner import _status_line
+    from agent.loadgen import LoadStats
+
+    values: dict[str, float] = {}
+    state = SimpleNamespace(snapshot=SimpleNamespace(get=values.get), findings=())
+    sidecar = SimpleNamespace(loop=SimpleNamespace(state=state), knobs=SimpleNamespace(gate=None, audit=None))
+    gen = SimpleNamespace(stats=LoadStats())
+    assert "ttft p99 - ms |" in _status_line(sidecar, gen, 5.0)  # type: ignore[arg-type]
+    gen.stats.ttft_s.extend([0.1] * 98 + [0.5] * 2)
+    assert "ttft p99 500 ms (client) |" in _status_line(sidecar, gen, 5.0)  # type: ignore[arg-type]
+    values["engine.ttft_seconds.p99"] = 0.25
+    assert "ttft p99 250 ms |" in _status_line(sidecar, gen, 5.0)  # type: ignore[arg-type]

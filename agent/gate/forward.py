@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 import random
+import re
 from collections.abc import Callable, Mapping
 
 import aiohttp
@@ -34,6 +35,9 @@ from agent.gate.relay import Relay, Unanswered, forward_headers, json_error
 from agent.gate.upstreams import Upstream, UpstreamPool
 
 log = logging.getLogger(__name__)
+
+_JSON_OBJECT = re.compile(rb"\s*\{")
+"""How a JSON object body starts; anything else is passed on as it came."""
 
 
 class Forwarder:
@@ -225,14 +229,12 @@ class Forwarder:
         if model is not None and (not info.model or info.model == model):
             model = None
         priority = cfg.priority_value(upstream, admitted_as) if admitted_as and body else None
-        if model is None and priority is None:
-            return body
+        if (model is None and priority is None) or not _JSON_OBJECT.match(body):
+            return body  # nothing to change, or a form (an audio upload): not parsed, however large
         try:
             doc = json.loads(body)  # parsed once already (parse_request, parse_any)
         except (ValueError, UnicodeDecodeError):
-            doc = None
-        if not isinstance(doc, dict):  # a form, or a body of an admitted path that is not JSON
-            return body
+            return body  # a body of an operator-admitted path that is not JSON: the engine judges it
         if model is not None:
             doc["model"] = model
         if priority is not None:

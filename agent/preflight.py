@@ -228,7 +228,60 @@ async def run_checks(cfg: Config) -> list[CheckResult]:
     if cfg.gate.enabled:
         results.extend(await check_upstreams(cfg))
         results.append(check_engine_upstream(cfg))
+        detected = next((r.detail for r in results if r.name == "engine" and r.status == "ok"), "")
+        kind = cfg.engine.kind if cfg.engine.kind != "auto" else _engine_kind(detected)
+        results.extend(check_engine_priority(cfg, kind))
     return results
+
+
+def _engine_kind(detail: str) -> str | None:
+    """The engine the metrics check recognised (its detail starts ``engine <kind>``), or None."""
+    first = detail.split(",", 1)[0].split()
+    return first[1] if len(first) == 2 and first[0] == "engine" else None
+
+
+def check_engine_priority(cfg: Config, kind: str | None) -> list[CheckResult]:
+    """One row per upstream in ``gate.engine_priority``: whether its values rank the gate's classes the
+    way the engine ranks them (``kind``, known for this pod's engine only). An order the wrong way round
+    fails: the engine would serve high-priority requests last. Whether the engine runs priority
+    scheduling at all is not visible from outside (vLLM with ``fcfs`` ignores the field), so it is said,
+    not checked."""
+    from agent.gate.upstreams import engine_upstream
+
+    ours = engine_upstream(cfg)
+    rows = []
+    for name, values in cfg.gate.engine_priority.items():
+        started = time.perf_counter()
+        order = (values.high, values.normal, values.low)
+        status, detail = _priority_verdict(name, order, kind if name == ours else None)
+        rows.append(CheckResult(f"priority {name}", status, detail, time.perf_counter() - started))
+    return rows
+
+
+def _priority_verdict(name: str, order: tuple[int, int, int], engine: str | None) -> tuple[str, str]:
+    """(status, detail) of upstream ``name``'s (high, normal, low) values for ``engine`` (None: unknown)."""
+    high, normal, low = order
+    shown = f"high {high}, normal {normal}, low {low}"
+    lower_first = high < low
+    if high == low or not min(high, low) <= normal <= max(high, low):
+        return "error", f"{shown}: normal must lie between high and low, and high differ from low"
+    if engine in ("llamacpp", "tgi"):
+        return "no_data", f"{engine} takes no priority field: gate.engine_priority.{name} has no effect"
+    if engine == "vllm" and not lower_first:
+        why = "vLLM serves lower values first: high-priority requests would go last in its queue"
+        return "error", f"{shown}, but {why} (use the vllm preset)"
+    if engine == "vllm":
+        return "ok", f"{shown}, lower first as vLLM ranks; vLLM must run --scheduling-policy priority"
+    if engine == "sglang":
+        flag = "with" if lower_first else "without"
+        return "ok", (
+            f"{shown}: right for SGLang run with --enable-priority-scheduling and {flag} "
+            "--schedule-low-priority-values-first"
+        )
+    return (
+        "ok",
+        f"{shown} ({'lower' if lower_first else 'higher'} first); which engine it is is not known here",
+    )
 
 
 def check_engine_upstream(cfg: Config) -> CheckResult:

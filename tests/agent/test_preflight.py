@@ -215,3 +215,58 @@ async def test_an_upstreams_routes_the_gate_would_pass_through_unlimited_are_nam
             assert "/v1/messages" in row.detail and row.target == f"{url}/openapi.json"
     finally:
         await runner.cleanup()
+
+
+def test_an_engine_priority_order_the_wrong_way_round_for_the_engine_fails() -> None:
+    """The SGLang preset on vLLM would send high-priority requests to the back of vLLM's queue: an error.
+    The order is judged for this pod's engine (``engine.kind``, or what the metrics check recognised)."""
+    from agent.preflight import _engine_kind, check_engine_priority
+
+    def rows(kind: str | None, **orders: object) -> dict[str, CheckResult]:
+        cfg = config.build(
+            {
+                "engine": {"url": "http://127.0.0.1:8000"},
+                "gate": {
+                    "enabled": True,
+                    "upstreams": {"primary": "http://127.0.0.1:8000", "remote": "http://10.0.0.7:8000"},
+                    "engine_priority": orders,
+                },
+            }
+        )
+        return {r.name: r for r in check_engine_priority(cfg, kind)}
+
+    wrong = rows("vllm", primary="sglang", remote="sglang")
+    assert (
+        wrong["priority primary"].failed
+        and "high-priority requests would go last" in wrong["priority primary"].detail
+    )
+    assert wrong["priority remote"].status == "ok"  # not this pod's engine: its kind is not known
+    assert "higher first" in wrong["priority remote"].detail
+    assert rows("vllm", primary="vllm")["priority primary"].status == "ok"
+    sglang = rows("sglang", primary="vllm")["priority primary"]
+    assert sglang.status == "ok" and "with --schedule-low-priority-values-first" in sglang.detail
+    llama = rows("llamacpp", primary="vllm")["priority primary"]
+    assert (llama.status, llama.failed) == ("no_data", False) and "has no effect" in llama.detail
+    odd = rows(None, primary={"high": 1, "normal": 5, "low": 0})["priority primary"]
+    assert odd.failed and "normal must lie between high and low" in odd.detail
+    assert _engine_kind("engine sglang, model m, 40 signals") == "sglang"
+    assert _engine_kind("connection refused") is None
+
+
+async def test_the_engine_recognised_by_its_metrics_judges_the_priority_order(sim_url: str) -> None:
+    """``engine.kind: auto``: the simulator's scrape reads as vLLM's, so the SGLang order fails for it."""
+    cfg = config.build(
+        {
+            "engine": {"url": sim_url},
+            "nvml": {"backend": "off"},
+            "probe": {"enabled": False},
+            "gate": {
+                "enabled": True,
+                "upstreams": {"primary": sim_url},
+                "engine_priority": {"primary": "sglang"},
+            },
+        }
+    )
+    results = {r.name: r for r in await run_checks(cfg)}
+    assert "engine vllm" in results["engine"].detail
+    assert results["priority primary"].failed, results["priority primary"]

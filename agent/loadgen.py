@@ -12,6 +12,7 @@ import contextlib
 import json
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -19,6 +20,8 @@ import numpy as np
 
 #: Statuses a server sheds load with (together with a ``Retry-After`` header).
 SHED_STATUSES = frozenset((429, 503))
+#: The header that names a request's priority class at servepilot's gate (``gate.priority_header``).
+PRIORITY_HEADER = "x-servepilot-priority"
 
 
 @dataclass
@@ -36,6 +39,8 @@ class LoadStats:
     tokens: int = 0
     last_error: str = ""
     ttft_s: deque[float] = field(default_factory=lambda: deque(maxlen=512))
+    #: The same counts per priority class, when the generator sends a mix of classes (else empty).
+    classes: dict[str, LoadStats] = field(default_factory=dict)
 
     def ttft_quantile(self, q: float) -> float | None:
         return float(np.quantile(np.fromiter(self.ttft_s, float), q)) if self.ttft_s else None
@@ -46,7 +51,9 @@ class LoadGenerator:
 
     ``speed`` > 1 compresses time (2.0 = twice the trace's rate); ``rate_scale`` thins or thickens the
     trace by sending each request ``rate_scale`` times on average (Bernoulli thinning for < 1). The trace
-    repeats when it ends, so a long demo keeps its shape.
+    repeats when it ends, so a long demo keeps its shape. ``priority_mix`` (class -> share) gives each
+    request a priority class at random in those shares, named in :data:`PRIORITY_HEADER`, and counts each
+    class apart (``stats.classes``): what a gate's priority classes do for each is then seen client-side.
     """
 
     def __init__(
@@ -61,6 +68,7 @@ class LoadGenerator:
         max_prompt_tokens: int = 8192,
         max_in_flight: int = 512,
         seed: int = 0,
+        priority_mix: Mapping[str, float] | None = None,
     ) -> None:
         if requests.ndim != 2 or requests.shape[1] != 3 or len(requests) == 0:
             raise ValueError("requests must be a non-empty (n, 3) array of arrival_s, prompt, output tokens")
@@ -74,6 +82,13 @@ class LoadGenerator:
         self.max_in_flight = max_in_flight
         self.rng = np.random.default_rng(seed)
         self.stats = LoadStats()
+        self._classes = list(priority_mix or ())
+        if priority_mix:
+            shares = np.array([float(priority_mix[c]) for c in self._classes])
+            if not np.all(np.isfinite(shares)) or np.any(shares < 0) or shares.sum() <= 0:
+                raise ValueError(f"priority_mix must give shares >= 0 with a total above 0, got {priority_mix}")
+            self._shares = shares / shares.sum()
+            self.stats.classes = {c: LoadStats() for c in self._classes}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def _schedule(self) -> list[tuple[float, int, int]]:
@@ -116,7 +131,7 @@ class LoadGenerator:
                     await asyncio.wait_for(stop.wait(), timeout=delay)
             if stop.is_set():
                 return
-            if self.stats.in_flight >= self.max_in_flight:
+            if len(self._tasks) >= self.max_in_flight:  # tasks not yet started count too
                 self.stats.dropped += 1
                 continue
             task = asyncio.create_task(self._send(session, prompt, output))
@@ -135,32 +150,46 @@ class LoadGenerator:
             "stream": True,
             "ignore_eos": True,
         }
-        self.stats.sent += 1
-        self.stats.in_flight += 1
+        headers = None
+        counts = [self.stats]  # the totals, and the request's class when there is a mix
+        if self._classes:
+            cls = self._classes[int(self.rng.choice(len(self._classes), p=self._shares))]
+            headers = {PRIORITY_HEADER: cls}
+            counts.append(self.stats.classes[cls])
+        for c in counts:
+            c.sent += 1
+            c.in_flight += 1
         started = time.monotonic()
         first = True
         try:
-            async with session.post(f"{self.base_url}/v1/completions", json=body) as response:
+            async with session.post(f"{self.base_url}/v1/completions", json=body, headers=headers) as response:
                 if response.status != 200:
-                    if response.status in SHED_STATUSES and "Retry-After" in response.headers:
-                        self.stats.shed += 1
-                    else:
-                        self.stats.failed += 1
-                        self.stats.last_error = f"HTTP {response.status}"
+                    shed = response.status in SHED_STATUSES and "Retry-After" in response.headers
+                    for c in counts:
+                        if shed:
+                            c.shed += 1
+                        else:
+                            c.failed += 1
+                            c.last_error = f"HTTP {response.status}"
                     return
                 async for line in response.content:
                     if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                         continue
                     if first:
-                        self.stats.ttft_s.append(time.monotonic() - started)
+                        for c in counts:
+                            c.ttft_s.append(time.monotonic() - started)
                         first = False
                     with contextlib.suppress(ValueError):
                         chunk = json.loads(line[6:])
                         if chunk.get("choices"):
-                            self.stats.tokens += 1
-                self.stats.ok += 1
+                            for c in counts:
+                                c.tokens += 1
+                for c in counts:
+                    c.ok += 1
         except (aiohttp.ClientError, TimeoutError) as error:
-            self.stats.failed += 1
-            self.stats.last_error = f"{type(error).__name__}: {error}"[:200]
+            for c in counts:
+                c.failed += 1
+                c.last_error = f"{type(error).__name__}: {error}"[:200]
         finally:
-            self.stats.in_flight -= 1
+            for c in counts:
+                c.in_flight -= 1

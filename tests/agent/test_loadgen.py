@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from agent.loadgen import LoadGenerator
+from agent.loadgen import PRIORITY_HEADER, LoadGenerator
 
 
 def _sse_app(
@@ -16,7 +16,7 @@ def _sse_app(
 ) -> web.Application:
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        seen.append(body)
+        seen.append({**body, "class": request.headers.get(PRIORITY_HEADER)})
         if status != 200:
             return web.json_response({"error": "down"}, status=status, headers=headers)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -86,3 +86,60 @@ async def test_a_refusal_with_retry_after_counts_as_shed_not_failed(aiohttp_serv
 def test_rejects_an_empty_trace() -> None:
     with pytest.raises(ValueError, match="non-empty"):
         LoadGenerator("http://127.0.0.1:1", np.zeros((0, 3)))
+
+
+async def test_a_priority_mix_names_each_requests_class_and_counts_each_apart(aiohttp_server: Any) -> None:
+    seen: list[dict[str, Any]] = []
+    server = await aiohttp_server(_sse_app(seen))
+    trace = np.array([[0.0, 1, 1]] * 400)
+    mix = {"high": 1.0, "normal": 0.0, "low": 3.0}
+    gen = LoadGenerator(str(server.make_url("")), trace, speed=1000.0, priority_mix=mix, seed=3)
+    await _run_until(gen, lambda: gen.stats.ok >= 400)
+    sent = [b["class"] for b in seen[:400]]
+    assert 0.2 < sent.count("high") / 400 < 0.3 and sent.count("normal") == 0  # shares, not weights
+    by_class = gen.stats.classes
+    assert set(by_class) == {"high", "normal", "low"}
+    assert sum(c.ok for c in by_class.values()) == gen.stats.ok
+    assert by_class["normal"].sent == 0 and by_class["high"].ok > 0
+    assert len(by_class["high"].ttft_s) == min(512, by_class["high"].ok)  # each class timed apart
+
+
+def test_a_priority_mix_without_a_positive_share_is_refused() -> None:
+    with pytest.raises(ValueError, match="priority_mix must give shares >= 0 with a total above 0"):
+        LoadGenerator("http://127.0.0.1:1", np.zeros((1, 3)), priority_mix={"high": 0.0, "low": -1.0})
+
+
+async def test_a_burst_larger_than_the_cap_is_dropped_beyond_it(aiohttp_server: Any) -> None:
+    """The cap counts requests from the moment they are scheduled: of 300 arriving at the same instant,
+    a cap of 50 sends 50 and drops 250. (Counted when each task started, none had started when the next
+    was checked: all 300 were sent, to wait in the connection pool, and a trace replayed at 1000x grew
+    them without bound, 24 GB in minutes.)"""
+    arrived = 0
+    hold = asyncio.Event()
+
+    async def completions(request: web.Request) -> web.Response:
+        nonlocal arrived
+        arrived += 1
+        await hold.wait()
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    server = await aiohttp_server(app)
+    trace = np.array([[0.0, 1, 1]] * 300)
+    gen = LoadGenerator(str(server.make_url("")), trace, speed=1.0, max_in_flight=50)
+    stop = asyncio.Event()
+    run = asyncio.create_task(gen.run(stop))
+    await asyncio.wait_for(_until_settled(lambda: arrived), timeout=10)
+    stop.set()
+    hold.set()
+    await asyncio.wait_for(run, timeout=10)
+    assert arrived == 50 and (gen.stats.sent, gen.stats.dropped) == (50, 250)
+
+
+async def _until_settled(count: Any) -> None:
+    """Until ``count()`` is positive and has not changed over 0.2 s."""
+    last = -1
+    while count() == 0 or count() != last:
+        last = count()
+        await asyncio.sleep(0.2)

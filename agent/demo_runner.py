@@ -81,6 +81,10 @@ async def _real_engine(args: argparse.Namespace) -> tuple[Any, dict[str, int]]:
     return engine, {"max_prompt_tokens": MAX_PROMPT_TOKENS, "max_output_tokens": MAX_OUTPUT_TOKENS}
 
 
+def _ms(seconds: float | None) -> str:
+    return "- ms" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
 def _ttft_p99(get: Callable[[str], float | None], gen: LoadGenerator) -> str:
     """The engine's TTFT p99; where the engine reports none (llama.cpp has no TTFT histogram), the load
     generator's own over its last 512 answers, marked as the client's: it includes the gate's queue."""
@@ -88,7 +92,7 @@ def _ttft_p99(get: Callable[[str], float | None], gen: LoadGenerator) -> str:
     if engine is not None:
         return f"{engine * 1000:.0f} ms"
     client = gen.stats.ttft_quantile(0.99)
-    return "- ms" if client is None else f"{client * 1000:.0f} ms (client)"
+    return "- ms" if client is None else f"{_ms(client)} (client)"
 
 
 def _status_line(sidecar: Sidecar, gen: LoadGenerator, elapsed: float) -> str:
@@ -110,6 +114,11 @@ def _status_line(sidecar: Sidecar, gen: LoadGenerator, elapsed: float) -> str:
         f"{fmt('nvml.gpu0.power_watts.mean')} W {fmt('nvml.gpu0.sm_clock_hz.mean', 1e-6)} MHz | "
         f"findings {len(sidecar.loop.state.findings)}"
     )
+    if gen.stats.classes:  # a priority mix: what each class met, client-side
+        line += " | ttft p99 " + ", ".join(
+            f"{name} {_ms(stats.ttft_quantile(0.99))} (shed {stats.shed})"
+            for name, stats in gen.stats.classes.items()
+        )
     if sidecar.knobs.gate is not None:  # --mode advise|act: what servepilot decided, newest last
         actions = sidecar.knobs.audit.recent(1)
         last = f"{actions[0]['knob']} {actions[0]['from']} -> {actions[0]['to']}" if actions else "none yet"
@@ -117,7 +126,12 @@ def _status_line(sidecar: Sidecar, gen: LoadGenerator, elapsed: float) -> str:
     return line
 
 
-async def _main(args: argparse.Namespace, faults: dict[str, float], cfg_data: dict[str, Any]) -> int:
+async def _main(
+    args: argparse.Namespace,
+    faults: dict[str, float],
+    cfg_data: dict[str, Any],
+    priority_mix: dict[str, float] | None,
+) -> int:
     cfg = config.build(cfg_data)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -139,6 +153,7 @@ async def _main(args: argparse.Namespace, faults: dict[str, float], cfg_data: di
         model=sim.model_name,
         speed=args.speed,
         rate_scale=args.rate_scale,
+        priority_mix=priority_mix,
         **limits,
     )
     started = time.monotonic()
@@ -216,11 +231,16 @@ async def _wait(stop: asyncio.Event, timeout: float) -> None:
         await asyncio.wait_for(stop.wait(), timeout=max(0.0, timeout))
 
 
-def run_demo(args: argparse.Namespace, faults: dict[str, float], cfg_data: dict[str, Any]) -> int:
+def run_demo(
+    args: argparse.Namespace,
+    faults: dict[str, float],
+    cfg_data: dict[str, Any],
+    priority_mix: dict[str, float] | None = None,
+) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         run_loop = eventloop.runner(cfg_data.get("agent", {}).get("event_loop", "auto"))
-        return run_loop(_main(args, faults, cfg_data))
+        return run_loop(_main(args, faults, cfg_data, priority_mix))
     except OSError as error:
         print(f"servepilot demo: cannot start: {error}", file=sys.stderr)
         return 1

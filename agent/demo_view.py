@@ -112,6 +112,11 @@ def render(
         f"{_fmt(load.ttft_quantile(0.5), ' s', digits=3)} / {_fmt(load.ttft_quantile(0.99), ' s', digits=3)}",
     )
     load_t.add_row("tokens streamed", str(load.tokens))
+    for name, stats in load.classes.items():  # a priority mix (the gate on): each class apart
+        load_t.add_row(
+            f"  {name}: TTFT p99 / shed",
+            f"{_fmt(stats.ttft_quantile(0.99), ' s', digits=3)} / {stats.shed} of {stats.sent}",
+        )
 
     eng = Table(title="engine (/metrics)", show_header=False, box=None)
     eng.add_row(

@@ -86,7 +86,9 @@ class LoadGenerator:
         if priority_mix:
             shares = np.array([float(priority_mix[c]) for c in self._classes])
             if not np.all(np.isfinite(shares)) or np.any(shares < 0) or shares.sum() <= 0:
-                raise ValueError(f"priority_mix must give shares >= 0 with a total above 0, got {priority_mix}")
+                raise ValueError(
+                    f"priority_mix must give shares >= 0 with a total above 0, got {priority_mix}"
+                )
             self._shares = shares / shares.sum()
             self.stats.classes = {c: LoadStats() for c in self._classes}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -162,7 +164,8 @@ class LoadGenerator:
         started = time.monotonic()
         first = True
         try:
-            async with session.post(f"{self.base_url}/v1/completions", json=body, headers=headers) as response:
+            url = f"{self.base_url}/v1/completions"
+            async with session.post(url, json=body, headers=headers) as response:
                 if response.status != 200:
                     shed = response.status in SHED_STATUSES and "Retry-After" in response.headers
                     for c in counts:

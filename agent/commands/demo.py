@@ -75,9 +75,43 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "64); start low, e.g. 4, to watch act mode raise it",
     )
     parser.add_argument(
+        "--priority-mix",
+        default=None,
+        metavar="CLASS=SHARE,...",
+        help="with --mode advise|act, the share of requests sent in each priority class, e.g. "
+        f"high=0.1,low=0.5 (default {DEFAULT_PRIORITY_MIX}); the view shows each class's TTFT and "
+        "what the gate shed of it",
+    )
+    parser.add_argument(
         "--no-view", action="store_true", help="print a status line every 5 s instead of the live view"
     )
     parser.set_defaults(func=run)
+
+
+DEFAULT_PRIORITY_MIX = "high=0.1,normal=0.7,low=0.2"
+"""The load's priority classes when the gate is on: a tenth of the traffic urgent, a fifth batch."""
+PRIORITY_CLASSES = ("high", "normal", "low")
+
+
+def parse_priority_mix(text: str) -> dict[str, float]:
+    """``high=0.1,low=0.5`` -> {"high": 0.1, "low": 0.5}; ValueError in one line naming what is wrong."""
+    mix: dict[str, float] = {}
+    for item in text.split(","):
+        name, sep, raw = item.strip().partition("=")
+        if not sep or name not in PRIORITY_CLASSES:
+            raise ValueError(
+                f"--priority-mix must look like high=0.1,normal=0.7,low=0.2, got {item.strip()!r}"
+            )
+        try:
+            share = float(raw)
+        except ValueError:
+            raise ValueError(f"--priority-mix share of {name} must be a number, got {raw!r}") from None
+        if not share >= 0 or share == float("inf"):
+            raise ValueError(f"--priority-mix share of {name} must be >= 0, got {raw}")
+        mix[name] = share
+    if sum(mix.values()) <= 0:
+        raise ValueError(f"--priority-mix needs a share above 0, got {text!r}")
+    return mix
 
 
 def demo_config(port: int, engine_port: int) -> dict[str, Any]:
@@ -172,4 +206,12 @@ def run(args: argparse.Namespace) -> int:
         )
     elif args.initial_batch is not None:
         raise UsageError("--initial-batch sets the gate's batch: it needs --mode advise or act")
-    return run_demo(args, faults, cfg)
+    elif args.priority_mix is not None:
+        raise UsageError("--priority-mix sets classes the gate acts on: it needs --mode advise or act")
+    mix = None
+    if args.mode != "observe":
+        try:
+            mix = parse_priority_mix(args.priority_mix or DEFAULT_PRIORITY_MIX)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    return run_demo(args, faults, cfg, mix)

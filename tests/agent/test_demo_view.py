@@ -12,11 +12,11 @@ from agent.state import AgentState
 from detectors.snapshot import Reading, Snapshot, SourceStatus
 
 
-def _text(control: Control | None) -> str:
+def _text(control: Control | None, load: LoadStats | None = None) -> str:
     values = {"gate.limit": 21.0, "gate.reserved": 4.0, "gate.in_flight": 17.0, "gate.queue_depth": 3.0}
     snapshot = Snapshot.from_readings(100.0, {"gate": Reading("gate", 100.0, SourceStatus.OK, values)})
     console = Console(width=200, record=True, file=io.StringIO())
-    console.print(render(AgentState(snapshot=snapshot), LoadStats(), 12.0, "http://x:9400", control))
+    console.print(render(AgentState(snapshot=snapshot), load or LoadStats(), 12.0, "http://x:9400", control))
     return console.export_text()
 
 
@@ -37,3 +37,11 @@ def test_act_mode_shows_the_gate_and_the_latest_decisions() -> None:
 
 def test_no_decision_yet_is_said_not_left_blank() -> None:
     assert "no decision yet" in _text(Control("advise"))
+
+
+def test_a_priority_mix_shows_each_classes_ttft_and_what_was_shed_of_it() -> None:
+    load = LoadStats(classes={"high": LoadStats(sent=10), "low": LoadStats(sent=40, shed=6)})
+    load.classes["high"].ttft_s.extend([0.08, 0.08])
+    text = _text(Control("act"), load)
+    assert "high: TTFT p99 / shed" in text and "0.080 s / 0 of 10" in text
+    assert "low: TTFT p99 / shed" in text and "— / 6 of 40" in text

@@ -6,7 +6,7 @@ import pytest
 
 from agent import config
 from agent.cli import main
-from agent.commands.demo import demo_config, with_gate
+from agent.commands.demo import DEFAULT_PRIORITY_MIX, demo_config, parse_priority_mix, with_gate
 
 
 @pytest.mark.parametrize(
@@ -16,6 +16,26 @@ from agent.commands.demo import demo_config, with_gate
         (["--mode", "act", "--initial-batch", "0"], "--initial-batch must be positive, got 0"),
         (["--rate-scale", "0"], "--rate-scale must be positive, got 0"),
         (["--fault", "leak"], "--fault must look like NAME=NUMBER, got 'leak'"),
+        (
+            ["--priority-mix", "high=1"],
+            "--priority-mix sets classes the gate acts on: it needs --mode advise or act",
+        ),
+        (
+            ["--mode", "act", "--priority-mix", "urgent=1"],
+            "--priority-mix must look like high=0.1,normal=0.7,low=0.2, got 'urgent=1'",
+        ),
+        (
+            ["--mode", "act", "--priority-mix", "high=x"],
+            "--priority-mix share of high must be a number, got 'x'",
+        ),
+        (
+            ["--mode", "act", "--priority-mix", "high=nan"],
+            "--priority-mix share of high must be >= 0, got nan",
+        ),
+        (
+            ["--mode", "act", "--priority-mix", "high=0,low=0"],
+            "--priority-mix needs a share above 0, got 'high=0,low=0'",
+        ),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(
@@ -97,3 +117,22 @@ def test_the_status_line_falls_back_to_the_clients_ttft_where_the_engine_reports
     assert "ttft p99 500 ms (client) |" in _status_line(sidecar, gen, 5.0)  # type: ignore[arg-type]
     values["engine.ttft_seconds.p99"] = 0.25
     assert "ttft p99 250 ms |" in _status_line(sidecar, gen, 5.0)  # type: ignore[arg-type]
+
+
+def test_the_default_priority_mix_parses_to_shares_of_all_three_classes() -> None:
+    assert parse_priority_mix(DEFAULT_PRIORITY_MIX) == {"high": 0.1, "normal": 0.7, "low": 0.2}
+    assert parse_priority_mix(" high=1 , low=3") == {"high": 1.0, "low": 3.0}
+
+
+def test_with_a_priority_mix_the_status_line_shows_each_classes_ttft_and_shed() -> None:
+    from types import SimpleNamespace
+
+    from agent.demo_runner import _status_line
+    from agent.loadgen import LoadStats
+
+    state = SimpleNamespace(snapshot=SimpleNamespace(get={}.get), findings=())
+    sidecar = SimpleNamespace(loop=SimpleNamespace(state=state), knobs=SimpleNamespace(gate=None, audit=None))
+    stats = LoadStats(classes={"high": LoadStats(), "low": LoadStats(shed=7)})
+    stats.classes["high"].ttft_s.extend([0.05, 0.05])
+    line = _status_line(sidecar, SimpleNamespace(stats=stats), 5.0)  # type: ignore[arg-type]
+    assert line.endswith("| ttft p99 high 50 ms (shed 0), low - ms (shed 7)")

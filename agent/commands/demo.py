@@ -132,7 +132,12 @@ def demo_config(port: int, engine_port: int) -> dict[str, Any]:
 
 
 def with_gate(
-    cfg: dict[str, Any], mode: str, gate_port: int, initial_batch: int | None, engine_control: bool = False
+    cfg: dict[str, Any],
+    mode: str,
+    gate_port: int,
+    initial_batch: int | None,
+    engine_control: bool = False,
+    engine_priority: str | None = None,
 ) -> dict[str, Any]:
     """``cfg`` with the admission gate in front of the engine and the auto policy in ``mode``.
 
@@ -142,6 +147,8 @@ def with_gate(
     the working directory. With ``engine_control`` (the simulator) the engine's control API is used too:
     the token budget controller joins, and the energy policy drives the simulated GPU's clock through it
     (``sm_clock_mhz``), so the demo shows the clock stepping down while latency has room.
+    ``engine_priority`` (a ``gate.engine_priority`` preset) passes the load's classes to an engine
+    started with priority scheduling.
     """
     engine = cfg["engine"]["url"]
     gate: dict[str, Any] = {
@@ -152,6 +159,8 @@ def with_gate(
         "split": {"primary": 1.0},
         "default_requests_per_min": 60_000.0,
     }
+    if engine_priority is not None:
+        gate["engine_priority"] = {"primary": engine_priority}
     policies: dict[str, Any] = {"set": "auto"}
     if initial_batch is not None:  # the gate starts there and the policy knows it
         gate["max_in_flight"] = initial_batch
@@ -201,8 +210,15 @@ def run(args: argparse.Namespace) -> int:
 
         cfg = real_engine_config(args.engine, args.port, args.engine_port)
     if args.mode != "observe":
+        from agent.engines.demo import ENGINE_PRIORITY
+
         cfg = with_gate(
-            cfg, args.mode, args.gate_port, args.initial_batch, engine_control=args.engine == "sim"
+            cfg,
+            args.mode,
+            args.gate_port,
+            args.initial_batch,
+            engine_control=args.engine == "sim",
+            engine_priority=ENGINE_PRIORITY.get(args.engine),
         )
     elif args.initial_batch is not None:
         raise UsageError("--initial-batch sets the gate's batch: it needs --mode advise or act")

@@ -11,12 +11,21 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from agent.engines.launcher import ENGINES, SERVED_MODEL, EngineError, RunningEngine, start
+from agent.engines.launcher import ENGINES, SERVED_MODEL, EngineError, LaunchOptions, RunningEngine, start
 
 #: Longest prompt and output the demo's trace sends: the tiny models have 2048 tokens per slot.
 MAX_PROMPT_TOKENS = 1536
 MAX_OUTPUT_TOKENS = 256
 READY_TIMEOUT_S = {"llamacpp": 120.0, "vllm": 900.0}
+#: The engines that rank their own queue by a request's priority, and the gate's preset for each: the
+#: demo starts them so (vLLM with ``--scheduling-policy priority``), so the load's classes reach them.
+ENGINE_PRIORITY = {"vllm": "vllm"}
+
+
+def launch_options(name: str) -> LaunchOptions:
+    """How the demo starts engine ``name``: the launcher's defaults, with priority scheduling on where
+    the engine has it (:data:`ENGINE_PRIORITY`)."""
+    return LaunchOptions(scheduling_policy="priority") if name in ENGINE_PRIORITY else LaunchOptions()
 
 
 class RealEngine:
@@ -36,7 +45,7 @@ class RealEngine:
             raise EngineError("real engines have no API key and open CORS: they bind to 127.0.0.1 only")
 
         def launch() -> RunningEngine:
-            engine = start(self.name, port=port)
+            engine = start(self.name, port=port, opts=launch_options(self.name))
             engine.wait_ready(READY_TIMEOUT_S[self.name])
             return engine
 

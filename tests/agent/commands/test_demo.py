@@ -136,3 +136,15 @@ def test_with_a_priority_mix_the_status_line_shows_each_classes_ttft_and_shed() 
     stats.classes["high"].ttft_s.extend([0.05, 0.05])
     line = _status_line(sidecar, SimpleNamespace(stats=stats), 5.0)  # type: ignore[arg-type]
     assert line.endswith("| ttft p99 high 50 ms (shed 0), low - ms (shed 7)")
+
+
+def test_the_vllm_demo_runs_vllm_with_priority_scheduling_and_the_gate_passes_the_classes() -> None:
+    from agent.engines.demo import ENGINE_PRIORITY, launch_options
+
+    assert launch_options("vllm").scheduling_policy == "priority"
+    assert launch_options("llamacpp").scheduling_policy == "fcfs"  # llama.cpp has no priority field
+    cfg = config.build(
+        with_gate(demo_config(9400, 8000), "act", 8080, None, engine_priority=ENGINE_PRIORITY["vllm"])
+    )
+    assert cfg.gate.priority_value("primary", "high") == -1
+    assert config.build(with_gate(demo_config(9400, 8000), "act", 8080, None)).gate.engine_priority == {}

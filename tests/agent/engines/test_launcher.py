@@ -60,6 +60,13 @@ def test_vllm_runs_the_api_server_module_offline_in_dev_mode() -> None:
     assert "VLLM_SERVER_DEV_MODE" not in plain
 
 
+def test_vllm_runs_its_default_scheduling_unless_priority_is_asked_for() -> None:
+    default, _ = command(ENGINES["vllm"], Path("/m"), 8124, LaunchOptions())
+    assert "--scheduling-policy" not in default  # vLLM's own default, fcfs, as users run it
+    ranked, _ = command(ENGINES["vllm"], Path("/m"), 8124, LaunchOptions(scheduling_policy="priority"))
+    assert ranked[ranked.index("--scheduling-policy") + 1] == "priority"
+
+
 def test_a_free_port_is_outside_the_ephemeral_range_and_skips_one_in_use() -> None:
     """Port 0's ports are the ones outgoing connections take too; one taken between the pick and the
     server's bind failed a CI run with "address already in use"."""

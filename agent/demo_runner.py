@@ -89,10 +89,8 @@ def _ttft_p99(get: Callable[[str], float | None], gen: LoadGenerator) -> str:
     """The engine's TTFT p99; where the engine reports none (llama.cpp has no TTFT histogram), the load
     generator's own over its last 512 answers, marked as the client's: it includes the gate's queue."""
     engine = get("engine.ttft_seconds.p99")
-    if engine is not None:
-        return f"{engine * 1000:.0f} ms"
-    client = gen.stats.ttft_quantile(0.99)
-    return "- ms" if client is None else f"{_ms(client)} (client)"
+    client = gen.stats.ttft_quantile(0.99) if engine is None else None
+    return _ms(engine) if client is None else f"{_ms(client)} (client)"
 
 
 def _status_line(sidecar: Sidecar, gen: LoadGenerator, elapsed: float) -> str:

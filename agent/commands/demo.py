@@ -209,9 +209,14 @@ def run(args: argparse.Namespace) -> int:
         from agent.engines.demo import demo_config as real_engine_config
 
         cfg = real_engine_config(args.engine, args.port, args.engine_port)
+    mix = None
     if args.mode != "observe":
         from agent.engines.demo import ENGINE_PRIORITY
 
+        try:
+            mix = parse_priority_mix(args.priority_mix or DEFAULT_PRIORITY_MIX)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
         cfg = with_gate(
             cfg,
             args.mode,
@@ -224,10 +229,4 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--initial-batch sets the gate's batch: it needs --mode advise or act")
     elif args.priority_mix is not None:
         raise UsageError("--priority-mix sets classes the gate acts on: it needs --mode advise or act")
-    mix = None
-    if args.mode != "observe":
-        try:
-            mix = parse_priority_mix(args.priority_mix or DEFAULT_PRIORITY_MIX)
-        except ValueError as error:
-            raise UsageError(str(error)) from None
     return run_demo(args, faults, cfg, mix)

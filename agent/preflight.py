@@ -65,7 +65,12 @@ def _target(collector: object) -> str:
 
 
 async def check_sources(cfg: Config) -> list[CheckResult]:
-    """Collect once from every source the config enables (engine, llama.cpp slots, NVML, probe).
+    """Collect once from every source the config enables (engine, llama.cpp slots, NVML, probe)."""
+    return [result for result, _ in await _collect_sources(cfg)]
+
+
+async def _collect_sources(cfg: Config) -> list[tuple[CheckResult, Reading]]:
+    """Each source's row and the reading it was made from (what it found, e.g. which engine).
 
     NVML is sampled in the background like in the sidecar, so it is read after three sample periods, to
     have samples to aggregate."""
@@ -79,15 +84,14 @@ async def check_sources(cfg: Config) -> list[CheckResult]:
         for collector in collectors:
             started = time.perf_counter()
             reading = await collector.collect(time.time())
-            results.append(
-                CheckResult(
-                    collector.name,
-                    reading.status.value,
-                    _reading_detail(reading),
-                    time.perf_counter() - started,
-                    _target(collector),
-                )
+            row = CheckResult(
+                collector.name,
+                reading.status.value,
+                _reading_detail(reading),
+                time.perf_counter() - started,
+                _target(collector),
             )
+            results.append((row, reading))
         return results
     finally:
         for collector in collectors:
@@ -220,7 +224,8 @@ async def _check_routes(session: aiohttp.ClientSession, cfg: Config, name: str, 
 
 async def run_checks(cfg: Config) -> list[CheckResult]:
     """Every check the config calls for, in a fixed order: sources, control, GPU actuator, upstreams."""
-    results = await check_sources(cfg)
+    sources = await _collect_sources(cfg)
+    results = [result for result, _ in sources]
     if cfg.control.enabled:
         results.append(await check_control(cfg))
     if cfg.actuators.gpu != "off":
@@ -228,16 +233,11 @@ async def run_checks(cfg: Config) -> list[CheckResult]:
     if cfg.gate.enabled:
         results.extend(await check_upstreams(cfg))
         results.append(check_engine_upstream(cfg))
-        detected = next((r.detail for r in results if r.name == "engine" and r.status == "ok"), "")
-        kind = cfg.engine.kind if cfg.engine.kind != "auto" else _engine_kind(detected)
+        # the engine its metrics were recognised as, where the config leaves it to them (auto)
+        found = next((r.info.get("engine") for _, r in sources if r.source == "engine"), None)
+        kind = cfg.engine.kind if cfg.engine.kind != "auto" else found
         results.extend(check_engine_priority(cfg, kind))
     return results
-
-
-def _engine_kind(detail: str) -> str | None:
-    """The engine the metrics check recognised (its detail starts ``engine <kind>``), or None."""
-    first = detail.split(",", 1)[0].split()
-    return first[1] if len(first) == 2 and first[0] == "engine" else None
 
 
 def check_engine_priority(cfg: Config, kind: str | None) -> list[CheckResult]:

@@ -220,7 +220,7 @@ async def test_an_upstreams_routes_the_gate_would_pass_through_unlimited_are_nam
 def test_an_engine_priority_order_the_wrong_way_round_for_the_engine_fails() -> None:
     """The SGLang preset on vLLM would send high-priority requests to the back of vLLM's queue: an error.
     The order is judged for this pod's engine (``engine.kind``, or what the metrics check recognised)."""
-    from agent.preflight import _engine_kind, check_engine_priority
+    from agent.preflight import check_engine_priority
 
     def rows(kind: str | None, **orders: object) -> dict[str, CheckResult]:
         cfg = config.build(
@@ -249,8 +249,6 @@ def test_an_engine_priority_order_the_wrong_way_round_for_the_engine_fails() -> 
     assert (llama.status, llama.failed) == ("no_data", False) and "has no effect" in llama.detail
     odd = rows(None, primary={"high": 1, "normal": 5, "low": 0})["priority primary"]
     assert odd.failed and "normal must lie between high and low" in odd.detail
-    assert _engine_kind("engine sglang, model m, 40 signals") == "sglang"
-    assert _engine_kind("connection refused") is None
 
 
 async def test_the_engine_recognised_by_its_metrics_judges_the_priority_order(sim_url: str) -> None:
@@ -270,3 +268,20 @@ async def test_the_engine_recognised_by_its_metrics_judges_the_priority_order(si
     results = {r.name: r for r in await run_checks(cfg)}
     assert "engine vllm" in results["engine"].detail
     assert results["priority primary"].failed, results["priority primary"]
+    # an engine that cannot be read is not recognised: the order is shown, not judged
+    dead = f"http://127.0.0.1:{_closed_port()}"
+    unread = config.build(
+        {
+            "engine": {"url": dead},
+            "nvml": {"backend": "off"},
+            "probe": {"enabled": False},
+            "gate": {
+                "enabled": True,
+                "upstreams": {"primary": dead},
+                "engine_priority": {"primary": "sglang"},
+            },
+        }
+    )
+    results = {r.name: r for r in await run_checks(unread)}
+    assert results["engine"].failed and results["priority primary"].status == "ok"
+    assert "not known here" in results["priority primary"].detail

@@ -324,8 +324,11 @@ async def test_scheduler_detector_flags_cpu_throttling_of_the_engine() -> None:
     """
     # its throughput smoothed over 32 busy ticks: 8 s here, as the default 8 ticks are at the sidecar's 1 s
     # (llama.cpp counts a request's 128 tokens when it ends, so 0.25 s ticks read in steps of 512 tok/s,
-    # and over 8 of them a few late completions on a shared core looked like a 15% shortfall)
-    detector = SchedulerEfficiencyDetector(warmup=30, smooth=32)
+    # and over 8 of them a few late completions on a shared core looked like a 15% shortfall). The bar is
+    # 30%, not the default 15%: even smoothed, the healthy engine read 16% short once in CI (2026-12-04,
+    # "1492 tok/s is 16% below the 1777 tok/s a batch of 2.8 should give"), while the throttling takes
+    # about 75% of its throughput. The 15% bar is tested in tests/detectors/test_scheduler.py.
+    detector = SchedulerEfficiencyDetector(threshold=0.3, warmup=30, smooth=32)
     stop = asyncio.Event()
     quiet: list[str] = []
     found: list[Finding] = []

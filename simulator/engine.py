@@ -27,7 +27,7 @@ from simulator.power import (
     PowerModel,
     ThermalModel,
 )
-from simulator.scheduler import Request, Schedule, Scheduler
+from simulator.scheduler import Policy, Request, Schedule, Scheduler
 from simulator.stats import EngineStats
 from simulator.steptime import StepCost, StepTimeModel
 
@@ -102,6 +102,7 @@ class EngineCore:
         gpu_memory_utilization: float = 0.9,
         block_size: int = BLOCK_SIZE,
         start: float = 0.0,
+        scheduling_policy: Policy = "fcfs",
     ) -> None:
         self.gpu = gpu
         self.model = model
@@ -129,6 +130,7 @@ class EngineCore:
             settings.max_num_seqs,
             settings.max_num_batched_tokens,
             block_size,
+            scheduling_policy,
         )
         self.settings = settings
         self.steptime = StepTimeModel(gpu, model, settings.precision)
@@ -188,8 +190,11 @@ class EngineCore:
         return self.leak_base_bytes + math.floor(grown / f.leak_step_bytes) * f.leak_step_bytes
 
     # -- requests -----------------------------------------------------------------------------------
-    def submit(self, request_id: str, prompt_tokens: int, max_tokens: int, now: float) -> None:
-        """Queue a request; raises ValueError (one line, vLLM's wording) when it can never run."""
+    def submit(
+        self, request_id: str, prompt_tokens: int, max_tokens: int, now: float, priority: int = 0
+    ) -> Request:
+        """Queue a request; raises ValueError (one line, vLLM's wording) when it can never run.
+        ``priority`` (lower first) orders it only under the priority scheduling policy."""
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
         if prompt_tokens < 1 or max_tokens < 1:
@@ -202,9 +207,10 @@ class EngineCore:
                 "completion)."
             )
         self._advance_idle(now)
-        request = Request(request_id, prompt_tokens, max_tokens, now)
+        request = Request(request_id, prompt_tokens, max_tokens, now, priority)
         self._requests[request_id] = request
         self.scheduler.add(request)
+        return request
 
     def abort(self, request_id: str, now: float) -> bool:
         """Drop a request (client went away); counted as ``finished_reason="abort"``."""

@@ -153,6 +153,15 @@ def stream_flag(body: Mapping[str, Any]) -> bool:
     return stream
 
 
+def priority_of(body: Mapping[str, Any]) -> int:
+    """The body's ``priority`` (vLLM's extra field, lower first; 0 when absent). It orders the request
+    only when the engine runs the priority scheduling policy, and is ignored otherwise, as vLLM does."""
+    priority = body.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ApiError(400, f"priority must be an integer, got {priority!r}")
+    return priority
+
+
 def parse(kind: str, body: Any, served_model: str) -> ParsedRequest:
     """Validate a request body; raises ApiError(400) on anything malformed, 404 on a wrong model."""
     if not isinstance(body, Mapping):

@@ -7,14 +7,25 @@ running request is preempted (its blocks freed, its progress discarded, put back
 queue to be recomputed); if the youngest is the request itself, it is preempted. Only when nothing was
 preempted are waiting requests admitted, first come first served, while fewer than ``max_num_seqs`` run,
 budget remains and their first chunk's blocks fit.
+
+With ``policy="priority"`` (vLLM's ``--scheduling-policy priority``) each request carries an integer
+``priority``, lower first: the queue is ordered by (priority, arrival), a preempted request goes back
+into it by that order, and the victim of a preemption is the running request that is last by it (the
+lowest priority, the youngest among equals) rather than the youngest. As in vLLM, a waiting request of
+high priority does not preempt running ones to get in; it is only the next admitted.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal
 
 from simulator.kvcache import BLOCK_SIZE, BlockPool, blocks_for
+
+Policy = Literal["fcfs", "priority"]
+POLICIES: tuple[Policy, ...] = ("fcfs", "priority")
 
 
 class Request:
@@ -31,15 +42,17 @@ class Request:
         "max_tokens",
         "output",
         "preemptions",
+        "priority",
         "prompt",
         "rid",
     )
 
-    def __init__(self, rid: str, prompt: int, max_tokens: int, arrival: float) -> None:
+    def __init__(self, rid: str, prompt: int, max_tokens: int, arrival: float, priority: int = 0) -> None:
         self.rid = rid
         self.prompt = prompt
         self.max_tokens = max_tokens
         self.arrival = arrival
+        self.priority = priority
         self.output = 0
         self.computed = 0
         self.blocks = 0
@@ -51,6 +64,11 @@ class Request:
     @property
     def seq_len(self) -> int:
         return self.prompt + self.output
+
+    @property
+    def rank(self) -> tuple[int, float]:
+        """Its place under the priority policy: lower priority value first, then earlier arrival."""
+        return self.priority, self.arrival
 
     @property
     def decoding(self) -> bool:
@@ -74,24 +92,50 @@ class Scheduler:
     """Queues and the block pool; ``schedule(now)`` decides one step."""
 
     def __init__(
-        self, pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int, block_size: int = BLOCK_SIZE
+        self,
+        pool: BlockPool,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        block_size: int = BLOCK_SIZE,
+        policy: Policy = "fcfs",
     ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"scheduling policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         self.pool = pool
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.block_size = block_size
+        self.policy = policy
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
     def add(self, request: Request) -> None:
-        self.waiting.append(request)
+        if self.policy == "fcfs":
+            self.waiting.append(request)
+        else:
+            self._insert(request)
+
+    def _insert(self, request: Request) -> None:
+        """Into the waiting queue by rank, after the requests of equal rank (the priority policy)."""
+        self.waiting.insert(bisect.bisect_right(self.waiting, request.rank, key=_rank), request)
+
+    def _victim_at(self) -> int:
+        """Where in ``running`` a preemption takes its victim: the youngest (the end), or under the
+        priority policy the last by rank (the lowest priority, the youngest among equals)."""
+        running = self.running
+        if self.policy == "fcfs":
+            return len(running) - 1
+        return max(range(len(running)), key=lambda j: running[j].rank)
 
     def _preempt(self, victim: Request) -> None:
         self.pool.release(victim.blocks)
         victim.blocks = 0
         victim.computed = 0
         victim.preemptions += 1
-        self.waiting.appendleft(victim)
+        if self.policy == "fcfs":
+            self.waiting.appendleft(victim)
+        else:
+            self._insert(victim)
 
     def schedule(self, now: float) -> Schedule:
         """Pick this step's work. Mutates block ownership and the queues, not request progress."""
@@ -117,7 +161,12 @@ class Scheduler:
                 taken = 0
                 self_preempted = False
                 while need > pool.num_blocks - pool.used:
-                    victim = running.pop()
+                    at = self._victim_at()
+                    victim = running.pop(at)
+                    if at < i:  # scheduled earlier in this step (priority policy): its tokens go back
+                        i -= 1
+                        j = next(k for k, (r, _) in enumerate(items) if r is victim)
+                        budget += items.pop(j)[1]
                     self._preempt(victim)
                     out.preempted.append(victim)
                     if victim is req:
@@ -160,7 +209,7 @@ class Scheduler:
         """Preempt the youngest running requests until the pool's used blocks fit its (new) size."""
         preempted: list[Request] = []
         while self.pool.used > self.pool.num_blocks and self.running:
-            victim = self.running.pop()
+            victim = self.running.pop(self._victim_at())
             self._preempt(victim)
             preempted.append(victim)
         return preempted
@@ -175,3 +224,7 @@ class Scheduler:
                     req.blocks = 0
                     return req
         return None
+
+
+def _rank(request: Request) -> tuple[int, float]:
+    return request.rank

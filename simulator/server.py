@@ -219,6 +219,7 @@ class SimServer:
                 parsed = responses_api.parse(body, self.model_name)
             else:
                 parsed = openai_api.parse(kind, body, self.model_name)
+            priority = openai_api.priority_of(body)
         except openai_api.ApiError as error:
             return web.json_response(error.body(), status=error.status)
         rid = RID_PREFIXES.get(kind, "chatcmpl-") + uuid.uuid4().hex[:16]
@@ -229,7 +230,7 @@ class SimServer:
         queues: list[streams.TokenQueue] = [asyncio.Queue() for _ in sequence_ids]
         try:
             for sequence_id, length in zip(sequence_ids, lengths, strict=True):
-                self.core.submit(sequence_id, length, parsed.max_tokens, self.sim_now())
+                self.core.submit(sequence_id, length, parsed.max_tokens, self.sim_now(), priority)
         except ValueError as error:
             for sequence_id in sequence_ids:
                 self.core.abort(sequence_id, self.sim_now())

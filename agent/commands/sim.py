@@ -33,6 +33,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--max-num-seqs", type=int, default=256, help="most sequences running at once")
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget per step")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share of GPU memory used")
+    parser.add_argument(
+        "--scheduling-policy",
+        choices=("fcfs", "priority"),
+        default="fcfs",
+        help="the queue's order, as vLLM's flag: fcfs (default), or priority: by the body's integer "
+        "priority (lower first), which also picks whom a KV shortage preempts",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed for fault draws and GPU UUIDs")
     parser.add_argument(
         "--control-token-file", help="require this bearer token (file contents) on the control API"
@@ -101,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             gpu_memory_utilization=args.gpu_memory_utilization,
+            scheduling_policy=args.scheduling_policy,
         )
         faults = core.faults.updated(
             {
@@ -136,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"servepilot sim: {core.model.served_name} ({args.precision}) on {core.gpu.name} x{core.gpu.tp}, "
-        f"{core.budget.num_blocks} KV blocks, http://{args.host}:{args.port}",
+        f"{core.budget.num_blocks} KV blocks, {args.scheduling_policy} scheduling, http://{args.host}:{args.port}",
         flush=True,
     )
     web.run_app(server.app(), host=args.host, port=args.port, print=None, loop=loop)

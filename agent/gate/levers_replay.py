@@ -47,8 +47,7 @@ def run_core(
             now = max(now, next_time)
             while index < n and arrivals[index, 0] <= now:
                 at, prompt, output = arrivals[index]
-                core.submit(f"r{index}", max(1, int(prompt)), max(1, int(output)), float(at))
-                live.append(core.scheduler.waiting[-1])
+                live.append(core.submit(f"r{index}", max(1, int(prompt)), max(1, int(output)), float(at)))
                 index += 1
             continue
         core.step(now, max_steps=max_steps, until=next_time)
@@ -195,8 +194,8 @@ def replay_cache(
                         continue
                     admitted = cache.admit(keys[index])
                 rid = f"r{index}"
-                core.submit(rid, max(1, int(prompt)), max(1, int(output)), float(at))
-                live[rid] = (index, core.scheduler.waiting[-1], admitted)
+                req = core.submit(rid, max(1, int(prompt)), max(1, int(output)), float(at))
+                live[rid] = (index, req, admitted)
                 index += 1
             continue
         result = core.step(now, max_steps=max_steps, until=next_time)

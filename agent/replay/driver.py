@@ -195,8 +195,7 @@ class Replay:
             return
         w = self.workload
         rid = str(index)
-        self.core.submit(rid, int(w.prompts[index]), int(w.outputs[index]), at)
-        self._live[rid] = (index, self.core.scheduler.waiting[-1])
+        self._live[rid] = (index, self.core.submit(rid, int(w.prompts[index]), int(w.outputs[index]), at))
 
     def _expire(self, now: float) -> None:
         """The gate's queue timeout: a request still waiting for its first schedule ``queue_timeout_s``

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from simulator.kvcache import BlockPool
 from simulator.scheduler import Request, Scheduler
 
@@ -56,3 +58,67 @@ def test_waiting_request_that_does_not_fit_stays_queued() -> None:
     sched.add(Request("big", 100, 5, 0.0))
     plan = sched.schedule(0.0)
     assert plan.items == [] and len(sched.waiting) == 1
+
+
+# --- the priority policy (vLLM's --scheduling-policy priority) ----------------------------------------
+
+
+def _classes(policy: str) -> list[str]:
+    """Four requests arriving low, normal, high, high into a scheduler with room for two: who runs."""
+    sched = Scheduler(BlockPool(1000), 2, 256, policy=policy)  # type: ignore[arg-type]
+    for i, (name, priority) in enumerate([("low", 1), ("normal", 0), ("high-a", -1), ("high-b", -1)]):
+        sched.add(Request(name, 10, 5, float(i), priority))
+    return [r.rid for r, _ in sched.schedule(4.0).items]
+
+
+def test_the_priority_policy_admits_the_lowest_value_first_and_equals_by_arrival() -> None:
+    assert _classes("priority") == ["high-a", "high-b"]
+    assert _classes("fcfs") == ["low", "normal"]  # the field is ignored without the policy
+
+
+def _full_pool(policy: str) -> tuple[Scheduler, list[Request]]:
+    """Three running requests on a full pool: ``low`` (oldest, first in line) and ``tail`` need no new
+    block this step, ``high`` does, so something must be preempted."""
+    sched = Scheduler(BlockPool(3), 8, 100, policy=policy)  # type: ignore[arg-type]
+    low, high, tail = (
+        Request("low", 10, 5, 0.0, 1),
+        Request("high", 16, 5, 1.0, -1),
+        Request("tail", 5, 5, 2.0),
+    )
+    low.computed, low.output = 10, 1  # token 11 of 16 in its block
+    high.computed, high.output = 16, 1  # token 17: a second block
+    tail.computed, tail.output = 5, 1
+    for req in (low, high, tail):
+        req.blocks = 1
+        sched.running.append(req)
+    sched.pool.allocate(3)
+    return sched, [low, high, tail]
+
+
+def test_the_priority_policy_preempts_the_lowest_priority_even_when_already_scheduled_this_step() -> None:
+    sched, (low, high, tail) = _full_pool("priority")
+    plan = sched.schedule(3.0)
+    assert plan.preempted == [low]
+    assert plan.items == [(high, 1), (tail, 1)] and plan.num_tokens == 2  # low's token went back
+    assert sched.running == [high, tail] and list(sched.waiting) == [low]
+    assert low.computed == 0 and low.blocks == 0 and sched.pool.used == 3
+
+
+def test_fcfs_preempts_the_youngest_in_the_same_place() -> None:
+    sched, (low, high, tail) = _full_pool("fcfs")
+    plan = sched.schedule(3.0)
+    assert plan.preempted == [tail]
+    assert plan.items == [(low, 1), (high, 1)]
+
+
+def test_a_preempted_request_goes_back_by_its_rank() -> None:
+    sched, _ = _full_pool("priority")
+    sched.add(Request("waiting-high", 10, 5, 2.5, -1))
+    sched.add(Request("waiting-low", 10, 5, 2.6, 1))
+    sched.schedule(3.0)  # low (arrival 0) is preempted: ahead of the later low, behind the high
+    assert [r.rid for r in sched.waiting] == ["waiting-high", "low", "waiting-low"]
+
+
+def test_an_unknown_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="scheduling policy must be one of fcfs, priority, got 'lifo'"):
+        Scheduler(BlockPool(10), 2, 100, policy="lifo")  # type: ignore[arg-type]

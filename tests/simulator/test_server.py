@@ -249,3 +249,35 @@ async def test_streams_carry_no_stamps_unless_asked(sim: Any) -> None:
     response = await sim.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "stream": True})
     assert RECEIVED_HEADER not in response.headers
     assert b"sent_ns" not in await response.read()
+
+
+async def test_the_priority_policy_serves_a_requests_priority_field_lower_first(
+    aiohttp_client: Any, clock: Any
+) -> None:
+    """vLLM's ``--scheduling-policy priority``: the body's ``priority`` orders the queue. One sequence at
+    a time; ``low`` is queued before ``high`` while the engine holds everything, and ``high`` is served
+    first once it runs."""
+    from simulator.engine import make_core
+
+    core = make_core("a100-80g", "llama-2-7b", "fp16", 1, scheduling_policy="priority")
+    client = await aiohttp_client(SimServer(core, clock=clock, sleep=clock.sleep, seed=1).app())
+    await client.post("/sim/faults", json={"stalled": True})
+    posts = {}
+    for name, priority in (("low", 1), ("high", -1)):
+        body = {"prompt": [1] * 8, "max_tokens": 4, "priority": priority}
+        posts[name] = asyncio.ensure_future(client.post("/v1/completions", json=body))
+        while core.num_waiting < len(posts):
+            await asyncio.sleep(0)
+    assert [r.priority for r in core.scheduler.waiting] == [-1, 1]
+    await client.post("/sim/faults", json={"stalled": False})
+    done, _ = await asyncio.wait(posts.values(), return_when=asyncio.FIRST_COMPLETED)
+    assert done == {posts["high"]}
+    assert [(await post).status for post in posts.values()] == [200, 200]
+
+
+async def test_a_priority_that_is_not_an_integer_is_a_400(sim: Any) -> None:
+    response = await sim.post(
+        "/v1/completions", json={"prompt": [1] * 8, "max_tokens": 4, "priority": "high"}
+    )
+    assert response.status == 400
+    assert (await response.json())["error"]["message"] == "priority must be an integer, got 'high'"

@@ -47,6 +47,13 @@ def test_flags_are_parsed() -> None:
     assert args.fault_error_rate == 0.1
 
 
+def test_the_scheduling_policy_is_vllms_flag_with_its_default() -> None:
+    assert _parse().scheduling_policy == "fcfs"
+    assert _parse("--scheduling-policy", "priority").scheduling_policy == "priority"
+    with pytest.raises(SystemExit):
+        _parse("--scheduling-policy", "lifo")
+
+
 def test_registering_imports_neither_the_simulator_nor_aiohttp() -> None:
     code = (
         "import argparse, sys; from agent.commands import sim; "

@@ -48,7 +48,8 @@ class _Simulator:
         from simulator.server import SimServer
 
         try:
-            core = make_core(args.gpu, args.model)
+            # vLLM's priority policy: the gate passes each request's class (demo.ENGINE_PRIORITY)
+            core = make_core(args.gpu, args.model, scheduling_policy="priority")
             core.set_faults(core.faults.updated(faults), core.time)
         except (ValueError, KeyError, FaultError) as error:
             raise UsageError(str(error).strip("'\"")) from None

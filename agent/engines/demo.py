@@ -18,8 +18,9 @@ MAX_PROMPT_TOKENS = 1536
 MAX_OUTPUT_TOKENS = 256
 READY_TIMEOUT_S = {"llamacpp": 120.0, "vllm": 900.0}
 #: The engines that rank their own queue by a request's priority, and the gate's preset for each: the
-#: demo starts them so (vLLM with ``--scheduling-policy priority``), so the load's classes reach them.
-ENGINE_PRIORITY = {"vllm": "vllm"}
+#: demo starts them so (vLLM with ``--scheduling-policy priority``, the simulator with its copy of that
+#: policy), so the load's classes reach them.
+ENGINE_PRIORITY = {"vllm": "vllm", "sim": "vllm"}
 
 
 def launch_options(name: str) -> LaunchOptions:

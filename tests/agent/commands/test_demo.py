@@ -148,3 +148,17 @@ def test_the_vllm_demo_runs_vllm_with_priority_scheduling_and_the_gate_passes_th
     )
     assert cfg.gate.priority_value("primary", "high") == -1
     assert config.build(with_gate(demo_config(9400, 8000), "act", 8080, None)).gate.engine_priority == {}
+
+
+def test_the_simulator_demo_ranks_its_engines_queue_by_the_classes_the_gate_passes() -> None:
+    from types import SimpleNamespace
+
+    from agent.demo_runner import _Simulator
+    from agent.engines.demo import ENGINE_PRIORITY
+
+    simulator = _Simulator(SimpleNamespace(gpu="a100-80g", model="llama-3-8b"), {})  # type: ignore[arg-type]
+    assert simulator.server.core.scheduler.policy == "priority"
+    cfg = config.build(
+        with_gate(demo_config(9400, 8000), "act", 8080, None, engine_priority=ENGINE_PRIORITY["sim"])
+    )
+    assert [cfg.gate.priority_value("primary", c) for c in ("high", "normal", "low")] == [-1, 0, 1]

@@ -213,6 +213,22 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
             "through it paused as long, and its hang detection waits until it wakes.",
         ),
         _alert(
+            "ServepilotGateShedsHighPriority",
+            f'sum by ({BY}) (rate(servepilot_gate_requests_total{{priority="high", outcome="expired"}}'
+            f"[{p.w('30m')}]))\n"
+            f'  / sum by ({BY}) (rate(servepilot_gate_requests_total{{priority="high"}}[{p.w("30m")}]))\n'
+            "  > 0.01",
+            p.for_(300),
+            "warning",
+            "the gate in {{ $labels.pod }} turned away {{ $value | humanizePercentage }} of its "
+            "high-priority requests",
+            "Over the last 30 minutes more than 1% of the requests sent as priority high waited the gate's "
+            "max_queue_wait_s without a slot and were answered 503, though they go first and a share of the "
+            "in-flight limit (gate.high_reserved_ratio) is theirs alone: the high class alone asks for more "
+            "than this pod serves, or than its business line's share of the gate. The lower classes wait "
+            "behind it, so they are turned away too.",
+        ),
+        _alert(
             "ServepilotTTFTBudgetBurnFast",
             f"namespace_pod:engine_ttft_slo_miss:ratio_rate1h > {fast:g}\n"
             f"and namespace_pod:engine_ttft_slo_miss:ratio_rate5m > {fast:g}",

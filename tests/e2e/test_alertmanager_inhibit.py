@@ -28,6 +28,7 @@ MUTED = {
     ("ServepilotTTFTBudgetBurnFast", "llm-0", ""),
     ("ServepilotTTFTBudgetBurnSlow", "llm-0", ""),
     ("ServepilotBreakerDegraded", "llm-0", ""),
+    ("ServepilotGateShedsHighPriority", "llm-0", ""),  # nothing is served while it hangs
     ("ServepilotGateUpstreamOut", "llm-0", "vllm"),
     ("ServepilotGateUpstreamFailing", "llm-2", "vllm"),  # its engine is down: the 503s follow
     ("ServepilotTTFTBudgetBurnSlow", "llm-1", ""),  # its own fast burn pages instead
@@ -35,7 +36,7 @@ MUTED = {
 }
 """What the rules must mute: everything else posted stays visible (the stall and down alerts, the fp8
 and role-less upstreams, the memory leak, llm-1's fast burn and its engine's 503s, llm-3's breaker, which
-a failing fp8 upstream does not explain)."""
+a failing fp8 upstream does not explain, and llm-1's shed high-priority requests, its engine being up)."""
 
 
 def _alert(name: str, pod: str, **labels: str) -> dict[str, Any]:
@@ -74,6 +75,7 @@ async def test_a_hung_engine_pages_once_and_the_rest_of_its_pod_is_muted(tmp_pat
         _alert("ServepilotTTFTBudgetBurnFast", "llm-0", severity="critical"),
         _alert("ServepilotTTFTBudgetBurnSlow", "llm-0"),
         _alert("ServepilotBreakerDegraded", "llm-0"),
+        _alert("ServepilotGateShedsHighPriority", "llm-0"),
         _alert("ServepilotGateUpstreamOut", "llm-0", upstream="vllm", role="engine"),
         _alert("ServepilotGateUpstreamOut", "llm-0", upstream="fp8", role="other"),
         _alert("ServepilotGateUpstreamOut", "llm-0", upstream="primary"),
@@ -84,6 +86,7 @@ async def test_a_hung_engine_pages_once_and_the_rest_of_its_pod_is_muted(tmp_pat
         _alert("ServepilotTTFTBudgetBurnSlow", "llm-1"),
         _alert("ServepilotGateUpstreamFailing", "llm-1", upstream="vllm", role="engine"),  # engine up
         _alert("ServepilotBreakerDegraded", "llm-1"),
+        _alert("ServepilotGateShedsHighPriority", "llm-1"),
         _alert("ServepilotEngineDown", "llm-2", severity="critical"),
         _alert("ServepilotGateUpstreamFailing", "llm-2", upstream="vllm", role="engine"),
         _alert("ServepilotGateUpstreamFailing", "llm-2", upstream="fp8", role="other"),

@@ -193,8 +193,8 @@ def overview() -> dashboard.Dashboard:
                     "(rate(servepilot_gate_queue_wait_seconds_bucket{@POD}[$__rate_interval])))",
                     "{{priority}}",
                 ),
-                desc="Admission wait of the requests the gate let through, by the class they were admitted "
-                "in (a request waiting over gate.aging_s is promoted one class).",
+                desc="Admission wait of the requests the gate let through, by the class they arrived in (a "
+                "request waiting over gate.aging_s is promoted one class and still counted in its own).",
                 w=8,
             )
         )
@@ -242,7 +242,7 @@ def overview() -> dashboard.Dashboard:
                 "that will miss the SLO whatever comes next; its ejections as hung; the requests it "
                 "hung on before any byte, sent to another upstream instead; and its 502/503/504 answers "
                 "the gate dropped and asked of the next upstream (docs/gate.md).",
-                w=16,
+                w=8,
             )
         )
         .with_panel(
@@ -258,6 +258,22 @@ def overview() -> dashboard.Dashboard:
                 "and time per output token for a stream, and for an answer in one piece whether it came "
                 "by ttft_slo_s + itl_slo_s x (tokens - 1). The verdict the breaker's burn rate and the "
                 "canary use (docs/gate.md).",
+                w=8,
+            )
+        )
+        .with_panel(
+            ts(
+                "Turned away by priority",
+                "reqps",
+                q(
+                    "sum by (priority, outcome) (rate(servepilot_gate_requests_total"
+                    '{@POD, outcome=~"rejected|expired"}[$__rate_interval]))',
+                    "{{priority}} {{outcome}}",
+                ),
+                desc="Requests the gate refused, by the class they arrived in: rejected (429: over the "
+                "line's rate, a full queue, or shed from it for a higher class) and expired (503: no slot "
+                "within the queue deadline). Low goes first; high turned away means the high class alone "
+                "asks for more than the pod serves (ServepilotGateShedsHighPriority, docs/alerts.md).",
                 w=8,
             )
         )

@@ -130,8 +130,12 @@ def _agent_config(
         "split": {"primary": 1.0},
         "max_in_flight": 4,  # far below the offered load: the auto policy raises it (actions)
         "default_requests_per_min": 1e6,
-        # a line with a share (no traffic of its own): its waiting gauge is a dashboard query with data
-        "lines": {"batch": {"max_in_flight_share": 0.5}},
+        # a line with a share (no traffic of its own): its waiting gauge is a dashboard query with data;
+        # and one allowed a request a minute, low priority: what the gate turns away has data too
+        "lines": {
+            "batch": {"max_in_flight_share": 0.5},
+            "capped": {"requests_per_min": 1, "burst_ratio": 1, "priority": "low"},
+        },
     }
     data["actuators"] = {
         "mode": "act",
@@ -277,6 +281,21 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
                     lambda: instant('increase(servepilot_config_reloads_total{result="applied"}[2m]) > 0'),
                     30,
                     "a config reload",
+                )
+                refused = []
+                # one fits the capped line's bucket and the rest are turned away (429); or, low behind the
+                # load at the gate's limit, they wait out the queue deadline (503, the bucket refunded)
+                for _ in range(3):
+                    async with http.post(
+                        gate_url + "/v1/completions",
+                        json={"model": sim.model_name, "prompt": "hello", "max_tokens": 2},
+                        headers={"x-servepilot-line": "capped"},
+                    ) as r:
+                        refused.append((r.status, await r.text()))
+                assert sum(status in (429, 503) for status, _ in refused) >= 2, refused
+                turned_away = 'servepilot_gate_requests_total{line="capped", outcome=~"rejected|expired"}'
+                await until(  # two scrapes of it in the panel's window
+                    lambda: instant(f"rate({turned_away}[{RATE_WINDOW}])"), 30, "the refusals in Prometheus"
                 )
                 with_data, quiet, empty = await _dashboard_results(instant)
                 assert empty == [], "dashboard queries without data:\n" + "\n".join(empty)

@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from agent.audit import AuditLog
 from agent.collectors.base import Collector
-from agent.config import Config, ConfigError
+from agent.config import Config, ConfigError, priority_targets
 from agent.control.base import ControlError, KnobSpec
 from agent.modes import Actuation, Mode
 from policies import knobs
@@ -92,7 +92,9 @@ class Knobs:
             from agent.gate.collector import GateCollector
             from agent.gate.proxy import Gate
 
-            self.gate = Gate(cfg.gate, registry, slo=(cfg.policies.ttft_slo_s, cfg.policies.itl_slo_s))
+            self.gate = Gate(cfg.gate, registry)
+            p = cfg.policies
+            self.gate.set_slo(p.ttft_slo_s, p.itl_slo_s, priority_targets(p))
             self.collectors.append(GateCollector(self.gate))
             self.actuation.bind(knobs.BATCH, self._gate_limit, self._set_gate_limit)
             self.actuation.bind(

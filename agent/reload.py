@@ -54,6 +54,7 @@ HOT = (
     "gate.engine_priority",  # read per request: the next request sent carries the new value
     "policies.ttft_slo_s",
     "policies.itl_slo_s",
+    "policies.slo_by_priority",
     "policies.batch_min",
     "policies.batch_max",
     "policies.initial_batch",  # where a controller starts: the running one carries on, held to its bounds

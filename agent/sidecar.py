@@ -27,7 +27,7 @@ from agent.assembly import (
     warm_imports,
 )
 from agent.collectors.base import Collector
-from agent.config import ActuatorConfig, Config, ConfigError, PolicyConfig
+from agent.config import ActuatorConfig, Config, ConfigError, PolicyConfig, priority_targets
 from agent.exporter import Exporter
 from agent.gate.upstreams import engine_upstream
 from agent.knobs import Knobs
@@ -224,7 +224,7 @@ class Sidecar:
         self.knobs.actuation.bounds = arbiter.check
         self.exporter.set_slo({"ttft": p.ttft_slo_s, "itl": p.itl_slo_s})
         if self.knobs.gate is not None:
-            self.knobs.gate.set_slo(p.ttft_slo_s, p.itl_slo_s)
+            self.knobs.gate.set_slo(p.ttft_slo_s, p.itl_slo_s, priority_targets(p))
         pins = self.knobs.actuation.pins
         for knob, value in list(pins.items()):  # a pin bypasses the policies, not the bounds: as at a restart
             why = arbiter.check(knob, value)

@@ -97,6 +97,7 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
     from prometheus_client import CollectorRegistry
 
     from agent import build_info
+    from agent.config import priority_targets
     from agent.gate.proxy import Gate
     from agent.gate.upstreams import engine_upstream
 
@@ -107,7 +108,8 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
     registry = CollectorRegistry()
     build_info.register(registry)
     # judged by the SLO the sidecar uses (policies.*_slo_s), so SLO-bad and late counts work here too
-    gate = Gate(cfg.gate, registry, slo=(cfg.policies.ttft_slo_s, cfg.policies.itl_slo_s))
+    gate = Gate(cfg.gate, registry)
+    gate.set_slo(cfg.policies.ttft_slo_s, cfg.policies.itl_slo_s, priority_targets(cfg.policies))
     gate.mark_engine(engine_upstream(cfg))
     watch: asyncio.Task[None] | None = None
     if args.config:
@@ -161,6 +163,7 @@ def _reloader(cfg: Config, args: argparse.Namespace, gate: Gate, registry: Colle
     """SIGHUP and the file watch re-read ``--config`` with the same command-line overrides."""
     from agent import config
     from agent.audit import AuditLog
+    from agent.config import priority_targets
     from agent.reload import Reloader
 
     def read(path: Path, environ: Mapping[str, str]) -> Config:
@@ -174,7 +177,7 @@ def _reloader(cfg: Config, args: argparse.Namespace, gate: Gate, registry: Colle
         AuditLog(cfg.audit, registry),
         apply_gate=gate.set_admission_rules,
         # no policies run here: of that section only the SLO counts, for the gate's verdicts
-        apply_policies=lambda p: gate.set_slo(p.ttft_slo_s, p.itl_slo_s),
+        apply_policies=lambda p: gate.set_slo(p.ttft_slo_s, p.itl_slo_s, priority_targets(p)),
         read=read,
     )
 

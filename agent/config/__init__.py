@@ -11,7 +11,7 @@ One module per group of sections (:mod:`~agent.config.process`, :mod:`~agent.con
 """
 
 from agent.config.actuation import ActuatorConfig, AuditConfig, ControlConfig, WebhookConfig
-from agent.config.decisions import CanaryConfig, CostConfig, ForecastConfig, PolicyConfig
+from agent.config.decisions import CanaryConfig, CostConfig, ForecastConfig, PolicyConfig, priority_targets
 from agent.config.gate import GateConfig, GateLineConfig, read_api_keys
 from agent.config.loading import ENV_PREFIX, ConfigError, apply_env, build, load
 from agent.config.process import MIN_ENGINE_RESTART_STALL_S, AgentConfig
@@ -41,6 +41,7 @@ __all__ = [
     "apply_env",
     "build",
     "load",
+    "priority_targets",
     "read_api_keys",
     "reference_markdown",
 ]

@@ -48,6 +48,17 @@ class ForecastConfig(Section):
         return tuple(sorted(set(value)))
 
 
+class PrioritySlo(Section):
+    """A priority class's own latency targets; an unset one is the policies' own."""
+
+    ttft_s: float | None = Field(
+        None, gt=0, le=600, description="the class's time-to-first-token target; null: policies.ttft_slo_s"
+    )
+    itl_s: float | None = Field(
+        None, gt=0, le=60, description="the class's mean inter-token latency target; null: policies.itl_slo_s"
+    )
+
+
 class PolicyConfig(Section):
     """Which decision rules run, against which latency SLO (actions still follow actuators.mode)."""
 
@@ -58,6 +69,11 @@ class PolicyConfig(Section):
     )
     ttft_slo_s: float = Field(2.0, gt=0, le=600, description="time-to-first-token target (P99)")
     itl_slo_s: float = Field(0.1, gt=0, le=60, description="inter-token latency target (mean)")
+    slo_by_priority: dict[Literal["high", "normal", "low"], PrioritySlo] = Field(
+        default_factory=dict,
+        description="class -> its own targets, by which the gate judges the answers of requests that "
+        "arrived in it (the breaker's burn rate, the canary); e.g. a looser TTFT for low (batch) traffic",
+    )
     batch_min: int = Field(8, ge=1, le=65536, description="lowest effective batch the policies may set")
     batch_max: int = Field(512, ge=1, le=65536, description="highest effective batch the policies may set")
     initial_batch: int = Field(64, ge=1, le=65536, description="batch the auto policy starts from")
@@ -158,3 +174,15 @@ class CostConfig(Section):
         None, ge=0, le=1000, description="price of one GPU-hour; null: no cost series, energy only"
     )
     window_s: float = Field(300.0, ge=10, le=86400, description="window of the per-token averages")
+
+
+def priority_targets(policies: PolicyConfig) -> dict[str, tuple[float, float]]:
+    """(TTFT, mean ITL) per class named in ``slo_by_priority``, an unset target filled in from the
+    policies' own: what the gate judges that class's answers by."""
+    return {
+        name: (
+            policies.ttft_slo_s if slo.ttft_s is None else slo.ttft_s,
+            policies.itl_slo_s if slo.itl_s is None else slo.itl_s,
+        )
+        for name, slo in policies.slo_by_priority.items()
+    }

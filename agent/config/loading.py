@@ -64,8 +64,12 @@ def _bounds(loc: tuple[str | int, ...]) -> tuple[str, str] | None:
 def _describe(error: ValidationError) -> ConfigError:
     first = error.errors(include_url=False)[0]
     loc = tuple(first["loc"])
-    field = ".".join(str(p) for p in loc)
     kind, value = first["type"], first.get("input")
+    if len(loc) >= 2 and loc[-1] == "[key]" and kind == "literal_error":  # a mapping's key: name the mapping
+        expected = first.get("ctx", {}).get("expected", "")
+        mapping = ".".join(str(p) for p in loc[:-2])
+        return ConfigError(mapping, f"keys must be {expected}, got {format_value(value)}")
+    field = ".".join(str(p) for p in loc)
     if kind == "extra_forbidden":
         return ConfigError(field, "is not a known setting")
     if kind == "missing":

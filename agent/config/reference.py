@@ -38,9 +38,13 @@ def _reference_row(setting: str, info: Any) -> str:
         for attr, symbol in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
             if hasattr(meta, attr):
                 allowed.append(f"{symbol} {format_value(getattr(meta, attr))}")
-    choices = getattr(info.annotation, "__args__", ()) if "Literal" in str(info.annotation) else ()
-    if choices:
-        allowed.append(" \\| ".join(str(c) for c in choices))
+    annotation = info.annotation
+    if typing.get_origin(annotation) is dict:  # a map: what its keys may be, where they are fixed
+        key = typing.get_args(annotation)[0]
+        if typing.get_origin(key) is typing.Literal:
+            allowed.append("keys " + " \\| ".join(str(c) for c in typing.get_args(key)))
+    elif "Literal" in str(annotation):
+        allowed.append(" \\| ".join(str(c) for c in getattr(annotation, "__args__", ())))
     if required:
         default_text = "required"
     elif isinstance(default, bool):

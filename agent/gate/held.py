@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Mapping
 
 import aiohttp
 
@@ -61,7 +62,12 @@ class HeldRequests:
         if record.upstream and record.heard_at is not None:
             self.ejector.heard(record.upstream, record.heard_at)
 
-    def late(self, slo: tuple[float, float], now: float) -> dict[str, int]:
+    def late(
+        self,
+        slo: tuple[float, float],
+        now: float,
+        by_priority: Mapping[str, tuple[float, float]] | None = None,
+    ) -> dict[str, int]:
         """Per upstream, the requests it holds whose answer will miss ``slo`` (TTFT, mean ITL) whatever
         comes next: no first token yet and past the TTFT SLO, or streaming for so long since the first
         token that the mean ITL would exceed the ITL SLO even if every token still allowed
@@ -73,13 +79,15 @@ class HeldRequests:
         with its candidate's answers, so an upstream too slow to answer within a step is judged in that
         step, not a step later as missing data (seen live: fp8 slowed 30x passed its 5% step and was
         rolled back only at 25%). A candidate with a fast first token and slow decoding is seen the same
-        way.
+        way. A request whose class has its own targets (``by_priority``) is judged by them, as its answer
+        will be.
         """
-        ttft_slo, itl_slo = slo
         late: dict[str, int] = {}
         for name, record, streams in self.at_upstream.values():
+            own = slo if by_priority is None else by_priority.get(record.priority, slo)
+            ttft_slo, itl_slo = own
             if not streams:  # to be answered in one piece: late past the budget of its longest answer
-                missed = now - record.arrived > self._whole_budget(record, slo)
+                missed = now - record.arrived > self._whole_budget(record, own)
             elif record.ttft_s is None:
                 missed = now - record.arrived > ttft_slo
             else:  # the ITL SLO is on the mean over the answer, as GateStats.missed_slo judges it

@@ -295,10 +295,17 @@ class Gate:
                     functools.partial(self.line_slots.waiting, name)
                 )
 
-    def set_slo(self, ttft_slo_s: float, itl_slo_s: float) -> None:
-        """Judge answers by these (TTFT, mean ITL) targets from now on (a config reload). Answers already
+    def set_slo(
+        self,
+        ttft_slo_s: float,
+        itl_slo_s: float,
+        by_priority: Mapping[str, tuple[float, float]] | None = None,
+    ) -> None:
+        """Judge answers by these (TTFT, mean ITL) targets from now on (at start and at a config reload),
+        those of a request that arrived in a class of ``by_priority`` by its class's own. Answers already
         counted stay as they were judged: ``servepilot_gate_slo_bad_total`` is a counter."""
         self.stats.slo = (ttft_slo_s, itl_slo_s)
+        self.stats.slo_by_priority = dict(by_priority or {})
 
     def set_split(self, split: Mapping[str, float]) -> None:
         """Set the traffic split (absolute weights per upstream name); ValueError on a bad split.
@@ -320,7 +327,7 @@ class Gate:
         (:meth:`HeldRequests.late`); empty without a latency SLO."""
         if self.stats.slo is None:
             return {}
-        return self.held.late(self.stats.slo, self.clock())
+        return self.held.late(self.stats.slo, self.clock(), self.stats.slo_by_priority)
 
     def mark_engine(self, upstream: str | None) -> None:
         """Name the upstream that is this pod's own engine (None: none is), for

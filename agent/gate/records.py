@@ -160,6 +160,8 @@ class GateStats:
         self._rejected = _Window(window_s)
         #: (TTFT, mean ITL) targets for :attr:`slo_bad`; None judges only failures
         self.slo: tuple[float, float] | None = None
+        #: a class's own targets (``policies.slo_by_priority``), for the requests that arrived in it
+        self.slo_by_priority: dict[str, tuple[float, float]] = {}
         #: running totals the breaker and the canary read as per-tick deltas (``gate.requests`` etc.):
         #: answered requests (refused, expired and abandoned ones are not answers), their 5xx, and the
         #: answers that missed the SLO (5xx included, as replay counts them)
@@ -169,6 +171,13 @@ class GateStats:
         #: the same three totals per upstream that gave the answer (after failover), for the canary's
         #: checks on its candidate
         self.by_upstream: dict[str, tuple[int, int, int]] = {}
+
+    def targets(self, priority: str) -> tuple[float, float] | None:
+        """The (TTFT, mean ITL) targets a request that arrived in class ``priority`` is judged by: its
+        class's own where configured, else the SLO; None without an SLO."""
+        if self.slo is None:
+            return None
+        return self.slo_by_priority.get(priority, self.slo)
 
     def missed_slo(self, rec: RequestRecord) -> bool:
         """A failed answer, or a successful one whose TTFT or mean inter-token time (TPOT: the time after
@@ -182,12 +191,13 @@ class GateStats:
         budget, escalated the breaker and failed canaries on a healthy engine."""
         if rec.outcome == "upstream_error":
             return True
-        if rec.outcome != "ok" or self.slo is None:
+        slo = self.targets(rec.priority)
+        if rec.outcome != "ok" or slo is None:
             return False
-        ttft_slo, itl_slo = self.slo
+        ttft_slo, itl_slo = slo
         tokens = rec.output_tokens / max(1, rec.choices)  # each sequence's: they decode side by side
         if rec.whole:
-            return rec.e2e_s > whole_answer_budget(self.slo, tokens)
+            return rec.e2e_s > whole_answer_budget(slo, tokens)
         if rec.ttft_s is None or rec.ttft_s > ttft_slo:
             return True
         return tokens > 1 and (rec.e2e_s - rec.ttft_s) / (tokens - 1) > itl_slo

@@ -91,6 +91,14 @@ def test_examples_exist_for_demo_vllm_and_sglang() -> None:
             {"policies": {"batch_min": 64, "batch_max": 8}},
             "policies.batch_min must be <= batch_max, got 64 > 8",
         ),
+        (
+            {"policies": {"slo_by_priority": {"urgent": {"ttft_s": 1}}}},
+            "policies.slo_by_priority keys must be 'high', 'normal' or 'low', got 'urgent'",
+        ),
+        (
+            {"policies": {"slo_by_priority": {"low": {"ttft_s": 0}}}},
+            "policies.slo_by_priority.low.ttft_s must be in (0, 600], got 0",
+        ),
     ],
 )
 def test_bad_values_name_field_range_and_value(data: dict[str, object], message: str) -> None:
@@ -197,3 +205,11 @@ def test_reference_shows_factory_defaults_as_yaml_reads_them() -> None:
     assert "PydanticUndefined" not in reference
     assert '| `gate.split` | `{"primary": 1.0}` |' in reference
     assert "| `gate.api_keys` | `{}` |" in reference
+
+
+def test_a_class_slo_fills_an_unset_target_from_the_policies_own() -> None:
+    cfg = config.build(
+        {"policies": {"ttft_slo_s": 2.0, "itl_slo_s": 0.1, "slo_by_priority": {"low": {"ttft_s": 30}}}}
+    )
+    assert config.priority_targets(cfg.policies) == {"low": (30.0, 0.1)}
+    assert config.priority_targets(config.build({}).policies) == {}

@@ -807,7 +807,10 @@ async def test_a_reload_retunes_the_running_policies_and_the_knob_follows_the_ne
         assert gate.limit == 64  # two running, nothing queued: the controller holds
         breaker_state = sidecar.loop.policy_state("breaker")
         sidecar.knobs.actuation.pins["batch.max_in_flight"] = 64  # an operator's, inside [8, 512]
-        raw["policies"].update(ttft_slo_s=1.0, batch_max=16, initial_batch=16)
+        assert gate.stats.slo_by_priority == {}
+        raw["policies"].update(
+            ttft_slo_s=1.0, batch_max=16, initial_batch=16, slo_by_priority={"low": {"ttft_s": 20.0}}
+        )
         path.write_text(yaml.safe_dump(raw))
         with caplog.at_level(logging.WARNING, logger="agent.sidecar"):
             result = sidecar.reload("SIGHUP")
@@ -817,6 +820,7 @@ async def test_a_reload_retunes_the_running_policies_and_the_knob_follows_the_ne
         assert (auto.ttft_slo_s, auto.upper, auto.initial) == (1.0, 16.0, 16.0)
         assert sidecar.loop.policy_state("breaker") is breaker_state  # state carried over, not reset
         assert gate.stats.slo == (1.0, 0.1)
+        assert gate.stats.slo_by_priority == {"low": (20.0, 0.1)}  # its ITL is the policies' own
         assert sidecar.exporter.registry.get_sample_value("servepilot_slo_ttft_seconds") == 1.0
         assert sidecar.knobs.actuation.bounds("batch.max_in_flight", 32) is not None  # a new pin: refused
         assert sidecar.knobs.actuation.pins == {}  # one outside the new bounds is dropped, as at a restart

@@ -748,6 +748,49 @@ async def test_a_non_streamed_answer_has_the_time_its_tokens_allow_and_no_ttft_o
         await gate.stop()
 
 
+async def test_a_class_with_its_own_slo_is_judged_by_it(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """``policies.slo_by_priority``: low (batch) traffic allowed a 30 s TTFT. A low and a normal request,
+    3 tokens in one piece, held 5 s: only the normal one is late while held and an SLO miss once answered
+    (its budget is 2 + 2 x 0.1 = 2.2 s; the low one's 30.2 s), so the breaker and the canary, which read
+    these verdicts, do not count batch traffic's slowness against the engine."""
+    now = [100.0]
+    registry = CollectorRegistry()
+    gate = Gate(
+        GateConfig(enabled=True, upstreams={"primary": upstream.url}, health_interval_s=600), registry
+    )
+    await gate.start("127.0.0.1", 0)
+    gate.clock = lambda: now[0]
+    gate.set_slo(2.0, 0.1, {"low": (30.0, 0.1)})
+    collector = GateCollector(gate)
+    try:
+        await collector.collect(1.0)
+        upstream.release.clear()
+        held = [
+            asyncio.create_task(_post(client, gate, _body(), headers={"x-servepilot-priority": cls}))
+            for cls in ("low", "normal")
+        ]
+        await asyncio.wait_for(_until(lambda: upstream.running == 2), TIMEOUT)
+        now[0] = 105.0
+        assert gate.late_at_upstreams() == {"primary": 1}
+        upstream.release.set()
+        for task in held:
+            assert (await asyncio.wait_for(task, TIMEOUT)).status == 200
+        values = (await collector.collect(2.0)).values
+        assert (values[knobs.GATE_REQUESTS], values[knobs.GATE_SLO_BAD]) == (2, 1)
+        gate.set_slo(2.0, 0.1)  # a reload that drops it: the low class is judged by the SLO again
+        upstream.release.clear()
+        late = asyncio.create_task(_post(client, gate, _body(), headers={"x-servepilot-priority": "low"}))
+        await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
+        now[0] = 110.0
+        upstream.release.set()
+        await (await asyncio.wait_for(late, TIMEOUT)).read()
+        assert (await collector.collect(3.0)).values[knobs.GATE_SLO_BAD] == 1  # this tick's one miss
+    finally:
+        await gate.stop()
+
+
 async def test_a_hung_upstream_is_ejected_from_the_split_and_returns_when_it_sends_again(
     upstream: Upstream, client: aiohttp.ClientSession
 ) -> None:

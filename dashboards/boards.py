@@ -250,14 +250,15 @@ def overview() -> dashboard.Dashboard:
                 "Answers missing the SLO (gate)",
                 "percentunit",
                 q(
-                    "sum by (pod) (rate(servepilot_gate_slo_bad_total{@POD}[$__rate_interval]))\n"
-                    "/ sum by (pod) (rate(servepilot_gate_answered_total{@POD}[$__rate_interval]))",
-                    "{{pod}}",
+                    "sum by (pod, priority) (rate(servepilot_gate_slo_bad_total{@POD}[$__rate_interval]))\n"
+                    "/ sum by (pod, priority) (rate(servepilot_gate_answered_total{@POD}[$__rate_interval]))",
+                    "{{pod}} {{priority}}",
                 ),
                 desc="The share of the gate's answers that failed (5xx) or missed the latency SLO: TTFT "
                 "and time per output token for a stream, and for an answer in one piece whether it came "
-                "by ttft_slo_s + itl_slo_s x (tokens - 1). The verdict the breaker's burn rate and the "
-                "canary use (docs/gate.md).",
+                "by ttft_slo_s + itl_slo_s x (tokens - 1), by the class the request arrived in (a class "
+                "of policies.slo_by_priority by its own targets). The verdict the breaker's burn rate and "
+                "the canary use (docs/gate.md).",
                 w=8,
             )
         )

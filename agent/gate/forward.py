@@ -200,7 +200,7 @@ class Forwarder:
         log.debug("upstream %s answered %d: asking the next upstream", upstream, up.status)
         up.release()
         if record is not None:
-            self.stats.attempt_failed(upstream)
+            self.stats.attempt_failed(upstream, record.priority)
 
     def _resent(self, upstream: str, record: RequestRecord) -> str:
         """Note a request taken back from a hung ``upstream`` before any of its answer; returns why."""

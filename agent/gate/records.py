@@ -144,16 +144,23 @@ class GateStats:
         self.answered_total = Counter(
             "servepilot_gate_answered",
             "Answers from upstreams (refused, expired and abandoned requests are not answers; an error "
-            "answer the gate retried elsewhere is one): the denominator of the SLO-bad share.",
+            "answer the gate retried elsewhere is one): the denominator of the SLO-bad share; by the class "
+            "the request arrived in.",
+            ["priority"],
             registry=registry,
         )
         self.slo_bad_total = Counter(
             "servepilot_gate_slo_bad",
             "Answers that failed (5xx) or missed the latency SLO (policies.ttft_slo_s, itl_slo_s; an "
-            "answer in one piece by ttft_slo_s + itl_slo_s x (tokens - 1)): what the breaker's burn rate "
-            "and the canary count.",
+            "answer in one piece by ttft_slo_s + itl_slo_s x (tokens - 1); a class of "
+            "policies.slo_by_priority by its own): what the breaker's burn rate and the canary count; by "
+            "the class the request arrived in.",
+            ["priority"],
             registry=registry,
         )
+        for priority in ("high", "normal", "low"):  # every class's series from the start, at 0
+            self.answered_total.labels(priority)
+            self.slo_bad_total.labels(priority)
         self._win = {
             (b, kind): _Window(window_s) for b in buckets.names for kind in ("ttft", "itl", "e2e", "done")
         }
@@ -202,13 +209,13 @@ class GateStats:
             return True
         return tokens > 1 and (rec.e2e_s - rec.ttft_s) / (tokens - 1) > itl_slo
 
-    def attempt_failed(self, upstream: str) -> None:
+    def attempt_failed(self, upstream: str, priority: str) -> None:
         """An upstream's error answer that the gate did not pass on (it asked the next upstream): one
         more answer and one more 5xx for the breaker's and the canary's error shares, but no SLO miss,
         as the client's request may still be answered in time."""
         self.answered += 1
         self.errors += 1
-        self.answered_total.inc()
+        self.answered_total.labels(priority).inc()
         answered, errors, slo_bad = self.by_upstream.get(upstream, (0, 0, 0))
         self.by_upstream[upstream] = (answered + 1, errors + 1, slo_bad)
 
@@ -223,9 +230,9 @@ class GateStats:
             self.answered += 1
             self.errors += error
             self.slo_bad += missed
-            self.answered_total.inc()
+            self.answered_total.labels(rec.priority).inc()
             if missed:
-                self.slo_bad_total.inc()
+                self.slo_bad_total.labels(rec.priority).inc()
             if rec.upstream:
                 answered, errors, slo_bad = self.by_upstream.get(rec.upstream, (0, 0, 0))
                 self.by_upstream[rec.upstream] = (answered + 1, errors + error, slo_bad + missed)

@@ -742,7 +742,10 @@ async def test_a_non_streamed_answer_has_the_time_its_tokens_allow_and_no_ttft_o
         upstream.release.set()
         await (await asyncio.wait_for(late, TIMEOUT)).read()
         assert (await collector.collect(3.0)).values[knobs.GATE_SLO_BAD] == 1
-        exported = [registry.get_sample_value(f"servepilot_gate_{n}_total") for n in ("answered", "slo_bad")]
+        exported = [
+            registry.get_sample_value(f"servepilot_gate_{n}_total", {"priority": "normal"})
+            for n in ("answered", "slo_bad")
+        ]
         assert exported == [2, 1]  # the same verdict, for Prometheus
     finally:
         await gate.stop()
@@ -767,10 +770,8 @@ async def test_a_class_with_its_own_slo_is_judged_by_it(
     try:
         await collector.collect(1.0)
         upstream.release.clear()
-        held = [
-            asyncio.create_task(_post(client, gate, _body(), headers={"x-servepilot-priority": cls}))
-            for cls in ("low", "normal")
-        ]
+        cls = ("low", "normal")
+        held = [asyncio.create_task(_post(client, gate, _body(), headers={PRIORITY: c})) for c in cls]
         await asyncio.wait_for(_until(lambda: upstream.running == 2), TIMEOUT)
         now[0] = 105.0
         assert gate.late_at_upstreams() == {"primary": 1}
@@ -779,9 +780,11 @@ async def test_a_class_with_its_own_slo_is_judged_by_it(
             assert (await asyncio.wait_for(task, TIMEOUT)).status == 200
         values = (await collector.collect(2.0)).values
         assert (values[knobs.GATE_REQUESTS], values[knobs.GATE_SLO_BAD]) == (2, 1)
+        bad = {c: registry.get_sample_value("servepilot_gate_slo_bad_total", {"priority": c}) for c in cls}
+        assert bad == {"low": 0.0, "normal": 1.0}  # per class, for an SLO attainment of each in Prometheus
         gate.set_slo(2.0, 0.1)  # a reload that drops it: the low class is judged by the SLO again
         upstream.release.clear()
-        late = asyncio.create_task(_post(client, gate, _body(), headers={"x-servepilot-priority": "low"}))
+        late = asyncio.create_task(_post(client, gate, _body(), headers={PRIORITY: "low"}))
         await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
         now[0] = 110.0
         upstream.release.set()

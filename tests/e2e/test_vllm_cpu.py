@@ -468,6 +468,14 @@ async def _until_quiet(session: aiohttp.ClientSession, engine: RunningEngine, wi
         last = now
 
 
+async def _engine_holds(session: aiohttp.ClientSession, engine: RunningEngine) -> tuple[float, float]:
+    """(running, waiting) as vLLM's own metrics read now."""
+    names = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    expo = parse_exposition(await _scrape(session, engine), 0.0, names)
+    running, waiting = (sum(g.value for g in expo.gauges.get(name, ())) for name in names)
+    return running, waiting
+
+
 def _tick_reading(snapshot: Any, stall: Any, t: float, wall_s: float) -> str:
     """One tick as the stall detector saw it: held requests, the progress signals, its mark."""
     from detectors.stall import HELD, PROGRESS_GAUGES, PROGRESS_RATES
@@ -627,21 +635,29 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(
                     # not from a scrape: in CI a scrape that waited 5 s on a paused vLLM covered the whole
                     # moment, and the 1800-token answers were over 8.5 s after they started
                     await gate_sees(6, 2, "the short requests never queued behind the long ones", running)
+                    os.kill(core, signal.SIGSTOP)
+                    stopped_at = gate.clock()
+                    # a step that was running ends, and the API server hands out what the engine core had
+                    # sent before the stop; only then is nothing moving. On 2 shared cores that took more
+                    # than the 0.5 s this waited before: counters moved at a later (virtual) tick and the
+                    # stall was found after the last one looked at
+                    await _until_quiet(session, engine)
+                    # the engine's own frozen view must hold the four: the gate's view is not enough. In
+                    # CI (2026-12-04) the engine core had finished all four 1800-token answers (7200
+                    # tokens in the tick before the stop) while the gate, relaying them more slowly than
+                    # vLLM made them, still held them all, and vLLM read 0 running and 0 waiting
+                    held = await _engine_holds(session, engine)
+                    if held[0] != 4:
+                        raise AssertionError(f"vLLM stopped holding (running, waiting) {held}, not 4 running")
                     break
                 except AssertionError as missed:
+                    os.kill(core, signal.SIGCONT)  # if it was stopped; harmless if not
                     if attempt == 3:
                         raise
                     with capsys.disabled():  # straight to the terminal, past capture
                         print(f"\nset-up try {attempt} of 3 missed its moment: {missed}", flush=True)
                     await asyncio.wait_for(asyncio.gather(*sent), 120)
             try:
-                os.kill(core, signal.SIGSTOP)
-                stopped_at = gate.clock()
-                # a step that was running ends, and the API server hands out what the engine core had
-                # sent before the stop; only then is nothing moving. On 2 shared cores that took more
-                # than the 0.5 s this waited before: counters moved at a later (virtual) tick and the
-                # stall was found after the last one looked at
-                await _until_quiet(session, engine)
                 # ticks 10 s apart (virtual) until the verdict, for at most 160 s. Where the last
                 # progress fell is read from the engine, not assumed: a CI run (2026-12-04) found no
                 # stall by t + 71 in two tries, so each tick's reading goes into the failure message

@@ -33,6 +33,13 @@ while this engine hangs.
   deadlock, a blocking CPU-side call);
 * some busy, some idle: the busy ranks wait in a collective for the idle ones, which are the suspects.
 
+**Held** is what the engine reports running and waiting, or, where more, the requests the gate has sent
+this pod's engine and had no byte of back (``gate.engine_unanswered``). vLLM counts a request only once
+its engine core has it: one that reached a hung core's API server waits there unseen, and a core that hung
+idle reads 0 running and 0 waiting with requests piling up at its door (seen on vLLM 0.32 with its engine
+core stopped: the gate held 2 requests there, vLLM read 0 and 0). A request still streaming is not
+counted from the gate: an engine finishes an answer before a slow client has read it.
+
 A tick without the engine's reading (a failed scrape) neither starts nor ends a stall: that is
 ``ServepilotEngineDown``'s case. No warm-up, no learning: a stall is a fact, not an anomaly score, and
 ``stall_s`` (60 s by default) is far longer than any step of a healthy engine, a long prompt's prefill
@@ -67,6 +74,9 @@ PROGRESS_GAUGES = (
     "engine.reported_generation_tokens_per_second",
 )
 HELD = ("engine.requests_running", "engine.requests_waiting")
+ENGINE_UNANSWERED = "gate.engine_unanswered"
+"""Requests the gate in front of this pod's engine has sent it and had no byte of back: held by the engine
+even where its metrics do not count them yet (see the module)."""
 BUSY_RATIO = 0.9
 """A GPU at or above this utilisation has a kernel resident all the time."""
 IDLE_RATIO = 0.05
@@ -124,7 +134,7 @@ class EngineStallDetector:
         held_parts = [v for v in (snapshot.get(name) for name in HELD) if v is not None]
         if not held_parts:  # no reading from the engine this tick: no verdict either way
             return []
-        held = sum(held_parts)
+        held = max(sum(held_parts), snapshot.get(ENGINE_UNANSWERED) or 0.0)
         moved = self._gauges_moved(snapshot)
         rising = any((snapshot.get(name) or 0.0) > 0 for name in PROGRESS_RATES)
         if held <= 0 or rising or moved or self.last_progress_ is None:

@@ -10,6 +10,7 @@ import time
 
 from agent.gate.proxy import Gate
 from detectors.snapshot import Reading, SourceStatus
+from detectors.stall import ENGINE_UNANSWERED
 from policies import knobs
 
 
@@ -38,6 +39,9 @@ class GateCollector:
                 float(a - b) for a, b in zip(totals, last, strict=True)
             )
             values.update(self._per_upstream())
+            engine = self.gate.engine_upstream
+            if engine is not None:  # the engine_stall detector's view of what waits on the engine
+                values[ENGINE_UNANSWERED] = float(self.gate.held.unanswered(engine))
         except Exception as error:  # a bug here must not fail the tick
             return Reading.failed(
                 self.name, now, f"{type(error).__name__}: {error}", time.perf_counter() - started

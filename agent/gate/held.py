@@ -55,6 +55,11 @@ class HeldRequests:
         self.at_upstream[key] = (upstream, record, streams)
         self.relaying.pop(key, None)  # the answer of the upstream it was taken back from
 
+    def unanswered(self, upstream: str) -> int:
+        """Requests at ``upstream`` that have had no byte of its answer yet."""
+        held = self.at_upstream.values()
+        return sum(1 for name, record, _ in held if name == upstream and record.heard_at is None)
+
     def done(self, record: RequestRecord) -> None:
         """``record`` has left its upstream: answered, failed or given up."""
         self.at_upstream.pop(id(record), None)

@@ -130,6 +130,8 @@ class Gate:
         self.ejector = StallEjector(cfg.eject_stalled_s, on_eject=self._count_ejection)
         #: the requests at upstreams: which will miss the SLO, which a hung upstream must give back
         self.held = HeldRequests(self.ejector)
+        #: the upstream that is this pod's own engine (:meth:`mark_engine`), None while none is named
+        self.engine_upstream: str | None = None
         self.line_slots = LineSlots()
         self._watch_line_shares(cfg)
         self.blind = BlindWatch(on_blind=self._went_blind)
@@ -334,6 +336,7 @@ class Gate:
         ``servepilot_gate_upstream_role``; every other upstream is ``other``."""
         if upstream is not None and upstream not in self.pool.upstreams:
             raise ValueError(f"unknown upstream {upstream!r}; known: {', '.join(self.pool.upstreams)}")
+        self.engine_upstream = upstream
         self.metrics.mark_engine(upstream)
 
     def set_engine_stalled(self, upstream: str, why: str | None) -> None:

@@ -98,6 +98,29 @@ def test_answers_through_the_gate_are_not_this_engines_progress() -> None:
     assert _run(detector, ticks)[-1]
 
 
+def _with_gate(t: float, unanswered: float, **engine: float) -> Snapshot:
+    flat = {f"engine.{name}": value for name, value in engine.items()}
+    return Snapshot.from_readings(
+        t,
+        {
+            "engine": Reading("engine", t, SourceStatus.OK, flat),
+            "gate": Reading("gate", t, SourceStatus.OK, {"gate.engine_unanswered": unanswered}),
+        },
+    )
+
+
+def test_requests_the_gate_sent_that_the_engine_does_not_count_are_held() -> None:
+    """vLLM with its engine core hung while idle: 0 running, 0 waiting and nothing moving, while two
+    requests the gate sent it wait in its API server, with no byte back. Stalled, 60 s on; and an engine
+    the gate holds nothing at is idle, not stalled."""
+    still = {"requests_running": 0.0, "requests_waiting": 0.0, "generation_tokens_per_second": 0.0}
+    found = _run(EngineStallDetector(), [_with_gate(float(t), 2.0, **still) for t in range(70)])
+    assert next(i for i, f in enumerate(found) if f) == 60
+    assert found[-1][0].summary == "engine stalled: 2 request(s) held, no progress for 69s"
+    idle = _run(EngineStallDetector(), [_with_gate(float(t), 0.0, **still) for t in range(300)])
+    assert not any(idle)
+
+
 def test_a_tick_without_the_engine_neither_starts_nor_ends_a_stall() -> None:
     """A failed scrape is the engine-down alert's case; it must not hide a stall that was under way."""
     detector = EngineStallDetector()

@@ -116,3 +116,24 @@ async def test_several_sequences_are_judged_each_by_its_own_share_of_the_tokens(
         gate.stats.record(rec, 1.5)
     values = (await collector.collect(2.0)).values
     assert (values[knobs.GATE_REQUESTS], values[knobs.GATE_SLO_BAD]) == (3, 2)
+
+
+async def test_what_waits_unanswered_at_this_pods_engine_is_published_for_the_stall_detector() -> None:
+    """Requests sent to the engine upstream with no byte back yet: ``gate.engine_unanswered`` (the
+    engine_stall detector counts them held where the engine does not). A stream that has had a byte, and
+    a request at another upstream, are not; without a named engine upstream nothing is published."""
+    from detectors.stall import ENGINE_UNANSWERED
+
+    upstreams = {"primary": "http://127.0.0.1:9", "small": "http://127.0.0.1:10"}
+    gate = Gate(GateConfig(enabled=True, upstreams=upstreams), CollectorRegistry())
+    collector = GateCollector(gate)
+    waiting, streaming, elsewhere = (_record("ok", None) for _ in range(3))
+    gate.held.sent(waiting, "primary", True, 1.0)
+    gate.held.sent(streaming, "primary", True, 1.0)
+    gate.held.sent(elsewhere, "small", True, 1.0)
+    streaming.heard_at = 1.5
+    assert ENGINE_UNANSWERED not in (await collector.collect(2.0)).values
+    gate.mark_engine("primary")
+    assert (await collector.collect(3.0)).values[ENGINE_UNANSWERED] == 1.0
+    gate.held.done(waiting)
+    assert (await collector.collect(4.0)).values[ENGINE_UNANSWERED] == 0.0

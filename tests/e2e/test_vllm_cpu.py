@@ -740,3 +740,77 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(
         await collector.close()
         await gate.stop()
         await small_runner.cleanup()
+
+
+@pytest.mark.flaky(reruns=1)
+async def test_an_engine_core_hung_while_idle_is_a_stall_through_what_waits_at_its_door(
+    engine: RunningEngine,
+) -> None:
+    """vLLM's engine core stopped (SIGSTOP) while idle, then two requests sent through the gate: they wait
+    in vLLM's API server, which counts only what its engine core has, so vLLM reads 0 running and 0
+    waiting, frozen. The engine_stall detector finds the hang through the gate's view (requests sent to
+    this pod's engine with no byte back, ``gate.engine_unanswered``) at the first tick 60 s after the
+    last progress; both requests are answered once the core runs again."""
+    import os
+    import signal
+
+    from prometheus_client import CollectorRegistry
+
+    from agent.config import GateConfig
+    from agent.gate.collector import GateCollector
+    from agent.loop import Loop
+    from agent.store import Store
+    from detectors.stall import ENGINE_UNANSWERED, EngineStallDetector
+
+    core = _engine_core(engine.proc.pid)
+    # eject_stalled_s 0: the gate keeps vLLM in its split, so what is tested is the detector's verdict
+    gate_cfg = GateConfig(enabled=True, upstreams={"primary": engine.url}, eject_stalled_s=0.0)
+    gate = Gate(gate_cfg, CollectorRegistry())
+    via_gate = f"http://127.0.0.1:{await gate.start('127.0.0.1', 0)}"
+    gate.mark_engine("primary")
+    collector = EngineMetricsCollector(EngineConfig(url=engine.url, kind="vllm", timeout_s=5.0))
+    loop = Loop(
+        [collector, GateCollector(gate)],
+        Store(100, 4096),
+        interval_s=1.0,
+        source_timeout_s=5.0,
+        detectors=[EngineStallDetector()],
+    )
+    t = 500.0
+    seen: list[str] = []
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+            for second in range(3):  # idle readings: the detector's mark, the collector's rates
+                await loop.tick(t + second)
+            t += 2.0
+            os.kill(core, signal.SIGSTOP)
+            try:
+                sent = asyncio.ensure_future(
+                    stream_many(session, via_gate, [completion(f"door {i}", 4) for i in range(2)])
+                )
+                for _ in range(600):  # real time, 30 s at most: both at vLLM's door, no byte back
+                    if gate.held.unanswered("primary") == 2:
+                        break
+                    await asyncio.sleep(0.05)
+                held = await _engine_holds(session, engine)
+                found = []
+                for second in range(1, 161, 10):
+                    state = await loop.tick(t + second)
+                    snapshot = state.snapshot
+                    unanswered = None if snapshot is None else snapshot.get(ENGINE_UNANSWERED)
+                    seen.append(f"t+{second}: gate unanswered {unanswered}")
+                    found = [f for f in state.findings if f.detector == "engine_stall"]
+                    if found:
+                        break
+                found_at = second
+            finally:
+                os.kill(core, signal.SIGCONT)
+            answers = await asyncio.wait_for(sent, 120)
+    finally:
+        await collector.close()
+        await gate.stop()
+    assert held == (0.0, 0.0), held  # vLLM's own view: nothing held
+    assert found, seen
+    assert found[0].evidence["requests_held"] == 2
+    assert 60.0 <= found_at - (found[0].since - t) < 70.0, (found_at, found[0].since - t)
+    assert [a.status for a in answers] == [200, 200]  # vLLM answers them once it runs again

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from agent.gate.admission import Priority
+
 #: Latency buckets (seconds) from 1 ms to 2 min: TTFT spans both ends, ITL sits in the low tens of ms.
 LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
@@ -158,9 +160,9 @@ class GateStats:
             ["priority"],
             registry=registry,
         )
-        for priority in ("high", "normal", "low"):  # every class's series from the start, at 0
-            self.answered_total.labels(priority)
-            self.slo_bad_total.labels(priority)
+        for priority in Priority:  # every class's series from the start, at 0
+            self.answered_total.labels(priority.name.lower())
+            self.slo_bad_total.labels(priority.name.lower())
         self._win = {
             (b, kind): _Window(window_s) for b in buckets.names for kind in ("ttft", "itl", "e2e", "done")
         }

@@ -251,37 +251,28 @@ def test_an_engine_priority_order_the_wrong_way_round_for_the_engine_fails() -> 
     assert odd.failed and "normal must lie between high and low" in odd.detail
 
 
-async def test_the_engine_recognised_by_its_metrics_judges_the_priority_order(sim_url: str) -> None:
-    """``engine.kind: auto``: the simulator's scrape reads as vLLM's, so the SGLang order fails for it."""
-    cfg = config.build(
+def _sglang_order_at(url: str) -> config.Config:
+    """An engine at ``url`` (kind auto) behind the gate, sent SGLang's priority order."""
+    return config.build(
         {
-            "engine": {"url": sim_url},
+            "engine": {"url": url},
             "nvml": {"backend": "off"},
             "probe": {"enabled": False},
             "gate": {
                 "enabled": True,
-                "upstreams": {"primary": sim_url},
+                "upstreams": {"primary": url},
                 "engine_priority": {"primary": "sglang"},
             },
         }
     )
-    results = {r.name: r for r in await run_checks(cfg)}
+
+
+async def test_the_engine_recognised_by_its_metrics_judges_the_priority_order(sim_url: str) -> None:
+    """``engine.kind: auto``: the simulator's scrape reads as vLLM's, so the SGLang order fails for it."""
+    results = {r.name: r for r in await run_checks(_sglang_order_at(sim_url))}
     assert "engine vllm" in results["engine"].detail
     assert results["priority primary"].failed, results["priority primary"]
     # an engine that cannot be read is not recognised: the order is shown, not judged
-    dead = f"http://127.0.0.1:{_closed_port()}"
-    unread = config.build(
-        {
-            "engine": {"url": dead},
-            "nvml": {"backend": "off"},
-            "probe": {"enabled": False},
-            "gate": {
-                "enabled": True,
-                "upstreams": {"primary": dead},
-                "engine_priority": {"primary": "sglang"},
-            },
-        }
-    )
-    results = {r.name: r for r in await run_checks(unread)}
+    results = {r.name: r for r in await run_checks(_sglang_order_at(f"http://127.0.0.1:{_closed_port()}"))}
     assert results["engine"].failed and results["priority primary"].status == "ok"
     assert "not known here" in results["priority primary"].detail

@@ -589,8 +589,7 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(
         return sum(1 for name, _, _ in gate.held.at_upstream.values() if name == "primary")
 
     def gate_unstarted() -> int:
-        held = gate.held.at_upstream.values()
-        return sum(1 for name, r, _ in held if name == "primary" and r.heard_at is None)
+        return gate.held.unanswered("primary")
 
     async def gate_sees(held: int, unstarted: int, failure: str, while_: asyncio.Future[Any]) -> None:
         """Polls (real time, 30 s) until the gate holds ``held`` requests at vLLM, ``unstarted`` of them

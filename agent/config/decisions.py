@@ -72,7 +72,8 @@ class PolicyConfig(Section):
     slo_by_priority: dict[Literal["high", "normal", "low"], PrioritySlo] = Field(
         default_factory=dict,
         description="class -> its own targets, by which the gate judges the answers of requests that "
-        "arrived in it (the breaker's burn rate, the canary); e.g. a looser TTFT for low (batch) traffic",
+        "arrived in it (the breaker's burn rate, the canary) and scales their queue deadline "
+        "(gate.max_queue_wait_s x ttft_s / ttft_slo_s); e.g. a looser TTFT for low (batch) traffic",
     )
     batch_min: int = Field(8, ge=1, le=65536, description="lowest effective batch the policies may set")
     batch_max: int = Field(512, ge=1, le=65536, description="highest effective batch the policies may set")

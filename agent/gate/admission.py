@@ -21,7 +21,10 @@ Rules, for a limit ``L`` and a reserve ``R = min(L - 1, round(r L))`` (``r`` = `
   original class is ``high`` when it is not: the reserve and the high class's precedence hold even
   while a heavy normal or low request waits;
 * a full queue sheds the newest request of the lowest class present when a higher class arrives, and
-  otherwise rejects the arrival (429); a request that waits ``max_wait_s`` expires (503).
+  otherwise rejects the arrival (429); a request that waits ``max_wait_s`` expires (503);
+* a class may have its own deadline, ``max_wait_s`` times its ``wait_scale`` (the gate sets it to the
+  class's TTFT target over the global one: batch traffic allowed 30 s against a 2 s SLO waits 15x as
+  long). Aging still ranks it, so a patient low request delays a fresh normal one by ``aging_s`` at most.
 
 Each original class has its own FIFO deque. Within one deque arrival order equals age, so the effective
 class is monotone along it and the best waiting request is always one of the (at most three) heads:
@@ -33,6 +36,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
+
+#: The longest any request may wait for admission, whatever its class's scale (the gate's knob bound).
+MAX_WAIT_S = 3600.0
 
 
 class Priority(IntEnum):
@@ -115,6 +121,8 @@ class AdmissionQueue:
         self.high_reserved_ratio = high_reserved_ratio
         self.aging_s = aging_s
         self.max_wait_s = max_wait_s
+        #: each original class's deadline as a multiple of ``max_wait_s`` (:meth:`max_wait_for`)
+        self.wait_scale: dict[Priority, float] = dict.fromkeys(Priority, 1.0)
         self._limit = limit
         self._queues: dict[Priority, deque[Ticket]] = {p: deque() for p in Priority}
         self._depth = 0
@@ -139,6 +147,11 @@ class AdmissionQueue:
     def reserved(self) -> int:
         """Slots only original-high requests may use."""
         return min(self._limit - 1, int(self._limit * self.high_reserved_ratio + 0.5))  # 20% of 2 is 0, not 1
+
+    def max_wait_for(self, priority: Priority) -> float:
+        """How long a request whose original class is ``priority`` may wait: ``max_wait_s`` scaled by its
+        class, at most :data:`MAX_WAIT_S`."""
+        return min(MAX_WAIT_S, self.max_wait_s * self.wait_scale[priority])
 
     def depth_by_class(self) -> dict[Priority, int]:
         return {p: len(q) for p, q in self._queues.items()}
@@ -176,10 +189,11 @@ class AdmissionQueue:
         return True
 
     def expire(self, now: float) -> list[Ticket]:
-        """Expire every request that has waited ``max_wait_s`` or more; returns them."""
+        """Expire every request that has waited its class's deadline or more; returns them."""
         expired = []
-        for queue in self._queues.values():
-            while queue and now - queue[0].arrived >= self.max_wait_s:
+        for priority, queue in self._queues.items():
+            deadline = self.max_wait_for(priority)
+            while queue and now - queue[0].arrived >= deadline:
                 ticket = queue.popleft()
                 self._depth -= 1
                 ticket.state = TicketState.EXPIRED

@@ -27,7 +27,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from agent.config import GateConfig
-from agent.gate.admission import AdmissionQueue, Priority, Ticket, TicketState
+from agent.gate.admission import MAX_WAIT_S, AdmissionQueue, Priority, Ticket, TicketState
 from agent.gate.cache import Entry, Fill, ResponseCache, cache_key, response_identity
 from agent.gate.ejection import BlindWatch, StallEjector
 from agent.gate.forward import Forwarder
@@ -269,13 +269,20 @@ class Gate:
         """Set the queue deadline (absolute seconds). Requests that start waiting afterwards get it; a
         lower one also expires, now, those already waiting longer than it (they answer 503)."""
         seconds = float(seconds)
-        if not 0 < seconds <= 3600:
-            raise ValueError(f"max_queue_wait_s must be in (0, 3600], got {seconds:g}")
+        if not 0 < seconds <= MAX_WAIT_S:
+            raise ValueError(f"max_queue_wait_s must be in (0, {MAX_WAIT_S:g}], got {seconds:g}")
         self.max_queue_wait_s = seconds
-        now = self.clock()
-        lanes = [self.admission] + ([self.isolation.admission] if self.isolation is not None else [])
-        for admission in lanes:
+        for admission in self._lanes():
             admission.max_wait_s = seconds
+        self._expire_overdue()
+
+    def _lanes(self) -> list[AdmissionQueue]:
+        return [self.admission] + ([self.isolation.admission] if self.isolation is not None else [])
+
+    def _expire_overdue(self) -> None:
+        """Answer 503, now, whoever has waited past a deadline just lowered."""
+        now = self.clock()
+        for admission in self._lanes():
             self._wake(admission.expire(now))
 
     def set_admission_rules(self, cfg: GateConfig) -> None:
@@ -305,9 +312,18 @@ class Gate:
     ) -> None:
         """Judge answers by these (TTFT, mean ITL) targets from now on (at start and at a config reload),
         those of a request that arrived in a class of ``by_priority`` by its class's own. Answers already
-        counted stay as they were judged: ``servepilot_gate_slo_bad_total`` is a counter."""
+        counted stay as they were judged: ``servepilot_gate_slo_bad_total`` is a counter.
+
+        A class's TTFT target also scales its queue deadline: ``max_queue_wait_s`` x (its TTFT / the
+        global TTFT). Batch traffic allowed 30 s against a 2 s SLO would otherwise be answered 503 after
+        the 2 s only interactive traffic needs. A deadline lowered this way expires overdue waiters now."""
         self.stats.slo = (ttft_slo_s, itl_slo_s)
         self.stats.slo_by_priority = dict(by_priority or {})
+        for admission in self._lanes():
+            for priority in Priority:
+                own = self.stats.slo_by_priority.get(priority.name.lower())
+                admission.wait_scale[priority] = 1.0 if own is None else own[0] / ttft_slo_s
+        self._expire_overdue()
 
     def set_split(self, split: Mapping[str, float]) -> None:
         """Set the traffic split (absolute weights per upstream name); ValueError on a bad split.
@@ -455,7 +471,7 @@ class Gate:
         share = limiter.max_in_flight_share
         held = 0  # slots of the line's share
         if share is not None:  # first the line's share (agent/gate/line_slots.py), a slot per sequence
-            deadline = self._deadline(own_wait_s)
+            deadline = self._deadline(own_wait_s, priority)
             held = await self.line_slots.acquire(
                 line, lambda: line_cap(share, admission.limit), deadline, info.choices
             )
@@ -477,9 +493,11 @@ class Gate:
             if held:
                 self.line_slots.release(line, held)
 
-    def _deadline(self, own_wait_s: float | None) -> float:
-        """How long a request may wait to be admitted: the gate's deadline, or the client's when shorter."""
-        return self.max_queue_wait_s if own_wait_s is None else min(own_wait_s, self.max_queue_wait_s)
+    def _deadline(self, own_wait_s: float | None, priority: Priority) -> float:
+        """How long a request may wait to be admitted: the gate's deadline for its original class, or the
+        client's when shorter."""
+        gate_s = self.admission.max_wait_for(priority)
+        return gate_s if own_wait_s is None else min(own_wait_s, gate_s)
 
     async def _admit(
         self,
@@ -522,7 +540,7 @@ class Gate:
         is the gate's, or the client's own (``max_wait_header``) when that is shorter."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[ticket] = future
-        deadline = self._deadline(own_wait_s)
+        deadline = self._deadline(own_wait_s, ticket.priority)
         try:
             await asyncio.wait_for(future, timeout=deadline)
         except TimeoutError:
@@ -539,7 +557,7 @@ class Gate:
         if ticket.state is TicketState.REJECTED:
             return self._refuse(record, 429, f"the gate's queue is full ({ticket.reason})", "queue_full", 1.0)
         message = f"no capacity within {deadline:g} s (in-flight limit {admission.limit})"
-        retry_s = self.max_queue_wait_s  # when capacity may free, whatever this client was ready to wait
+        retry_s = self._deadline(None, ticket.priority)  # when capacity may free, whatever the client's wait
         return self._refuse(record, 503, message, "queue_timeout", retry_s, outcome="expired")
 
     def _refuse(

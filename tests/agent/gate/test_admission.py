@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.gate.admission import AdmissionQueue, Priority, Ticket, TicketState
+from agent.gate.admission import MAX_WAIT_S, AdmissionQueue, Priority, Ticket, TicketState
 
 H, N, L = Priority.HIGH, Priority.NORMAL, Priority.LOW
 
@@ -172,6 +172,24 @@ def test_requests_waiting_too_long_expire() -> None:
     fresh, _ = q.offer(N, 1.5)
     assert q.expire(2.0) == [late]
     assert fresh.state is TicketState.WAITING and q.queue_depth == 1
+
+
+def test_a_class_with_its_own_deadline_expires_by_it() -> None:
+    """A class's ``wait_scale`` (its TTFT target over the global one) scales its deadline; the rest keep
+    ``max_wait_s``, and no scale takes a deadline past the gate's bound."""
+    q = _queue(limit=1, max_wait_s=2.0)
+    q.wait_scale[L] = 15.0  # batch traffic: 30 s against a 2 s SLO
+    q.wait_scale[H] = 0.25
+    q.offer(H, 0.0)
+    low, _ = q.offer(L, 0.0)
+    normal, _ = q.offer(N, 0.0)
+    high, _ = q.offer(H, 0.0)
+    assert q.expire(0.6) == [high]
+    assert q.expire(2.0) == [normal]
+    assert q.expire(29.9) == [] and low.state is TicketState.WAITING
+    assert q.expire(30.0) == [low]
+    q.wait_scale[L] = 1e6
+    assert q.max_wait_for(L) == MAX_WAIT_S and q.max_wait_for(N) == 2.0
 
 
 def test_cancel_withdraws_a_waiting_request() -> None:

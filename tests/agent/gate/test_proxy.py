@@ -794,6 +794,41 @@ async def test_a_class_with_its_own_slo_is_judged_by_it(
         await gate.stop()
 
 
+async def test_a_class_with_a_looser_ttft_target_waits_longer_for_admission(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """Batch traffic allowed 60 s against a 2 s SLO waits 30x the gate's deadline (0.05 s -> 1.5 s): the
+    normal request behind the busy slot is answered 503 while the low one waits, and is served. A reload
+    that drops the class's target answers a low request that has waited past the deadline at once."""
+    upstream.release.clear()
+    gate = await _gate({"primary": upstream.url}, max_in_flight=1, queue_size=4, max_queue_wait_s=0.05)
+    gate.set_slo(2.0, 0.1, {"low": (60.0, 0.1)})
+    try:
+        held = await _one_held(upstream, client, gate)
+        normal = asyncio.create_task(_post(client, gate, _body(), headers={PRIORITY: "normal"}))
+        low = asyncio.create_task(_post(client, gate, _body(), headers={PRIORITY: "low"}))
+        refused = await asyncio.wait_for(normal, TIMEOUT)
+        assert refused.status == 503 and "within 0.05 s" in (await refused.json())["error"]["message"]
+        assert gate.admission.queue_depth == 1 and not low.done()  # the low one still waits
+        upstream.release.set()
+        assert (await held).status == 200
+        assert (await asyncio.wait_for(low, TIMEOUT)).status == 200
+        upstream.release.clear()
+        held = await _one_held(upstream, client, gate)
+        low = asyncio.create_task(_post(client, gate, _body(), headers={PRIORITY: "low"}))
+        await asyncio.wait_for(_until(lambda: gate.admission.queue_depth == 1), TIMEOUT)
+        await asyncio.sleep(0.1)  # past the global deadline, well within the class's 1.5 s
+        assert not low.done()
+        gate.set_slo(2.0, 0.1)  # the reload: low is back to the global 0.05 s, which it has waited past
+        dropped = await asyncio.wait_for(low, 1.0)  # at once, not after its 1.5 s
+        assert dropped.status == 503 and (await dropped.json())["error"]["code"] == "queue_timeout"
+        assert dropped.headers["Retry-After"] == "1"  # the class's deadline now, rounded up to a second
+        upstream.release.set()
+        assert (await held).status == 200
+    finally:
+        await gate.stop()
+
+
 async def test_a_hung_upstream_is_ejected_from_the_split_and_returns_when_it_sends_again(
     upstream: Upstream, client: aiohttp.ClientSession
 ) -> None:

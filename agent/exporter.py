@@ -156,6 +156,8 @@ class StateCollector(PromCollector):
     def __init__(self, slo: Mapping[str, float] | None = None) -> None:
         self.state = AgentState()
         self.slo = dict(slo or {})
+        #: the ITL target the policies steer to (agent/itl_steering.py); None: not exported
+        self.policy_itl_s: float | None = None
         self._cache: dict[str, Translation | None] = {}
 
     def update(self, state: AgentState) -> None:
@@ -236,6 +238,14 @@ class StateCollector(PromCollector):
             )
             slo.add_metric([], target_s)
             yield slo
+        if self.policy_itl_s is not None:
+            steered = GaugeMetricFamily(
+                "servepilot_policy_itl_target_seconds",
+                "ITL the policies steer the engine to: policies.itl_slo_s, or with policies.itl_steering "
+                "served_classes the tightest target of the priority classes served lately.",
+            )
+            steered.add_metric([], self.policy_itl_s)
+            yield steered
 
     @staticmethod
     def _brain_families(state: AgentState) -> Iterator[Metric]:
@@ -305,6 +315,10 @@ class Exporter:
     def set_slo(self, slo: Mapping[str, float]) -> None:
         """The targets ``servepilot_slo_<name>_seconds`` export from the next scrape on (a config reload)."""
         self.state_collector.slo = dict(slo)
+
+    def set_policy_itl(self, itl_s: float) -> None:
+        """``servepilot_policy_itl_target_seconds`` from the next scrape on."""
+        self.state_collector.policy_itl_s = itl_s
 
     def publish(self, state: AgentState) -> None:
         self.state_collector.update(state)

@@ -55,6 +55,8 @@ HOT = (
     "policies.ttft_slo_s",
     "policies.itl_slo_s",
     "policies.slo_by_priority",
+    "policies.itl_steering",
+    "policies.served_window_s",
     "policies.batch_min",
     "policies.batch_max",
     "policies.initial_batch",  # where a controller starts: the running one carries on, held to its bounds

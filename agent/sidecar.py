@@ -26,17 +26,19 @@ from agent.assembly import (
     build_policies,
     warm_imports,
 )
+from agent.audit import Action
 from agent.collectors.base import Collector
 from agent.config import ActuatorConfig, Config, ConfigError, PolicyConfig, priority_targets
 from agent.exporter import Exporter
 from agent.gate.upstreams import engine_upstream
+from agent.itl_steering import AUDIT_KNOB, ItlTarget, steered_itl
 from agent.knobs import Knobs
 from agent.loop import Loop
 from agent.modes import Mode
 from agent.store import Store
 from detectors.base import Finding
 from detectors.snapshot import Snapshot
-from policies.base import Proposal
+from policies.base import Policy, Proposal
 
 if TYPE_CHECKING:
     from agent.canary_live import LiveCanary
@@ -150,6 +152,10 @@ class Sidecar:
         self._evidence_task: asyncio.Task[None] | None = None
         self.loop.subscribe(self._refits.release)
         self.loop.subscribe(self._tell_gate_of_a_stall)
+        #: the ITL target the policies were built or last retuned with (agent/itl_steering.py)
+        self._itl_target = ItlTarget(cfg.policies.itl_slo_s)
+        self.exporter.set_policy_itl(self._itl_target.itl_s)
+        self.loop.subscribe(self._steer_itl)  # a reload may turn policies.itl_steering on
         self.loop.subscribe(self.exporter.publish)
         if self.forecaster is not None:
             self.loop.subscribe(self.forecaster.on_state)
@@ -207,22 +213,18 @@ class Sidecar:
         exported ``servepilot_slo_*_seconds`` follow, and an operator's pin outside the new bounds is
         dropped with a warning (as a restart drops it: agent/persist.py). Everything is built before
         anything is swapped, so a ValueError leaves the running brain as it was."""
-        from policies.registry import retune, with_batch_bounds
-        from policies.schedule import Schedule
+        from policies.registry import with_batch_bounds
 
         bounds = (float(p.batch_min), float(p.batch_max))
-        schedule = Schedule.from_data(p.schedule) if p.schedule else None
-        retuned = [
-            retune(
-                policy, ttft_slo_s=p.ttft_slo_s, itl_slo_s=p.itl_slo_s, batch_bounds=bounds, schedule=schedule
-            )
-            for policy in self.loop.policies
-        ]
+        target = self._steered(p)
+        retuned = self._retuned(p, target.itl_s)
         arbiter = with_batch_bounds(self.arbiter, bounds)
         self.loop.policies[:] = retuned
+        self._itl_target = target
         self.arbiter = arbiter
         self.knobs.actuation.bounds = arbiter.check
         self.exporter.set_slo({"ttft": p.ttft_slo_s, "itl": p.itl_slo_s})
+        self.exporter.set_policy_itl(target.itl_s)
         if self.knobs.gate is not None:
             self.knobs.gate.set_slo(p.ttft_slo_s, p.itl_slo_s, priority_targets(p))
         pins = self.knobs.actuation.pins
@@ -231,6 +233,57 @@ class Sidecar:
             if why is not None:
                 del pins[knob]
                 log.warning("pin %s=%r dropped by the reload: %s", knob, value, why)
+
+    def _retuned(self, p: PolicyConfig, itl_s: float) -> list[Policy]:
+        """The running policies retuned to ``p`` with ``itl_s`` as their ITL target (ValueError: a value
+        they do not take)."""
+        from policies.registry import retune
+        from policies.schedule import Schedule
+
+        bounds = (float(p.batch_min), float(p.batch_max))
+        schedule = Schedule.from_data(p.schedule) if p.schedule else None
+        return [
+            retune(policy, ttft_slo_s=p.ttft_slo_s, itl_slo_s=itl_s, batch_bounds=bounds, schedule=schedule)
+            for policy in self.loop.policies
+        ]
+
+    def _steered(self, p: PolicyConfig) -> ItlTarget:
+        gate = self.knobs.gate
+        if gate is None:
+            return ItlTarget(p.itl_slo_s)
+        return steered_itl(p, gate.stats.last_seen, gate.clock())
+
+    def _steer_itl(self, _: AgentState) -> None:
+        """``policies.itl_steering: served_classes``, after each tick: when the classes served lately ask
+        for another ITL target, the policies are retuned to it (keeping their state) from the next tick,
+        with an audit record (knob ``policies.itl_target_s``) and ``servepilot_policy_itl_target_seconds``."""
+        p = self.cfg.policies
+        target = self._steered(p)
+        previous = self._itl_target.itl_s
+        if target.itl_s == previous:
+            return
+        try:
+            self.loop.policies[:] = self._retuned(p, target.itl_s)
+        except ValueError as error:
+            log.warning(
+                "ITL target %g s not taken by the policies: %s; they keep %g s", target.itl_s, error, previous
+            )
+            return
+        self._itl_target = target
+        self.exporter.set_policy_itl(target.itl_s)
+        reason = target.reason(p.served_window_s)
+        log.info("the policies now steer to an ITL of %g s (was %g s): %s", target.itl_s, previous, reason)
+        action = Action(
+            self.loop.clock(),
+            AUDIT_KNOB,
+            previous,
+            target.itl_s,
+            reason,
+            "itl_steering",
+            self.cfg.actuators.mode,
+            "ok",
+        )
+        self.knobs.audit.record(action)
 
     def _change_mode(self, a: ActuatorConfig) -> None:
         """``actuators.mode`` from a reload. Into act: decisions apply from the next tick. Out of act:

@@ -75,6 +75,15 @@ class PolicyConfig(Section):
         "arrived in it (the breaker's burn rate, the canary) and scales their queue deadline "
         "(gate.max_queue_wait_s x ttft_s / ttft_slo_s); e.g. a looser TTFT for low (batch) traffic",
     )
+    itl_steering: Literal["global", "served_classes"] = Field(
+        "global",
+        description="the ITL the batch, token-budget, energy and breaker policies steer the engine to: "
+        "global: itl_slo_s; served_classes: the tightest target (slo_by_priority's or itl_slo_s) of the "
+        "classes that sent requests within served_window_s (a batch decodes every class at one pace)",
+    )
+    served_window_s: float = Field(
+        300.0, ge=1, le=86400, description="a class counts as served this long after its last request"
+    )
     batch_min: int = Field(8, ge=1, le=65536, description="lowest effective batch the policies may set")
     batch_max: int = Field(512, ge=1, le=65536, description="highest effective batch the policies may set")
     initial_batch: int = Field(64, ge=1, le=65536, description="batch the auto policy starts from")

@@ -447,6 +447,7 @@ class Gate:
             message = f"{self.cfg.max_wait_header}: {error}"
             return json_error(400, message, "invalid_request_error", "bad_request")
         record = RequestRecord(line, priority.name.lower(), path, info.prompt_tokens, arrived)
+        self.stats.last_seen[record.priority] = arrived
         record.max_tokens, record.choices = info.max_tokens * info.choices, info.choices
         record.prompts = info.prompts
         est_tokens = info.prompt_tokens + record.max_tokens  # max_tokens for each of its sequences

@@ -171,6 +171,8 @@ class GateStats:
         self.slo: tuple[float, float] | None = None
         #: a class's own targets (``policies.slo_by_priority``), for the requests that arrived in it
         self.slo_by_priority: dict[str, tuple[float, float]] = {}
+        #: class -> when a request last arrived in it (``policies.itl_steering``: which classes are served)
+        self.last_seen: dict[str, float] = {}
         #: running totals the breaker and the canary read as per-tick deltas (``gate.requests`` etc.):
         #: answered requests (refused, expired and abandoned ones are not answers), their 5xx, and the
         #: answers that missed the SLO (5xx included, as replay counts them)

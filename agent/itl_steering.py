@@ -1,0 +1,54 @@
+"""The ITL target the engine-wide policies steer to when priority classes have targets of their own.
+
+The gate judges each class by its own targets (``policies.slo_by_priority``) and scales each class's
+queue deadline by its TTFT target, so time to first token is handled per class where it is spent: in
+the gate's queue. Inter-token latency is not: the engine decodes every running sequence in the same
+steps, so one batch gives every class the same ITL. With ``policies.itl_steering: served_classes`` the
+batch, token-budget, energy and breaker policies steer to the tightest ITL target among the classes
+that sent requests lately: interactive traffic with a 50 ms target gets a batch that meets it while it
+is there, and a night of batch traffic alone, allowed 200 ms, gets the larger batch that buys. With
+``global`` (the default) they steer to ``policies.itl_slo_s`` whatever is served, and a class's tighter
+target is only judged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from agent.config import PolicyConfig, priority_targets
+
+#: The name a change of target is audited under (not a knob an actuator turns: the policies' aim).
+AUDIT_KNOB = "policies.itl_target_s"
+
+
+@dataclass(frozen=True)
+class ItlTarget:
+    """What the policies steer to, and why."""
+
+    itl_s: float
+    #: the classes served within the window, with the ITL target each asks for (empty: none were)
+    served: tuple[tuple[str, float], ...] = ()
+
+    def reason(self, window_s: float) -> str:
+        if not self.served:
+            return f"no class sent requests in the last {window_s:g} s: policies.itl_slo_s"
+        shown = ", ".join(f"{name} {itl:g} s" for name, itl in self.served)
+        return f"the tightest ITL target of the classes served in the last {window_s:g} s ({shown})"
+
+
+def steered_itl(policies: PolicyConfig, last_seen: Mapping[str, float], now: float) -> ItlTarget:
+    """The ITL target for the policies: ``policies.itl_slo_s`` with ``itl_steering: global``, or when no
+    class sent a request within ``served_window_s`` of ``now``; otherwise the tightest target (a class's
+    own, or ``itl_slo_s`` for a class without one) among the classes that did."""
+    if policies.itl_steering == "global":
+        return ItlTarget(policies.itl_slo_s)
+    own = priority_targets(policies)
+    served = tuple(
+        (name, own[name][1] if name in own else policies.itl_slo_s)
+        for name, seen in sorted(last_seen.items())
+        if now - seen <= policies.served_window_s
+    )
+    if not served:
+        return ItlTarget(policies.itl_slo_s)
+    return ItlTarget(min(itl for _, itl in served), served)

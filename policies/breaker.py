@@ -246,9 +246,12 @@ class Breaker:
         return state, self._proposals(snapshot, state)
 
     def _first_cap(self, snapshot: Snapshot) -> float:
-        """The batch cap on leaving L0: ``batch_factor`` of the limit in force, at least the floor."""
-        limit = snapshot.get(knobs.GATE_LIMIT)
-        return max(self.batch_floor, (limit or self.batch_floor * 4) * self.batch_factor)
+        """The batch cap on leaving L0: ``batch_factor`` of the limit in force, at least the floor, and
+        never above that limit. A limit already under the floor (``policies.batch_min`` 4, the auto
+        controller at 4) stays where it is: the floor alone raised it to 8, so the "smaller batch" level
+        doubled the batch of an engine missing its SLO (seen in a closed-loop run, 2026-12-04)."""
+        limit = snapshot.get(knobs.GATE_LIMIT) or self.batch_floor * 4
+        return min(limit, max(self.batch_floor, limit * self.batch_factor))
 
     def _step(self, snapshot: Snapshot, state: BreakerState, now: float) -> BreakerState:
         burns = self._burns(state, now)

@@ -193,6 +193,14 @@ def test_l1_caps_the_batch_at_half_the_limit():
     assert {p.knob: p.value for p in proposals}[knobs.BATCH] == 64
 
 
+def test_l1_never_raises_a_limit_already_below_its_floor():
+    """A limit of 4 (under the floor of 8) stays 4 at L1; 12 is cut to the floor, not to 6."""
+    for limit, cap in ((4.0, 4), (12.0, 8), (128.0, 64)):
+        values = {**_error_storm(0), knobs.GATE_LIMIT: limit}
+        _state, proposals = BREAKER.decide(make_snapshot(0.0, **values), [], None, 0.0)
+        assert {p.knob: p.value for p in proposals}[knobs.BATCH] == cap, limit
+
+
 def test_transition_table_covers_every_phase_and_event():
     assert set(TRANSITIONS) == {(p, e) for p in ("steady", "probe") for e in ("trip", "healthy")}
 

@@ -31,8 +31,11 @@ async def _run(
     initial: int = 4,
     rate: float = 50.0,
     real: RunningEngine | None = None,
+    policies: dict[str, Any] | None = None,
+    priority_mix: dict[str, float] | None = None,
 ) -> tuple[Sidecar, list[dict[str, Any]], int]:
-    """The loop for ``ticks`` ticks of 0.25 s against the simulator, or ``real`` (a llama.cpp server)."""
+    """The loop for ``ticks`` ticks of 0.25 s against the simulator, or ``real`` (a llama.cpp server);
+    ``policies``: more policy settings; ``priority_mix``: the load's classes (class -> share)."""
     runner: web.AppRunner | None = None
     gate_port = _free_port()
     if real is None:
@@ -61,7 +64,13 @@ async def _run(
             },
             "actuators": {"mode": mode},
             "audit": {"path": str(tmp_path / "audit.jsonl")},
-            "policies": {"set": "auto", "batch_min": 4, "initial_batch": initial, "batch_max": 64},
+            "policies": {
+                "set": "auto",
+                "batch_min": 4,
+                "initial_batch": initial,
+                "batch_max": 64,
+                **(policies or {}),
+            },
         }
     )
     sidecar = Sidecar(cfg)
@@ -69,7 +78,9 @@ async def _run(
     trace = [[i / rate, 256, 64] for i in range(int(8 * rate))]  # 50 req/s: far above 4 in flight
     import numpy as np
 
-    gen = LoadGenerator(f"http://127.0.0.1:{gate_port}", np.array(trace, dtype=float), model=model)
+    gen = LoadGenerator(
+        f"http://127.0.0.1:{gate_port}", np.array(trace, dtype=float), model=model, priority_mix=priority_mix
+    )
     stop = asyncio.Event()
     load = asyncio.create_task(gen.run(stop))
     try:
@@ -113,6 +124,29 @@ async def test_a_normal_priority_queue_raises_a_limit_whose_high_priority_reserv
     shrink = ("above target", "thrashing")  # auto's two reasons to shrink
     cut_for_cause = batch[-1]["policy"] == "breaker" or any(c in batch[-1]["reason"] for c in shrink)
     assert limit > 40 or cut_for_cause, batch
+
+
+async def test_the_batch_is_held_to_the_itl_target_of_the_class_being_served(tmp_path: Path) -> None:
+    """``policies.itl_steering: served_classes``: the load is high priority, whose ITL target (1 ms) no
+    batch on the simulator meets. The policies steer to it from the tick after the first request, so the
+    limit never grows; under the same load with ``global`` steering (the 0.1 s SLO) it does."""
+    steering = {
+        "itl_steering": "served_classes",
+        "slo_by_priority": {"high": {"itl_s": 0.001}},
+    }
+    high = {"high": 1.0}
+    sidecar, actions, limit = await _run(tmp_path, "act", ticks=24, policies=steering, priority_mix=high)
+    aims = [a for a in actions if a["knob"] == "policies.itl_target_s"]
+    assert [(a["from"], a["to"]) for a in aims] == [(0.1, 0.001)], aims
+    assert "high 0.001 s" in aims[0]["reason"]
+    raised = [
+        a for a in actions if a["knob"] == "batch.max_in_flight" and a["result"] == "ok" and a["to"] > 4
+    ]
+    assert limit <= 4 and not raised, actions
+    auto = next(p for p in sidecar.loop.policies if p.name == "batch_auto")
+    assert getattr(auto, "itl_slo_s") == 0.001
+    _, actions, limit = await _run(tmp_path / "global", "act", ticks=24, priority_mix=high)
+    assert limit > 4, actions
 
 
 async def test_observe_mode_leaves_the_limit_alone(tmp_path: Path) -> None:

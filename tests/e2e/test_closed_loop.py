@@ -19,6 +19,7 @@ from agent.engines.launcher import SERVED_MODEL, RunningEngine
 from agent.engines.launcher import free_port as _free_port
 from agent.loadgen import LoadGenerator
 from agent.sidecar import Sidecar
+from policies.batch_auto import AutoBatch
 from simulator.engine import make_core
 from simulator.server import SimServer
 from tests.engines.fixture import running
@@ -144,7 +145,7 @@ async def test_the_batch_is_held_to_the_itl_target_of_the_class_being_served(tmp
     ]
     assert limit <= 4 and not raised, actions
     auto = next(p for p in sidecar.loop.policies if p.name == "batch_auto")
-    assert getattr(auto, "itl_slo_s") == 0.001
+    assert isinstance(auto, AutoBatch) and auto.itl_slo_s == 0.001
     _, actions, limit = await _run(tmp_path / "global", "act", ticks=24, priority_mix=high)
     assert limit > 4, actions
 

@@ -72,6 +72,8 @@ AGENT: list[Series] = _agent(
     "servepilot_engine_control_up",
     "servepilot_config_last_reload_successful",
     "servepilot_slo_ttft_seconds",
+    "servepilot_slo_itl_seconds",
+    "servepilot_policy_itl_target_seconds",  # the ITL the policies steer to (agent/itl_steering.py)
     # the admission gate's own series (gate.enabled)
     "servepilot_gate_ttft_seconds_bucket",
     "servepilot_gate_limit",

@@ -103,6 +103,7 @@ async def agent_exposition(tmp_path: Path) -> str:
         forecaster,
     ]
     exporter = Exporter(slo={"ttft": 2.0, "itl": 0.1})
+    exporter.set_policy_itl(0.1)  # as the sidecar does at start (agent/itl_steering.py)
     # the sidecar's actuators, not started: registers servepilot_gate_*, the audit log's series and
     # servepilot_engine_control_up (control.enabled)
     knobs = Knobs(

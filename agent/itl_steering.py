@@ -27,14 +27,9 @@ class ItlTarget:
     """What the policies steer to, and why."""
 
     itl_s: float
+    reason: str = "policies.itl_slo_s"
     #: the classes served within the window, with the ITL target each asks for (empty: none were)
     served: tuple[tuple[str, float], ...] = ()
-
-    def reason(self, window_s: float) -> str:
-        if not self.served:
-            return f"no class sent requests in the last {window_s:g} s: policies.itl_slo_s"
-        shown = ", ".join(f"{name} {itl:g} s" for name, itl in self.served)
-        return f"the tightest ITL target of the classes served in the last {window_s:g} s ({shown})"
 
 
 def steered_itl(policies: PolicyConfig, last_seen: Mapping[str, float], now: float) -> ItlTarget:
@@ -42,13 +37,18 @@ def steered_itl(policies: PolicyConfig, last_seen: Mapping[str, float], now: flo
     class sent a request within ``served_window_s`` of ``now``; otherwise the tightest target (a class's
     own, or ``itl_slo_s`` for a class without one) among the classes that did."""
     if policies.itl_steering == "global":
-        return ItlTarget(policies.itl_slo_s)
+        return ItlTarget(policies.itl_slo_s, "policies.itl_slo_s (itl_steering: global)")
     own = priority_targets(policies)
+    window_s = policies.served_window_s
     served = tuple(
         (name, own[name][1] if name in own else policies.itl_slo_s)
         for name, seen in sorted(last_seen.items())
-        if now - seen <= policies.served_window_s
+        if now - seen <= window_s
     )
     if not served:
-        return ItlTarget(policies.itl_slo_s)
-    return ItlTarget(min(itl for _, itl in served), served)
+        return ItlTarget(
+            policies.itl_slo_s, f"no class sent requests in the last {window_s:g} s: policies.itl_slo_s"
+        )
+    shown = ", ".join(f"{name} {itl:g} s" for name, itl in served)
+    why = f"the tightest ITL target of the classes served in the last {window_s:g} s ({shown})"
+    return ItlTarget(min(itl for _, itl in served), why, served)

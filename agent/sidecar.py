@@ -156,6 +156,12 @@ class Sidecar:
         self._itl_target = ItlTarget(cfg.policies.itl_slo_s)
         self.exporter.set_policy_itl(self._itl_target.itl_s)
         self.loop.subscribe(self._steer_itl)  # a reload may turn policies.itl_steering on
+        if cfg.policies.itl_steering != "global" and self.knobs.gate is None:
+            log.warning(
+                "policies.itl_steering %s needs the gate (gate.enabled), which sees the classes served: "
+                "the policies steer to policies.itl_slo_s",
+                cfg.policies.itl_steering,
+            )
         self.loop.subscribe(self.exporter.publish)
         if self.forecaster is not None:
             self.loop.subscribe(self.forecaster.on_state)
@@ -220,11 +226,10 @@ class Sidecar:
         retuned = self._retuned(p, target.itl_s)
         arbiter = with_batch_bounds(self.arbiter, bounds)
         self.loop.policies[:] = retuned
-        self._itl_target = target
+        self._aim(target)
         self.arbiter = arbiter
         self.knobs.actuation.bounds = arbiter.check
         self.exporter.set_slo({"ttft": p.ttft_slo_s, "itl": p.itl_slo_s})
-        self.exporter.set_policy_itl(target.itl_s)
         if self.knobs.gate is not None:
             self.knobs.gate.set_slo(p.ttft_slo_s, p.itl_slo_s, priority_targets(p))
         pins = self.knobs.actuation.pins
@@ -259,29 +264,33 @@ class Sidecar:
         with an audit record (knob ``policies.itl_target_s``) and ``servepilot_policy_itl_target_seconds``."""
         p = self.cfg.policies
         target = self._steered(p)
-        previous = self._itl_target.itl_s
-        if target.itl_s == previous:
+        if target.itl_s == self._itl_target.itl_s:
             return
         try:
             self.loop.policies[:] = self._retuned(p, target.itl_s)
         except ValueError as error:
             log.warning(
-                "ITL target %g s not taken by the policies: %s; they keep %g s", target.itl_s, error, previous
+                "ITL target %g s not taken by the policies: %s; they keep %g s",
+                target.itl_s,
+                error,
+                self._itl_target.itl_s,
             )
             return
+        self._aim(target)
+
+    def _aim(self, target: ItlTarget) -> None:
+        """The policies were retuned to ``target``: export it, and log and audit it when it moved (by the
+        classes served, or by a reload)."""
+        previous = self._itl_target.itl_s
         self._itl_target = target
         self.exporter.set_policy_itl(target.itl_s)
-        reason = target.reason(p.served_window_s)
+        if target.itl_s == previous:
+            return
+        reason = target.reason
         log.info("the policies now steer to an ITL of %g s (was %g s): %s", target.itl_s, previous, reason)
+        mode = self.cfg.actuators.mode
         action = Action(
-            self.loop.clock(),
-            AUDIT_KNOB,
-            previous,
-            target.itl_s,
-            reason,
-            "itl_steering",
-            self.cfg.actuators.mode,
-            "ok",
+            self.loop.clock(), AUDIT_KNOB, previous, target.itl_s, reason, "itl_steering", mode, "ok"
         )
         self.knobs.audit.record(action)
 

@@ -31,12 +31,12 @@ def test_the_tightest_target_of_the_classes_served_within_the_window() -> None:
     assert steered_itl(p, {"low": 100.0}, 130.0).itl_s == 0.2  # batch traffic alone: its looser target
     both = steered_itl(p, {"low": 100.0, "high": 120.0}, 130.0)
     assert both.itl_s == 0.05 and both.served == (("high", 0.05), ("low", 0.2))
-    assert "high 0.05 s, low 0.2 s" in both.reason(60.0)
+    assert "served in the last 60 s (high 0.05 s, low 0.2 s)" in both.reason
     later = steered_itl(p, {"low": 100.0, "high": 120.0}, 170.0)  # low last sent 70 s ago, high 50 s
     assert later.itl_s == 0.05 and later.served == (("high", 0.05),)
     assert steered_itl(p, {"low": 100.0, "high": 120.0}, 181.0).itl_s == 0.1  # both past 60 s: the SLO
     assert steered_itl(p, {"normal": 100.0, "low": 100.0}, 130.0).itl_s == 0.1  # normal has no own: 0.1
-    assert steered_itl(p, {}, 130.0).reason(60.0).startswith("no class sent requests in the last 60 s")
+    assert steered_itl(p, {}, 130.0).reason.startswith("no class sent requests in the last 60 s")
 
 
 def test_global_steering_keeps_the_slo_whatever_is_served() -> None:
@@ -109,5 +109,50 @@ async def test_the_sidecar_retunes_the_policies_to_the_classes_its_gate_serves(t
         moves = [a for a in sidecar.knobs.audit.recent(20) if a["knob"] == AUDIT_KNOB][::-1]
         assert [(a["from"], a["to"]) for a in moves] == [(0.1, 0.2), (0.2, 0.05), (0.05, 0.1)]
         assert "(high 0.05 s, low 0.2 s)" in moves[1]["reason"] and moves[1]["policy"] == "itl_steering"
+    finally:
+        await sidecar.stop()
+
+
+async def test_a_reload_that_turns_steering_on_retunes_at_once_and_audits_it(tmp_path: Path) -> None:
+    """The policies steer to the SLO while steering is global, whatever is served; the reload that turns
+    it on moves them to the served class's target in the same step, audited; turning it off moves them
+    back, audited with the reason that says so."""
+    import yaml
+
+    raw: dict[str, Any] = {
+        "agent": {"listen_port": free_port(), "admin_listen_port": None},
+        "gate": {"enabled": True, "listen_port": free_port(), "upstreams": {"primary": "http://127.0.0.1:9"}},
+        "actuators": {"mode": "advise"},
+        "audit": {"path": None},
+        "probe": {"enabled": False},
+        "forecast": {"enabled": False},
+        "policies": {"set": "auto", "itl_slo_s": 0.1, "slo_by_priority": {"high": {"itl_s": 0.05}}},
+    }
+    path = tmp_path / "servepilot.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    sidecar = Sidecar(config.load(path, {}), collectors=[OneValue()], config_path=str(path))
+    await sidecar.knobs.start()
+    gate = sidecar.knobs.gate
+    assert gate is not None
+
+    def aim() -> float:
+        auto = next(p for p in sidecar.loop.policies if p.name == "batch_auto")
+        return float(getattr(auto, "itl_slo_s"))  # noqa: B009 (the Policy protocol has no targets)
+
+    try:
+        gate.stats.last_seen["high"] = gate.clock()  # what a request through the gate records
+        await sidecar.loop.tick(1.0)
+        assert aim() == 0.1
+        for steering, expected in (("served_classes", 0.05), ("global", 0.1)):
+            raw["policies"]["itl_steering"] = steering
+            path.write_text(yaml.safe_dump(raw))
+            assert sidecar.reload("SIGHUP").result == "applied"
+            assert aim() == expected
+            await sidecar.loop.tick(2.0)
+            assert aim() == expected  # the tick after agrees: no second move
+        moves = [a for a in sidecar.knobs.audit.recent(20) if a["knob"] == AUDIT_KNOB][::-1]
+        assert [(a["from"], a["to"]) for a in moves] == [(0.1, 0.05), (0.05, 0.1)]
+        assert moves[0]["reason"].endswith("(high 0.05 s)") and moves[0]["mode"] == "advise"
+        assert moves[1]["reason"] == "policies.itl_slo_s (itl_steering: global)"
     finally:
         await sidecar.stop()

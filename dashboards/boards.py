@@ -159,9 +159,9 @@ def overview() -> dashboard.Dashboard:
                 q("servepilot_engine_itl_seconds{@POD}", "{{pod}} p{{quantile}}"),
                 q("servepilot_slo_itl_seconds{@POD}", "SLO (mean)", "B"),
                 q("servepilot_policy_itl_target_seconds{@POD}", "{{pod}} policies' target", "C"),
-                desc="The engine's ITL against the configured SLO (a mean target) and the target the policies "
-                "steer to: the SLO, or with policies.itl_steering served_classes the tightest target of the "
-                "priority classes served lately.",
+                desc="The engine's ITL against the configured SLO (a mean target) and the target the "
+                "policies steer to: the SLO, or with policies.itl_steering served_classes the tightest "
+                "target of the priority classes served lately.",
             )
         )
         .with_panel(

@@ -10,7 +10,8 @@ alert while a *source* alert fires with the same ``namespace`` and ``pod``:
 * ``ServepilotEngineStalled`` (it answers but makes no progress) mutes the TTFT burn alerts, the
   breaker's degraded level and the gate's upstream for this engine being out;
 * ``ServepilotTTFTBudgetBurnFast`` mutes ``ServepilotTTFTBudgetBurnSlow`` (the SRE workbook's advice:
-  the fast burn pages, the slow one would repeat it as a ticket);
+  the fast burn pages, the slow one would repeat it as a ticket) and ``ServepilotClassSloBurnFast``
+  (when the whole pod burns, each class burning with it says nothing more);
 * ``ServepilotGateUpstreamFailing`` for this pod's own engine (it answers 502/503/504 that the gate
   retries elsewhere) mutes ``ServepilotBreakerDegraded``: the breaker moved traffic to the fallback
   upstreams *because* the engine fails, so the failing engine is the page. Only the engine's upstream
@@ -49,6 +50,7 @@ MUTES: dict[str, tuple[tuple[str, dict[str, str]], ...]] = {
         ("ServepilotBreakerDegraded", {}),
         ("ServepilotEngineControlUnavailable", {}),
         ("ServepilotGateShedsHighPriority", {}),
+        ("ServepilotClassSloBurnFast", {}),
         ("ServepilotGateUpstreamOut", {"role": "engine"}),
         ("ServepilotGateUpstreamFailing", {"role": "engine"}),
     ),
@@ -57,9 +59,13 @@ MUTES: dict[str, tuple[tuple[str, dict[str, str]], ...]] = {
         ("ServepilotTTFTBudgetBurnSlow", {}),
         ("ServepilotBreakerDegraded", {}),
         ("ServepilotGateShedsHighPriority", {}),
+        ("ServepilotClassSloBurnFast", {}),
         ("ServepilotGateUpstreamOut", {"role": "engine"}),
     ),
-    "ServepilotTTFTBudgetBurnFast": (("ServepilotTTFTBudgetBurnSlow", {}),),
+    "ServepilotTTFTBudgetBurnFast": (
+        ("ServepilotTTFTBudgetBurnSlow", {}),
+        ("ServepilotClassSloBurnFast", {}),
+    ),
     "ServepilotGateUpstreamFailing": (("ServepilotBreakerDegraded", {}),),
 }
 

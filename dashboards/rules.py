@@ -34,6 +34,14 @@ RUNBOOK = "https://github.com/servepilot/servepilot/blob/main/docs/alerts.md"
 BY = "namespace, pod"
 
 
+def _class_miss_ratio(window: str, above: float) -> str:
+    """Per priority class, the share of the gate's answers that missed the class's SLO over ``window``."""
+    return (
+        f"(sum by ({BY}, priority) (rate(servepilot_gate_slo_bad_total[{window}]))\n"
+        f"  / sum by ({BY}, priority) (rate(servepilot_gate_answered_total[{window}])) > {above:g})"
+    )
+
+
 @dataclass(frozen=True)
 class Profile:
     """Durations used by the rules. ``windows`` maps the nominal window to the one used."""
@@ -227,6 +235,21 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
             "in-flight limit (gate.high_reserved_ratio) is theirs alone: the high class alone asks for more "
             "than this pod serves, or than its business line's share of the gate. The lower classes wait "
             "behind it, so they are turned away too.",
+        ),
+        _alert(
+            "ServepilotClassSloBurnFast",
+            _class_miss_ratio(p.w("1h"), fast)
+            + "\nand "
+            + _class_miss_ratio(p.w("5m"), fast)
+            + f"\nand sum by ({BY}, priority) (increase(servepilot_gate_answered_total[{p.w('1h')}])) >= 50",
+            p.for_(120),
+            "critical",
+            "{{ $labels.priority }}-priority SLO budget of {{ $labels.pod }} burns 14x too fast",
+            f"More than {fast:.1%} of the {{{{ $labels.priority }}}}-priority answers the gate relayed "
+            "missed their class's latency targets (policies.slo_by_priority, else the SLO) or failed, over "
+            "both the last hour and the last 5 minutes ({{ $value | humanizePercentage }} over the hour). A "
+            "class that is a small share of the traffic can miss everything while the pod's own burn rate "
+            "stays low.",
         ),
         _alert(
             "ServepilotTTFTBudgetBurnFast",

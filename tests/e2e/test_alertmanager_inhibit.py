@@ -29,6 +29,8 @@ MUTED = {
     ("ServepilotTTFTBudgetBurnSlow", "llm-0", ""),
     ("ServepilotBreakerDegraded", "llm-0", ""),
     ("ServepilotGateShedsHighPriority", "llm-0", ""),  # nothing is served while it hangs
+    ("ServepilotClassSloBurnFast", "llm-0", ""),
+    ("ServepilotClassSloBurnFast", "llm-1", ""),  # the whole pod burns: its fast burn pages instead
     ("ServepilotGateUpstreamOut", "llm-0", "vllm"),
     ("ServepilotGateUpstreamFailing", "llm-2", "vllm"),  # its engine is down: the 503s follow
     ("ServepilotTTFTBudgetBurnSlow", "llm-1", ""),  # its own fast burn pages instead
@@ -36,7 +38,8 @@ MUTED = {
 }
 """What the rules must mute: everything else posted stays visible (the stall and down alerts, the fp8
 and role-less upstreams, the memory leak, llm-1's fast burn and its engine's 503s, llm-3's breaker, which
-a failing fp8 upstream does not explain, and llm-1's shed high-priority requests, its engine being up)."""
+a failing fp8 upstream does not explain, llm-1's shed high-priority requests, its engine being up, and
+llm-3's high class burning its own SLO, with nothing pod-wide to explain it)."""
 
 
 def _alert(name: str, pod: str, **labels: str) -> dict[str, Any]:
@@ -76,6 +79,7 @@ async def test_a_hung_engine_pages_once_and_the_rest_of_its_pod_is_muted(tmp_pat
         _alert("ServepilotTTFTBudgetBurnSlow", "llm-0"),
         _alert("ServepilotBreakerDegraded", "llm-0"),
         _alert("ServepilotGateShedsHighPriority", "llm-0"),
+        _alert("ServepilotClassSloBurnFast", "llm-0", severity="critical", priority="high"),
         _alert("ServepilotGateUpstreamOut", "llm-0", upstream="vllm", role="engine"),
         _alert("ServepilotGateUpstreamOut", "llm-0", upstream="fp8", role="other"),
         _alert("ServepilotGateUpstreamOut", "llm-0", upstream="primary"),
@@ -87,11 +91,13 @@ async def test_a_hung_engine_pages_once_and_the_rest_of_its_pod_is_muted(tmp_pat
         _alert("ServepilotGateUpstreamFailing", "llm-1", upstream="vllm", role="engine"),  # engine up
         _alert("ServepilotBreakerDegraded", "llm-1"),
         _alert("ServepilotGateShedsHighPriority", "llm-1"),
+        _alert("ServepilotClassSloBurnFast", "llm-1", severity="critical", priority="high"),
         _alert("ServepilotEngineDown", "llm-2", severity="critical"),
         _alert("ServepilotGateUpstreamFailing", "llm-2", upstream="vllm", role="engine"),
         _alert("ServepilotGateUpstreamFailing", "llm-2", upstream="fp8", role="other"),
         _alert("ServepilotGateUpstreamFailing", "llm-3", upstream="fp8", role="other"),
         _alert("ServepilotBreakerDegraded", "llm-3"),
+        _alert("ServepilotClassSloBurnFast", "llm-3", severity="critical", priority="high"),
     ]
     with process(args, tmp_path / "alertmanager.log"):
         async with aiohttp.ClientSession() as http:

@@ -26,6 +26,27 @@ def _policies(**overrides: Any) -> PolicyConfig:
     return PolicyConfig.model_validate({**fields, **overrides})
 
 
+async def _sidecar(tmp_path: Path, mode: str, policies: dict[str, Any]) -> tuple[Sidecar, dict[str, Any]]:
+    """A sidecar from a config file (so it reloads) with a gate whose upstream is down, the auto policy
+    set at an ITL SLO of 0.1 s plus ``policies``, started; and the config as written."""
+    import yaml
+
+    raw: dict[str, Any] = {
+        "agent": {"listen_port": free_port(), "admin_listen_port": None},
+        "gate": {"enabled": True, "listen_port": free_port(), "upstreams": {"primary": "http://127.0.0.1:9"}},
+        "actuators": {"mode": mode},
+        "audit": {"path": None},
+        "probe": {"enabled": False},
+        "forecast": {"enabled": False},
+        "policies": {"set": "auto", "itl_slo_s": 0.1, **policies},
+    }
+    path = tmp_path / "servepilot.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    sidecar = Sidecar(config.load(path, {}), collectors=[OneValue()], config_path=str(path))
+    await sidecar.knobs.start()
+    return sidecar, raw
+
+
 def test_the_tightest_target_of_the_classes_served_within_the_window() -> None:
     p = _policies()
     assert steered_itl(p, {"low": 100.0}, 130.0).itl_s == 0.2  # batch traffic alone: its looser target
@@ -53,23 +74,12 @@ async def test_the_sidecar_retunes_the_policies_to_the_classes_its_gate_serves(t
     """Requests through the gate (its upstream is down: the class was still sent) move the target the
     batch controller and the breaker steer to, from the next tick, each move audited and exported; when
     the classes stop sending, the target returns to policies.itl_slo_s."""
-    import yaml
-
-    raw: dict[str, Any] = {
-        "agent": {"listen_port": free_port(), "admin_listen_port": None},
-        "gate": {"enabled": True, "listen_port": free_port(), "upstreams": {"primary": "http://127.0.0.1:9"}},
-        "actuators": {"mode": "act"},
-        "audit": {"path": str(tmp_path / "audit.jsonl")},
-        "probe": {"enabled": False},
-        "forecast": {"enabled": False},
-        "policies": {"set": "auto", **_policies().model_dump(include={"itl_slo_s", "itl_steering"})},
+    policies = {
+        "itl_steering": "served_classes",
+        "served_window_s": 60.0,
+        "slo_by_priority": {"high": {"itl_s": 0.05}, "low": {"itl_s": 0.2}},
     }
-    raw["policies"]["served_window_s"] = 60.0
-    raw["policies"]["slo_by_priority"] = {"high": {"itl_s": 0.05}, "low": {"itl_s": 0.2}}
-    path = tmp_path / "servepilot.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    sidecar = Sidecar(config.load(path, {}), collectors=[OneValue()], config_path=str(path))
-    await sidecar.knobs.start()
+    sidecar, _ = await _sidecar(tmp_path, "act", policies)
     gate = sidecar.knobs.gate
     assert gate is not None
     now = [1000.0]
@@ -119,19 +129,8 @@ async def test_a_reload_that_turns_steering_on_retunes_at_once_and_audits_it(tmp
     back, audited with the reason that says so."""
     import yaml
 
-    raw: dict[str, Any] = {
-        "agent": {"listen_port": free_port(), "admin_listen_port": None},
-        "gate": {"enabled": True, "listen_port": free_port(), "upstreams": {"primary": "http://127.0.0.1:9"}},
-        "actuators": {"mode": "advise"},
-        "audit": {"path": None},
-        "probe": {"enabled": False},
-        "forecast": {"enabled": False},
-        "policies": {"set": "auto", "itl_slo_s": 0.1, "slo_by_priority": {"high": {"itl_s": 0.05}}},
-    }
+    sidecar, raw = await _sidecar(tmp_path, "advise", {"slo_by_priority": {"high": {"itl_s": 0.05}}})
     path = tmp_path / "servepilot.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    sidecar = Sidecar(config.load(path, {}), collectors=[OneValue()], config_path=str(path))
-    await sidecar.knobs.start()
     gate = sidecar.knobs.gate
     assert gate is not None
 

@@ -37,7 +37,10 @@ class GateMetrics:
         up: PerUpstream,
         split: PerUpstream,
         late: PerUpstream,
+        deadline: Callable[[str], float] | None = None,
+        classes: Iterable[str] = (),
     ) -> None:
+        """``deadline``: a priority class's queue deadline, read at scrape for each of ``classes``."""
         self.upstreams = tuple(upstreams)
         in_flight_g = Gauge(
             "servepilot_gate_in_flight",
@@ -105,6 +108,16 @@ class GateMetrics:
             ["line"],
             registry=registry,
         )
+        if deadline is not None:
+            deadline_g = Gauge(
+                "servepilot_gate_queue_deadline_seconds",
+                "How long a request of this priority class may wait for a slot before its 503: "
+                "gate.max_queue_wait_s scaled by the class's TTFT target (policies.slo_by_priority).",
+                ["priority"],
+                registry=registry,
+            )
+            for name in classes:
+                deadline_g.labels(name).set_function(functools.partial(deadline, name))
         in_flight_g.set_function(in_flight)
         queue_g.set_function(queue_depth)
         limit_g.set_function(limit)

@@ -829,6 +829,24 @@ async def test_a_class_with_a_looser_ttft_target_waits_longer_for_admission(
         await gate.stop()
 
 
+async def test_each_class_s_queue_deadline_is_exported_and_follows_the_gate_s() -> None:
+    """``servepilot_gate_queue_deadline_seconds{priority}``: the deadline scaled by each class's TTFT
+    target, read at scrape, so it follows the queue-deadline policy's moves and a reload's targets."""
+    registry = CollectorRegistry()
+    cfg = GateConfig(enabled=True, upstreams={"primary": "http://127.0.0.1:9"}, max_queue_wait_s=2.0)
+    gate = Gate(cfg, registry)
+
+    def deadlines() -> tuple[float | None, ...]:
+        name = "servepilot_gate_queue_deadline_seconds"
+        return tuple(registry.get_sample_value(name, {"priority": c}) for c in ("high", "normal", "low"))
+
+    assert deadlines() == (2.0, 2.0, 2.0)
+    gate.set_slo(2.0, 0.1, {"low": (30.0, 0.1), "high": (0.5, 0.1)})
+    assert deadlines() == (0.5, 2.0, 30.0)
+    gate.set_max_queue_wait(1.0)  # the queue-deadline policy's knob
+    assert deadlines() == (0.25, 1.0, 15.0)
+
+
 async def test_a_hung_upstream_is_ejected_from_the_split_and_returns_when_it_sends_again(
     upstream: Upstream, client: aiohttp.ClientSession
 ) -> None:

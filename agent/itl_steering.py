@@ -52,3 +52,23 @@ def steered_itl(policies: PolicyConfig, last_seen: Mapping[str, float], now: flo
     shown = ", ".join(f"{name} {itl:g} s" for name, itl in served)
     why = f"the tightest ITL target of the classes served in the last {window_s:g} s ({shown})"
     return ItlTarget(min(itl for _, itl in served), why, served)
+
+
+def steering_warnings(policies: PolicyConfig, gate_enabled: bool) -> list[str]:
+    """What an operator should hear at start about this config's ITL steering, one line each: steering
+    without the gate that sees the classes, or a class's ITL target tighter than the SLO that, steered
+    globally, is only judged (the batch is sized for ``itl_slo_s``, and the class's answers can all miss)."""
+    if policies.itl_steering != "global":
+        if gate_enabled:
+            return []
+        return [
+            f"policies.itl_steering {policies.itl_steering} needs the gate (gate.enabled), which sees the "
+            "classes served: the policies steer to policies.itl_slo_s"
+        ]
+    return [
+        f"policies.slo_by_priority.{name}.itl_s {itl:g} s is tighter than policies.itl_slo_s "
+        f"{policies.itl_slo_s:g} s, and policies.itl_steering is global: the {name} class is judged by it, "
+        "but the batch is sized for itl_slo_s (itl_steering: served_classes sizes it for the class)"
+        for name, (_, itl) in sorted(priority_targets(policies).items())
+        if itl < policies.itl_slo_s
+    ]

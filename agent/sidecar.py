@@ -31,7 +31,7 @@ from agent.collectors.base import Collector
 from agent.config import ActuatorConfig, Config, ConfigError, PolicyConfig, priority_targets
 from agent.exporter import Exporter
 from agent.gate.upstreams import engine_upstream
-from agent.itl_steering import AUDIT_KNOB, ItlTarget, steered_itl
+from agent.itl_steering import AUDIT_KNOB, ItlTarget, steered_itl, steering_warnings
 from agent.knobs import Knobs
 from agent.loop import Loop
 from agent.modes import Mode
@@ -156,12 +156,8 @@ class Sidecar:
         self._itl_target = ItlTarget(cfg.policies.itl_slo_s)
         self.exporter.set_policy_itl(self._itl_target.itl_s)
         self.loop.subscribe(self._steer_itl)  # a reload may turn policies.itl_steering on
-        if cfg.policies.itl_steering != "global" and self.knobs.gate is None:
-            log.warning(
-                "policies.itl_steering %s needs the gate (gate.enabled), which sees the classes served: "
-                "the policies steer to policies.itl_slo_s",
-                cfg.policies.itl_steering,
-            )
+        for warning in steering_warnings(cfg.policies, self.knobs.gate is not None):
+            log.warning("%s", warning)
         self.loop.subscribe(self.exporter.publish)
         if self.forecaster is not None:
             self.loop.subscribe(self.forecaster.on_state)

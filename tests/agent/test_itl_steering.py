@@ -11,7 +11,7 @@ import pytest
 from agent import config
 from agent.config import PolicyConfig
 from agent.engines.launcher import free_port
-from agent.itl_steering import AUDIT_KNOB, steered_itl
+from agent.itl_steering import AUDIT_KNOB, steered_itl, steering_warnings
 from agent.sidecar import Sidecar
 from tests.agent.test_sidecar import OneValue
 
@@ -63,6 +63,15 @@ def test_the_tightest_target_of_the_classes_served_within_the_window() -> None:
 def test_global_steering_keeps_the_slo_whatever_is_served() -> None:
     p = _policies(itl_steering="global")
     assert steered_itl(p, {"high": 100.0}, 100.0).itl_s == 0.1
+
+
+def test_start_warns_of_a_tighter_class_target_steered_globally_and_of_steering_without_a_gate() -> None:
+    [tighter] = steering_warnings(_policies(itl_steering="global"), gate_enabled=True)  # low's 0.2: looser
+    assert tighter.startswith("policies.slo_by_priority.high.itl_s 0.05 s is tighter than policies.itl_slo_s")
+    assert steering_warnings(_policies(), gate_enabled=True) == []
+    [blind] = steering_warnings(_policies(), gate_enabled=False)
+    assert blind.startswith("policies.itl_steering served_classes needs the gate (gate.enabled)")
+    assert steering_warnings(PolicyConfig(), gate_enabled=False) == []
 
 
 def test_a_bad_steering_mode_names_the_field() -> None:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from agent.gate.admission import Priority
+
 Reader = Callable[[], float]
 PerUpstream = Callable[[str], float]
 
@@ -37,10 +39,9 @@ class GateMetrics:
         up: PerUpstream,
         split: PerUpstream,
         late: PerUpstream,
-        deadline: Callable[[str], float] | None = None,
-        classes: Iterable[str] = (),
+        deadline: Callable[[Priority], float],
     ) -> None:
-        """``deadline``: a priority class's queue deadline, read at scrape for each of ``classes``."""
+        """``deadline``: a priority class's queue deadline, read at scrape."""
         self.upstreams = tuple(upstreams)
         in_flight_g = Gauge(
             "servepilot_gate_in_flight",
@@ -108,16 +109,15 @@ class GateMetrics:
             ["line"],
             registry=registry,
         )
-        if deadline is not None:
-            deadline_g = Gauge(
-                "servepilot_gate_queue_deadline_seconds",
-                "How long a request of this priority class may wait for a slot before its 503: "
-                "gate.max_queue_wait_s scaled by the class's TTFT target (policies.slo_by_priority).",
-                ["priority"],
-                registry=registry,
-            )
-            for name in classes:
-                deadline_g.labels(name).set_function(functools.partial(deadline, name))
+        deadline_g = Gauge(
+            "servepilot_gate_queue_deadline_seconds",
+            "How long a request of this priority class may wait for a slot before its 503: "
+            "gate.max_queue_wait_s scaled by the class's TTFT target (policies.slo_by_priority).",
+            ["priority"],
+            registry=registry,
+        )
+        for priority in Priority:
+            deadline_g.labels(priority.name.lower()).set_function(functools.partial(deadline, priority))
         in_flight_g.set_function(in_flight)
         queue_g.set_function(queue_depth)
         limit_g.set_function(limit)

@@ -126,8 +126,7 @@ class Gate:
             up=self._upstream_up,
             split=self._split_of,
             late=self._late_at,
-            deadline=lambda name: self.admission.max_wait_for(Priority[name.upper()]),
-            classes=[p.name.lower() for p in Priority],
+            deadline=self.admission.max_wait_for,
         )
         self.ejector = StallEjector(cfg.eject_stalled_s, on_eject=self._count_ejection)
         #: the requests at upstreams: which will miss the SLO, which a hung upstream must give back

@@ -5,13 +5,16 @@ for the same pod, and each says less than the cause. Alertmanager's ``inhibit_ru
 alert while a *source* alert fires with the same ``namespace`` and ``pod``:
 
 * ``ServepilotEngineDown`` (the engine does not answer) mutes what follows from it: the stall verdict,
-  the TTFT burn alerts, the breaker's degraded level, the control API being unreachable, and the gate's
-  upstream for this engine being out or answering errors the gate retries elsewhere;
-* ``ServepilotEngineStalled`` (it answers but makes no progress) mutes the TTFT burn alerts, the
-  breaker's degraded level and the gate's upstream for this engine being out;
+  the TTFT and class burn alerts, the breaker's degraded level, the control API being unreachable, and
+  the gate's upstream for this engine being out or answering errors the gate retries elsewhere;
+* ``ServepilotEngineStalled`` (it answers but makes no progress) mutes the TTFT and class burn alerts,
+  the breaker's degraded level and the gate's upstream for this engine being out;
 * ``ServepilotTTFTBudgetBurnFast`` mutes ``ServepilotTTFTBudgetBurnSlow`` (the SRE workbook's advice:
   the fast burn pages, the slow one would repeat it as a ticket) and ``ServepilotClassSloBurnFast``
-  (when the whole pod burns, each class burning with it says nothing more);
+  (when the whole pod burns, each class burning with it says nothing more), and
+  ``ServepilotClassSloBurnSlow`` with it; ``ServepilotTTFTBudgetBurnSlow`` mutes the class slow burn too;
+* ``ServepilotClassSloBurnFast`` mutes the same class's ``ServepilotClassSloBurnSlow`` (``EQUAL_EXTRA``:
+  source and target share ``priority`` too; another class burning slowly stays visible);
 * ``ServepilotGateUpstreamFailing`` for this pod's own engine (it answers 502/503/504 that the gate
   retries elsewhere) mutes ``ServepilotBreakerDegraded``: the breaker moved traffic to the fallback
   upstreams *because* the engine fails, so the failing engine is the page. Only the engine's upstream
@@ -51,6 +54,7 @@ MUTES: dict[str, tuple[tuple[str, dict[str, str]], ...]] = {
         ("ServepilotEngineControlUnavailable", {}),
         ("ServepilotGateShedsHighPriority", {}),
         ("ServepilotClassSloBurnFast", {}),
+        ("ServepilotClassSloBurnSlow", {}),
         ("ServepilotGateUpstreamOut", {"role": "engine"}),
         ("ServepilotGateUpstreamFailing", {"role": "engine"}),
     ),
@@ -60,17 +64,25 @@ MUTES: dict[str, tuple[tuple[str, dict[str, str]], ...]] = {
         ("ServepilotBreakerDegraded", {}),
         ("ServepilotGateShedsHighPriority", {}),
         ("ServepilotClassSloBurnFast", {}),
+        ("ServepilotClassSloBurnSlow", {}),
         ("ServepilotGateUpstreamOut", {"role": "engine"}),
     ),
     "ServepilotTTFTBudgetBurnFast": (
         ("ServepilotTTFTBudgetBurnSlow", {}),
         ("ServepilotClassSloBurnFast", {}),
+        ("ServepilotClassSloBurnSlow", {}),
     ),
+    "ServepilotTTFTBudgetBurnSlow": (("ServepilotClassSloBurnSlow", {}),),
+    "ServepilotClassSloBurnFast": (("ServepilotClassSloBurnSlow", {}),),
     "ServepilotGateUpstreamFailing": (("ServepilotBreakerDegraded", {}),),
 }
 
 #: source alert -> labels it must carry to mute anything (absent: its name alone is enough)
 SOURCE_LABELS: dict[str, dict[str, str]] = {"ServepilotGateUpstreamFailing": {"role": "engine"}}
+
+#: source alert -> labels, beyond ``EQUAL``, that source and target must share (a class's fast burn mutes
+#: that class's slow burn, not another class's)
+EQUAL_EXTRA: dict[str, tuple[str, ...]] = {"ServepilotClassSloBurnFast": ("priority",)}
 
 
 def _targets(source: str) -> list[tuple[str, dict[str, str]]]:
@@ -93,7 +105,7 @@ def inhibit_rules() -> list[dict[str, Any]]:
                     "source_matchers": [f'alertname="{source}"']
                     + [f'{k}="{v}"' for k, v in SOURCE_LABELS.get(source, {}).items()],
                     "target_matchers": [matcher] + [f'{k}="{v}"' for k, v in extra.items()],
-                    "equal": list(EQUAL),
+                    "equal": [*EQUAL, *EQUAL_EXTRA.get(source, ())],
                 }
             )
     return rules
@@ -121,7 +133,7 @@ def render_operator() -> str:
                         for k, v in SOURCE_LABELS.get(source, {}).items()
                     ],
                     "targetMatch": target,
-                    "equal": list(EQUAL),
+                    "equal": [*EQUAL, *EQUAL_EXTRA.get(source, ())],
                 }
             )
     resource = {

@@ -10,7 +10,10 @@ ratio over a window is ``1 - rate(bucket{le=SLO}) / rate(count)``; a *fast* burn
 1 h and 5 min ratios exceed 14.4 x budget (2 % of a 30-day budget gone in an hour), a *slow* burn
 warns when the 6 h and 30 min ratios exceed 6 x budget (5 % in 6 h). The short window makes the alert
 stop soon after the burn stops. The latency threshold must be one of the engine's histogram bounds
-(vLLM and SGLang both have ``le="1.0"``).
+(vLLM and SGLang both have ``le="1.0"``). The per-class alerts (``ServepilotClassSloBurn*``) put the same
+two pairs of windows on the gate's answers of each priority class, judged by that class's own targets,
+with a floor on the answers counted so that a class sending a few requests an hour does not page on one
+miss.
 
 :func:`build` takes a :class:`Profile` so the end-to-end test can load the same rules with seconds
 instead of minutes; ``python -m dashboards.rules`` writes the production file.
@@ -250,6 +253,20 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
             "both the last hour and the last 5 minutes ({{ $value | humanizePercentage }} over the hour). A "
             "class that is a small share of the traffic can miss everything while the pod's own burn rate "
             "stays low.",
+        ),
+        _alert(
+            "ServepilotClassSloBurnSlow",
+            _class_miss_ratio(p.w("6h"), slow)
+            + "\nand "
+            + _class_miss_ratio(p.w("30m"), slow)
+            + f"\nand sum by ({BY}, priority) (increase(servepilot_gate_answered_total[{p.w('6h')}])) >= 300",
+            p.for_(900),
+            "warning",
+            "{{ $labels.priority }}-priority SLO budget of {{ $labels.pod }} burns 6x too fast",
+            f"More than {slow:.1%} of the {{{{ $labels.priority }}}}-priority answers the gate relayed "
+            "missed their class's latency targets or failed, over both the last 6 hours and the last 30 "
+            "minutes ({{ $value | humanizePercentage }} over the 6 hours): a steady leak of the class's "
+            "budget rather than an incident.",
         ),
         _alert(
             "ServepilotTTFTBudgetBurnFast",

@@ -5,9 +5,10 @@ A hung engine in pod llm-0 fires its stall alert, its TTFT burn alerts, its brea
 upstream for it out (named ``vllm`` here: the ``role="engine"`` label, not the name, marks it); pod llm-1
 burns its budget for its own reason and its engine answers 503s, so its breaker has degraded; pod llm-2's
 engine is down, so its gate retries that engine's errors elsewhere; pod llm-3's breaker has degraded while
-only its fp8 upstream fails. Only the consequences are muted (llm-0's, llm-1's breaker, llm-2's 503s); the
+only its fp8 upstream fails, and its high class burns its own budget fast and slowly. Only the consequences
+are muted (llm-0's, llm-1's breaker and class burns, llm-2's 503s, llm-3's high class's slow burn); the
 stall and down alerts themselves, another upstream out or failing, one without a role (a gate older than
-the role series), llm-1's fast burn and llm-3's breaker stay visible.
+the role series), llm-1's fast burn, llm-3's breaker and its low class's slow burn stay visible.
 """
 
 from __future__ import annotations
@@ -29,8 +30,11 @@ MUTED = {
     ("ServepilotTTFTBudgetBurnSlow", "llm-0", ""),
     ("ServepilotBreakerDegraded", "llm-0", ""),
     ("ServepilotGateShedsHighPriority", "llm-0", ""),  # nothing is served while it hangs
-    ("ServepilotClassSloBurnFast", "llm-0", ""),
-    ("ServepilotClassSloBurnFast", "llm-1", ""),  # the whole pod burns: its fast burn pages instead
+    ("ServepilotClassSloBurnFast", "llm-0", "high"),
+    ("ServepilotClassSloBurnSlow", "llm-0", "low"),
+    ("ServepilotClassSloBurnFast", "llm-1", "high"),  # the whole pod burns: its fast burn pages instead
+    ("ServepilotClassSloBurnSlow", "llm-1", "normal"),
+    ("ServepilotClassSloBurnSlow", "llm-3", "high"),  # its own class's fast burn pages instead
     ("ServepilotGateUpstreamOut", "llm-0", "vllm"),
     ("ServepilotGateUpstreamFailing", "llm-2", "vllm"),  # its engine is down: the 503s follow
     ("ServepilotTTFTBudgetBurnSlow", "llm-1", ""),  # its own fast burn pages instead
@@ -38,8 +42,9 @@ MUTED = {
 }
 """What the rules must mute: everything else posted stays visible (the stall and down alerts, the fp8
 and role-less upstreams, the memory leak, llm-1's fast burn and its engine's 503s, llm-3's breaker, which
-a failing fp8 upstream does not explain, llm-1's shed high-priority requests, its engine being up, and
-llm-3's high class burning its own SLO, with nothing pod-wide to explain it)."""
+a failing fp8 upstream does not explain, llm-1's shed high-priority requests, its engine being up,
+llm-3's high class burning its own SLO, with nothing pod-wide to explain it, and llm-3's low class
+burning slowly: another class than the one paging)."""
 
 
 def _alert(name: str, pod: str, **labels: str) -> dict[str, Any]:
@@ -80,6 +85,7 @@ async def test_a_hung_engine_pages_once_and_the_rest_of_its_pod_is_muted(tmp_pat
         _alert("ServepilotBreakerDegraded", "llm-0"),
         _alert("ServepilotGateShedsHighPriority", "llm-0"),
         _alert("ServepilotClassSloBurnFast", "llm-0", severity="critical", priority="high"),
+        _alert("ServepilotClassSloBurnSlow", "llm-0", priority="low"),
         _alert("ServepilotGateUpstreamOut", "llm-0", upstream="vllm", role="engine"),
         _alert("ServepilotGateUpstreamOut", "llm-0", upstream="fp8", role="other"),
         _alert("ServepilotGateUpstreamOut", "llm-0", upstream="primary"),
@@ -92,12 +98,15 @@ async def test_a_hung_engine_pages_once_and_the_rest_of_its_pod_is_muted(tmp_pat
         _alert("ServepilotBreakerDegraded", "llm-1"),
         _alert("ServepilotGateShedsHighPriority", "llm-1"),
         _alert("ServepilotClassSloBurnFast", "llm-1", severity="critical", priority="high"),
+        _alert("ServepilotClassSloBurnSlow", "llm-1", priority="normal"),
         _alert("ServepilotEngineDown", "llm-2", severity="critical"),
         _alert("ServepilotGateUpstreamFailing", "llm-2", upstream="vllm", role="engine"),
         _alert("ServepilotGateUpstreamFailing", "llm-2", upstream="fp8", role="other"),
         _alert("ServepilotGateUpstreamFailing", "llm-3", upstream="fp8", role="other"),
         _alert("ServepilotBreakerDegraded", "llm-3"),
         _alert("ServepilotClassSloBurnFast", "llm-3", severity="critical", priority="high"),
+        _alert("ServepilotClassSloBurnSlow", "llm-3", priority="high"),
+        _alert("ServepilotClassSloBurnSlow", "llm-3", priority="low"),
     ]
     with process(args, tmp_path / "alertmanager.log"):
         async with aiohttp.ClientSession() as http:
@@ -118,9 +127,8 @@ async def test_a_hung_engine_pages_once_and_the_rest_of_its_pod_is_muted(tmp_pat
                 seen.clear()
                 for a in alerts:
                     labels = a["labels"]
-                    seen[labels["alertname"], labels["pod"], labels.get("upstream", "")] = a["status"][
-                        "inhibitedBy"
-                    ]
+                    which = labels.get("upstream") or labels.get("priority", "")  # upstream or class
+                    seen[labels["alertname"], labels["pod"], which] = a["status"]["inhibitedBy"]
                 return len(seen) == len(hung + other) and {key for key, by in seen.items() if by} == MUTED
 
             try:

@@ -14,24 +14,53 @@ from pathlib import Path
 from typing import Any
 
 
-def parse_slo(text: str) -> tuple[float, float]:
-    """``ttft=2,itl=0.1`` (seconds; ``ms`` suffix allowed) -> (ttft_s, itl_s)."""
+def _targets(text: str, flag: str, shape: str) -> dict[str, float]:
+    """``ttft=2,itl=0.1`` (seconds; ``ms`` suffix allowed) -> {"ttft": 2.0, "itl": 0.1}, either or both."""
     values: dict[str, float] = {}
     for part in text.split(","):
         key, sep, raw = part.strip().partition("=")
         if not sep or key not in ("ttft", "itl"):
-            raise argparse.ArgumentTypeError(f"--slo must look like ttft=2,itl=0.1, got {text!r}")
+            raise argparse.ArgumentTypeError(f"{flag} must look like {shape}, got {text!r}")
         scale = 1e-3 if raw.endswith("ms") else 1.0
         try:
             value = float(raw.removesuffix("ms").removesuffix("s")) * scale
         except ValueError:
-            raise argparse.ArgumentTypeError(f"--slo {key} must be a number, got {raw!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"--slo {key} must be > 0, got {raw!r}")
+            raise argparse.ArgumentTypeError(f"{flag} {key} must be a number, got {raw!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{flag} {key} must be > 0, got {raw!r}")
         values[key] = value
+    return values
+
+
+def parse_slo(text: str) -> tuple[float, float]:
+    """``ttft=2,itl=0.1`` (seconds; ``ms`` suffix allowed) -> (ttft_s, itl_s)."""
+    values = _targets(text, "--slo", "ttft=2,itl=0.1")
     if set(values) != {"ttft", "itl"}:
         raise argparse.ArgumentTypeError(f"--slo needs both ttft and itl, got {text!r}")
     return values["ttft"], values["itl"]
+
+
+def parse_class_slo(text: str) -> tuple[str, float | None, float | None]:
+    """``high:ttft=2,itl=50ms`` -> ("high", 2.0, 0.05); a target left out is the SLO's."""
+    from agent.replay.classes import CLASSES
+
+    shape = "high:ttft=2,itl=50ms"
+    name, sep, rest = text.partition(":")
+    if not sep or name not in CLASSES:
+        raise argparse.ArgumentTypeError(
+            f"--class-slo must look like {shape} (class high, normal or low), got {text!r}"
+        )
+    values = _targets(rest, "--class-slo", shape)
+    return name, values.get("ttft"), values.get("itl")
+
+
+def _priority_mix(text: str) -> tuple[tuple[str, float], ...]:
+    from agent.commands.demo import parse_priority_mix
+
+    try:
+        return tuple(parse_priority_mix(text).items())
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -69,7 +98,35 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the gate's max_queue_wait_s: a request not scheduled within S s is answered 503 "
         "(default: the TTFT SLO; inf: no timeout, the engine alone)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="random seed (count series, Mooncake jitter)")
+    classes = parser.add_argument_group(
+        "priority classes", "replay the gate's classes: each judged by its own targets, with its own deadline"
+    )
+    classes.add_argument(
+        "--priority-mix",
+        type=_priority_mix,
+        metavar="MIX",
+        help="each request's class drawn with these shares, e.g. high=0.1,normal=0.7,low=0.2; the engine "
+        "schedules by class (default: no classes)",
+    )
+    classes.add_argument(
+        "--class-slo",
+        type=parse_class_slo,
+        action="append",
+        default=[],
+        metavar="CLASS:ttft=S,itl=S",
+        help="a class's own targets (policies.slo_by_priority; repeatable), e.g. low:ttft=60; its queue "
+        "deadline scales with its TTFT target",
+    )
+    classes.add_argument(
+        "--itl-steering",
+        choices=("global", "served_classes"),
+        default="global",
+        help="policies.itl_steering: steer the batch to the SLO's ITL (global) or to the tightest target "
+        "of the classes served in the last 300 s (default global)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="random seed (count series, Mooncake jitter, classes)"
+    )
     parser.add_argument("--json", action="store_true", help="print the JSON summary")
     parser.add_argument("--report", metavar="FILE.html", help="write an HTML report")
     parser.set_defaults(func=run)
@@ -80,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     from agent.replay.driver import Slo
     from agent.replay.report import render
     from agent.replay.runner import ReplaySpec, parse_policy, run_policy, sweep
-    from agent.replay.summary import summarise, table
+    from agent.replay.summary import class_table, summarise, table
     from agent.traces import TraceError
 
     try:
@@ -103,6 +160,9 @@ def run(args: argparse.Namespace) -> int:
             default_batch=args.default_batch,
             energy=args.energy,
             queue_timeout_s=args.queue_timeout,
+            priority_mix=args.priority_mix or (),
+            class_slo=tuple(args.class_slo),
+            itl_steering=args.itl_steering,
         )
         replay_run, name = run_policy(spec, args.policy)
         summary: dict[str, Any] = summarise(replay_run, name)
@@ -121,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
     print(table([summary, *summary.get("sweep", [])]))
     if args.sweep:
         print(f"best static in hindsight: {summary['best_static']['policy']}")
+    if "classes" in summary:
+        print(class_table(summary))
     for action in summary["actions"][:50]:
         change = f"{action['knob']} {action['previous']} -> {action['value']}"
         print(f"  t={action['at']:9.1f}s {change}: {action['reason']}")

@@ -14,6 +14,10 @@ The gate stands in front of the engine as it does live: its queue is the engine'
 batch knob is the engine's ``max_num_seqs``), and a request that has waited ``queue_timeout_s`` without
 being scheduled is answered 503, as the gate's ``max_queue_wait_s`` does. It counts as a miss, and, as
 live, not as an engine error (the breaker does not see it).
+
+With priority classes (:mod:`agent.replay.classes`) each request is judged by its class's targets and
+turned away after its class's deadline, the engine schedules by class, and the classes' last arrivals
+are kept in ``last_seen`` for the policies' ITL steering, as the live gate keeps them.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from agent.itl_steering import AUDIT_KNOB
+from agent.replay.classes import CLASSES, Targets, class_deadline
 from agent.replay.signals import CoreSignals
 from agent.replay.workload import Workload
 from detectors.snapshot import Snapshot
@@ -95,15 +101,30 @@ class ReplayRun:
     itl_p99_s: float = 0.0
     #: requests the gate's queue timeout answered 503 (also set in ``error``: never served)
     expired: int = 0
+    #: each request's priority class (index into :data:`~agent.replay.classes.CLASSES`); None: no classes
+    classes: NDArray[np.int64] | None = None
+    #: each class's targets, by index (with ``classes``)
+    targets: tuple[Targets, ...] = ()
+    #: which requests the queue timeout answered 503 (``expired`` counts them)
+    refused: NDArray[np.bool_] | None = None
 
     @property
     def good(self) -> NDArray[np.bool_]:
+        """Served, and within its targets: the SLO's, or its class's own."""
         ok = self.done & ~self.error
-        return ok & (self.ttft <= self.slo.ttft_s) & (self.tpot <= self.slo.itl_s)
+        if self.classes is None:
+            return ok & (self.ttft <= self.slo.ttft_s) & (self.tpot <= self.slo.itl_s)
+        ttft = np.array([t.ttft_s for t in self.targets])[self.classes]
+        itl = np.array([t.itl_s for t in self.targets])[self.classes]
+        return ok & (self.ttft <= ttft) & (self.tpot <= itl)
 
 
 class Replay:
-    """One replay of ``workload`` on ``core`` under ``controller`` (``None`` keeps the settings)."""
+    """One replay of ``workload`` on ``core`` under ``controller`` (``None`` keeps the settings).
+
+    ``classes`` gives each request a priority class (the core should schedule by priority), ``targets``
+    and ``wait_scales`` each class's targets and deadline scale (:class:`~agent.replay.classes.ClassPlan`);
+    ``last_seen`` gets each class's latest arrival (shared with a steering controller)."""
 
     def __init__(
         self,
@@ -118,7 +139,15 @@ class Replay:
         seed: int = 0,
         on_tick: Callable[[Snapshot], None] | None = None,
         queue_timeout_s: float = float("inf"),
+        classes: NDArray[np.int64] | None = None,
+        targets: Sequence[Targets] = (),
+        wait_scales: Sequence[float] = (),
+        last_seen: dict[str, float] | None = None,
     ) -> None:
+        if classes is not None and (
+            classes.size != len(workload) or len(targets) != len(CLASSES) or len(wait_scales) != len(CLASSES)
+        ):
+            raise ValueError("classes need one class per request, and targets and wait scales per class")
         self.core = core
         self.workload = workload
         self.slo = slo
@@ -130,12 +159,19 @@ class Replay:
         self.on_tick = on_tick
         self.queue_timeout_s = queue_timeout_s
         self.expired = 0
+        self.classes = classes
+        self.targets = tuple(targets)
+        self.wait_scales = tuple(wait_scales)
+        self.last_seen = last_seen if last_seen is not None else {}
+        #: no fresh waiting request is due to expire before this (a lower bound: scan when reached)
+        self._next_expiry = float("inf")
         self.upstream = "primary"
         n = len(workload)
         self.ttft = np.full(n, np.inf)
         self.tpot = np.full(n, np.inf)
         self.done = np.zeros(n, dtype=np.bool_)
         self.error = np.zeros(n, dtype=np.bool_)
+        self.refused = np.zeros(n, dtype=np.bool_)
         self._live: dict[str, tuple[int, Request]] = {}
         self._tick_requests = 0
         self._tick_bad = 0
@@ -171,6 +207,10 @@ class Replay:
             settings = core.with_settings(power_limit_w=float(value))
         elif decision.knob == knobs.QUEUE_WAIT:
             self.queue_timeout_s = float(value)  # the gate's, not the engine's: settings unchanged
+            self._next_expiry = -float("inf")  # every deadline moved: look again
+            self.actions.append(decision)
+            return
+        elif decision.knob == AUDIT_KNOB:  # the policies' ITL target moved: no actuator, only the record
             self.actions.append(decision)
             return
         elif decision.knob == knobs.UPSTREAM:
@@ -195,27 +235,44 @@ class Replay:
             return
         w = self.workload
         rid = str(index)
-        self._live[rid] = (index, self.core.submit(rid, int(w.prompts[index]), int(w.outputs[index]), at))
+        priority = 0
+        if self.classes is not None:
+            priority = int(self.classes[index])
+            self.last_seen[CLASSES[priority]] = at
+        request = self.core.submit(rid, int(w.prompts[index]), int(w.outputs[index]), at, priority)
+        self._live[rid] = (index, request)
+        self._next_expiry = min(self._next_expiry, at + self._deadline(index))
+
+    def _deadline(self, index: int) -> float:
+        """How long request ``index`` may wait for its first schedule: the gate's queue timeout, scaled
+        by its class."""
+        if self.classes is None:
+            return self.queue_timeout_s
+        return class_deadline(self.queue_timeout_s, self.wait_scales[self.classes[index]])
 
     def _expire(self, now: float) -> None:
-        """The gate's queue timeout: a request still waiting for its first schedule ``queue_timeout_s``
-        after it arrived is answered 503 (never served). Requests put back by a preemption were
-        admitted already and stay."""
-        waiting = self.core.scheduler.waiting
-        cut = now - self.queue_timeout_s
-        for req in waiting:  # the oldest fresh request decides whether anything expires now
+        """The gate's queue timeout: a request still waiting for its first schedule its deadline after it
+        arrived is answered 503 (never served). Requests put back by a preemption were admitted already
+        and stay. The waiting queue is scanned only once the earliest deadline may have passed."""
+        if now < self._next_expiry:
+            return
+        live = self._live
+        expired: list[Request] = []
+        earliest = float("inf")
+        for req in self.core.scheduler.waiting:
             if req.first_scheduled >= 0:
                 continue
-            if req.arrival > cut:
-                return
-            break
-        else:
-            return
-        expired = [r for r in waiting if r.first_scheduled < 0 and r.arrival <= cut]
+            due = req.arrival + self._deadline(live[req.rid][0])
+            if due <= now:
+                expired.append(req)
+            elif due < earliest:
+                earliest = due
+        self._next_expiry = earliest
         for req in expired:
             self.core.abort(req.rid, now)
-            index, _ = self._live.pop(req.rid)
+            index, _ = live.pop(req.rid)
             self.error[index] = True
+            self.refused[index] = True
             self.expired += 1  # not an answer: the live gate counts it as rejected, not as a 5xx
 
     def _finish(self, rid: str) -> None:
@@ -224,7 +281,8 @@ class Replay:
         tpot = (req.last_token - req.first_token) / (req.output - 1) if req.output > 1 else 0.0
         self.ttft[index], self.tpot[index], self.done[index] = ttft, tpot, True
         self._tick_requests += 1
-        if ttft > self.slo.ttft_s or tpot > self.slo.itl_s:
+        slo = self.slo if self.classes is None else self.targets[self.classes[index]]
+        if ttft > slo.ttft_s or tpot > slo.itl_s:
             self._tick_bad += 1
 
     def _tick(self, now: float) -> None:
@@ -323,4 +381,7 @@ class Replay:
             core.stats.preemptions - preempt0,
             p99 or 0.0,
             self.expired,
+            self.classes,
+            self.targets,
+            self.refused,
         )

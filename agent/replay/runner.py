@@ -4,7 +4,9 @@ Policies: ``auto`` (SLO-aware batch + token budget + breaker, + energy with ``en
 (the published rule), ``static:N`` (the engine's ``max_num_seqs`` fixed at N, no brain) or
 ``static:N/T`` (also ``max_num_batched_tokens`` fixed at T). Every run starts from the
 engine's default batch and token budget: vLLM V1's defaults for the OpenAI server on that GPU
-(:func:`vllm_defaults`) unless the spec overrides them.
+(:func:`vllm_defaults`) unless the spec overrides them. A spec with a priority mix replays priority
+classes (:mod:`agent.replay.classes`): :func:`class_plan` checks its class targets and steering as the
+config's ``policies`` section would.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from agent.replay.brain import Brain
+from agent.config import build as build_config
+from agent.replay.brain import Brain, Steering
+from agent.replay.classes import ClassPlan
 from agent.replay.driver import Controller, FaultEvent, Replay, ReplayRun, Slo
 from agent.replay.summary import summarise
 from agent.replay.workload import Workload, load
@@ -55,6 +59,12 @@ class ReplaySpec:
     #: the gate's queue timeout (``gate.max_queue_wait_s``); None: the TTFT SLO, as docs/gate.md
     #: recommends (a request that waited longer has missed it anyway); ``inf``: no gate timeout
     queue_timeout_s: float | None = None
+    #: priority classes: (class, share) pairs; empty: one class, judged by ``slo``
+    priority_mix: tuple[tuple[str, float], ...] = ()
+    #: a class's own targets (``policies.slo_by_priority``): (class, TTFT or None, ITL or None)
+    class_slo: tuple[tuple[str, float | None, float | None], ...] = ()
+    #: ``policies.itl_steering``: ``global`` or ``served_classes``
+    itl_steering: str = "global"
 
     @property
     def gate_timeout_s(self) -> float:
@@ -93,6 +103,27 @@ def static_tokens(text: str) -> int | None:
     return int(tokens) if slash else None
 
 
+def class_plan(spec: ReplaySpec) -> ClassPlan | None:
+    """The spec's priority classes, or None without a mix; raises ValueError (one line naming the
+    setting) on a bad target or steering, or on class settings without a mix."""
+    if not spec.priority_mix:
+        if spec.class_slo or spec.itl_steering != "global":
+            raise ValueError("class targets and ITL steering need a priority mix (--priority-mix)")
+        return None
+    own = {
+        name: {k: v for k, v in (("ttft_s", ttft), ("itl_s", itl)) if v is not None}
+        for name, ttft, itl in spec.class_slo
+    }
+    section = {
+        "ttft_slo_s": spec.slo.ttft_s,
+        "itl_slo_s": spec.slo.itl_s,
+        "slo_by_priority": own,
+        "itl_steering": spec.itl_steering,
+    }
+    policies = build_config({"policies": section}, environ={}).policies
+    return ClassPlan(dict(spec.priority_mix), policies)
+
+
 def workload_for(spec: ReplaySpec, max_model_len: int) -> Workload:
     w = load(
         spec.trace,
@@ -110,6 +141,7 @@ def workload_for(spec: ReplaySpec, max_model_len: int) -> Workload:
 def run_policy(spec: ReplaySpec, policy: str, workload: Workload | None = None) -> tuple[ReplayRun, str]:
     """Replay ``policy`` on ``spec``; returns the run and the policy's display name."""
     kind, n = parse_policy(policy)
+    plan = class_plan(spec)
     default_batch, default_tokens = vllm_defaults(spec.gpu)
     default_batch = spec.default_batch or default_batch
     default_tokens = spec.max_num_batched_tokens or default_tokens
@@ -118,10 +150,13 @@ def run_policy(spec: ReplaySpec, policy: str, workload: Workload | None = None) 
         spec.model,
         max_num_seqs=n or default_batch,
         max_num_batched_tokens=static_tokens(policy) or default_tokens,
+        scheduling_policy="fcfs" if plan is None else "priority",
     )
     w = workload if workload is not None else workload_for(spec, core.model.max_model_len)
     controller: Controller | None = None
     name = policy
+    last_seen: dict[str, float] = {}
+    bounds = (8.0, float(max(512, default_batch)))
     if kind != "static":
         levels = (
             clock_levels(core.gpu.clock_max_mhz, core.gpu.clock_max_mhz * spec.clock_floor_share)
@@ -133,12 +168,15 @@ def run_policy(spec: ReplaySpec, policy: str, workload: Workload | None = None) 
             ttft_slo_s=spec.slo.ttft_s,
             itl_slo_s=spec.slo.itl_s,
             initial_batch=float(default_batch),
-            batch_bounds=(8.0, float(max(512, default_batch))),
+            batch_bounds=bounds,
             clock_levels_mhz=levels,
             initial_token_budget=float(default_tokens),
             queue_deadline=spec.gate_timeout_s < math.inf,
         )
-        controller = Brain(policies, default_arbiter(), interval_s=spec.interval_s)
+        steering = None
+        if plan is not None and plan.policies.itl_steering != "global":
+            steering = Steering(plan.policies, last_seen, bounds, spec.slo.itl_s)
+        controller = Brain(policies, default_arbiter(), interval_s=spec.interval_s, steering=steering)
         if levels:
             name = f"{policy}+energy"
     replay = Replay(
@@ -150,6 +188,10 @@ def run_policy(spec: ReplaySpec, policy: str, workload: Workload | None = None) 
         faults=spec.faults,
         seed=spec.seed,
         queue_timeout_s=spec.gate_timeout_s,
+        classes=plan.draw(len(w), spec.seed) if plan is not None else None,
+        targets=plan.targets() if plan is not None else (),
+        wait_scales=plan.wait_scales() if plan is not None else (),
+        last_seen=last_seen,
     )
     return replay.run(), name
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.replay.classes import CLASSES
 from agent.replay.driver import ReplayRun
 
 
@@ -48,11 +49,55 @@ def summarise(run: ReplayRun, policy: str, *, with_actions: bool = True) -> dict
         "duration_s": span,
         "clipped_prompts": w.clipped,
     }
+    if run.classes is not None:
+        summary["classes"] = _per_class(run, span)
     if with_actions:
         summary["actions"] = [d.to_json() for d in run.actions]
     else:
         summary["actions_count"] = len(run.actions)
     return summary
+
+
+def _per_class(run: ReplayRun, span: float) -> dict[str, dict[str, Any]]:
+    """Per priority class: its share of the requests, its targets, what it got and what was turned away."""
+    assert run.classes is not None
+    good, served = run.good, run.done & ~run.error
+    outputs = run.workload.outputs.astype(np.float64)
+    refused = run.refused if run.refused is not None else np.zeros_like(served)
+    rows: dict[str, dict[str, Any]] = {}
+    for index, name in enumerate(CLASSES):
+        mine = run.classes == index
+        n = int(mine.sum())
+        if not n:
+            continue
+        target = run.targets[index]
+        rows[name] = {
+            "requests": n,
+            "slo": {"ttft_s": target.ttft_s, "itl_s": target.itl_s},
+            "goodput_tps": float(outputs[good & mine].sum()) / span,
+            "slo_attainment": float((good & mine).sum()) / n,
+            "ttft_p99_s": _quantile(run.ttft[served & mine], 0.99),
+            "itl_p99_s": _quantile(run.tpot[served & mine], 0.99),
+            "expired": int((refused & mine).sum()),
+        }
+    return rows
+
+
+def class_table(summary: dict[str, Any]) -> str:
+    """Per class lines under a summary that has classes (empty otherwise)."""
+    classes = summary.get("classes")
+    if not classes:
+        return ""
+    head = f"{'class':<8}{'requests':>9}{'TTFT tgt':>10}{'ITL tgt':>9}{'goodput':>10}{'SLO att':>9}"
+    head += f"{'TTFT p99':>10}{'ITL p99':>9}{'expired':>9}"
+    lines = [f"{summary['policy']}, per class:", head]
+    for name, r in classes.items():
+        lines.append(
+            f"{name:<8}{r['requests']:>9}{r['slo']['ttft_s']:>10.3g}{r['slo']['itl_s']:>9.3g}"
+            f"{r['goodput_tps']:>10.1f}{r['slo_attainment']:>9.2%}{r['ttft_p99_s']:>10.3f}"
+            f"{r['itl_p99_s']:>9.3f}{r['expired']:>9}"
+        )
+    return "\n".join(lines)
 
 
 def table(rows: list[dict[str, Any]]) -> str:

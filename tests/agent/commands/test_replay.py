@@ -74,3 +74,45 @@ def test_queue_timeout_defaults_to_the_ttft_slo_and_inf_turns_it_off(conv, capsy
     alone = json.loads(capsys.readouterr().out)
     assert gated["expired"] > 0 and alone["expired"] == 0
     assert gated["ttft_p99_s"] < alone["ttft_p99_s"]
+
+
+def test_classes_print_a_line_each_and_are_in_the_json(conv, capsys):
+    argv = ["--trace", str(conv), "--policy", "static:32", "--rate-scale", "5"]
+    argv += [
+        "--priority-mix",
+        "high=0.2,low=0.8",
+        "--class-slo",
+        "low:ttft=60",
+        "--class-slo",
+        "high:itl=50ms",
+    ]
+    assert _main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("high ") for line in lines) and any(line.startswith("low ") for line in lines)
+    assert _main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["classes"]
+    assert out["high"]["slo"] == {"ttft_s": 10.0, "itl_s": 0.05} and out["low"]["slo"] == {
+        "ttft_s": 60.0,
+        "itl_s": 0.1,
+    }
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--class-slo", "low:ttft=60"], "need a priority mix"),
+        (["--itl-steering", "served_classes"], "need a priority mix"),
+        (
+            ["--priority-mix", "high=1", "--class-slo", "high:ttft=900"],
+            "policies.slo_by_priority.high.ttft_s",
+        ),
+    ],
+)
+def test_class_settings_without_a_mix_or_out_of_range_are_one_line_usage_errors(conv, argv, message):
+    assert message in _main(["--trace", str(conv), *argv])
+
+
+@pytest.mark.parametrize("bad", ["urgent:ttft=1", "high", "high:ttft=0", "high:speed=2"])
+def test_a_malformed_class_slo_names_the_flag(bad):
+    with pytest.raises(argparse.ArgumentTypeError, match="--class-slo"):
+        replay.parse_class_slo(bad)

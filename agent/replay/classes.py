@@ -1,0 +1,81 @@
+"""Priority classes in a replay: each request's class, that class's targets and queue deadline, and the
+ITL target the policies steer to.
+
+Live, the gate gives each request a class (``high``, ``normal``, ``low``), judges its answer by the
+class's own targets (``policies.slo_by_priority``, else the SLO), turns it away after the class's own
+deadline (``gate.max_queue_wait_s`` x the class's TTFT target / the SLO's, at most an hour) and, with
+``policies.itl_steering: served_classes``, has the policies steer the batch to the tightest ITL target of
+the classes served lately (:mod:`agent.itl_steering`). A replay with a priority mix does the same in
+virtual time, with the same config section and the same rules, so an operator can see on a real trace
+what each class would get before turning them on.
+
+Each request's class is drawn from the mix with the replay's seed, so every policy of one replay (and the
+static settings of a sweep) serves the same requests in the same classes. The engine schedules by class
+(vLLM's priority policy, as ``gate.engine_priority`` asks for): ``high`` first, arrival order within a
+class. The gate's aging (a request waiting 200 ms ranks one class up) is not modelled: the replay's
+``low`` class waits behind the others at least as long as it would live.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from agent.config import PolicyConfig, priority_targets
+from agent.gate.admission import MAX_WAIT_S
+
+#: The classes, in the engine's priority order (vLLM: lower first), so a class's index is its priority.
+CLASSES: tuple[str, ...] = ("high", "normal", "low")
+
+
+@dataclass(frozen=True)
+class Targets:
+    """One class's latency targets (seconds)."""
+
+    ttft_s: float
+    itl_s: float
+
+
+@dataclass(frozen=True)
+class ClassPlan:
+    """The priority mix (class -> share, any positive scale) and the policies section that gives each
+    class its targets and says how the policies steer (``slo_by_priority``, ``itl_steering``,
+    ``served_window_s``; its ``ttft_slo_s``/``itl_slo_s`` are the replay's SLO)."""
+
+    mix: Mapping[str, float]
+    policies: PolicyConfig
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.mix) - set(CLASSES))
+        if unknown:
+            raise ValueError(f"priority mix: unknown class {unknown[0]!r} (classes: {', '.join(CLASSES)})")
+        if any(not share >= 0 or not np.isfinite(share) for share in self.mix.values()):
+            raise ValueError(f"priority mix: shares must be finite and >= 0, got {dict(self.mix)}")
+        if sum(self.mix.values()) <= 0:
+            raise ValueError(f"priority mix needs a share above 0, got {dict(self.mix)}")
+
+    def draw(self, n: int, seed: int) -> NDArray[np.int64]:
+        """``n`` class indices (into :data:`CLASSES`), drawn from the mix with ``seed``."""
+        shares = np.array([self.mix.get(name, 0.0) for name in CLASSES], dtype=np.float64)
+        rng = np.random.default_rng([seed, 0x5EED])  # apart from the workload's own draws
+        return rng.choice(len(CLASSES), size=n, p=shares / shares.sum()).astype(np.int64)
+
+    def targets(self) -> tuple[Targets, ...]:
+        """Each class's (TTFT, mean ITL) targets, by index: its own, else the SLO's."""
+        p = self.policies
+        own = priority_targets(p)
+        return tuple(Targets(*own.get(name, (p.ttft_slo_s, p.itl_slo_s))) for name in CLASSES)
+
+    def wait_scales(self) -> tuple[float, ...]:
+        """Each class's queue deadline over the gate's (by index): its TTFT target over the SLO's, as the
+        live gate scales it (:meth:`agent.gate.admission.AdmissionQueue.max_wait_for`)."""
+        return tuple(t.ttft_s / self.policies.ttft_slo_s for t in self.targets())
+
+
+def class_deadline(max_wait_s: float, scale: float) -> float:
+    """A class's queue deadline: the gate's ``max_wait_s`` times its scale, at most
+    :data:`~agent.gate.admission.MAX_WAIT_S`; no deadline (``inf``) stays none."""
+    return max_wait_s if max_wait_s == float("inf") else min(MAX_WAIT_S, max_wait_s * scale)

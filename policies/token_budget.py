@@ -35,7 +35,12 @@ The floor (``lower``, 512 by default) is reached only under KV pressure: ITL alo
 profile (0.063 s): below it, a tail over target comes from decode (the batch limit's business) or from
 rare long steps, and halving again only loses prefill throughput. That premise holds at full clock
 only: with the energy policy in the set (it lowers the SM clock), a 1024-token step is that much
-longer, so :func:`policies.registry.build_set` sets ``itl_floor`` to ``lower`` there.
+longer, so :func:`policies.registry.build_set` sets ``itl_floor`` to ``lower`` there. It holds for an
+ITL target of 0.1 s (:data:`FLOOR_ITL_S`) only, too: a step's time grows with its chunk, so the floor
+scales with the target (0.05 s, an interactive class steered to, ``policies.itl_steering``: 512, where
+a full chunk's step takes ~0.03 s). Found by replaying priority classes: steered to 0.05 s, the budget
+stopped at 1024, whose 0.063 s steps alone broke the target, and the batch controller cut the batch
+instead (to ~60), which cannot shorten a prefill step and only queued requests.
 
 The gap between ``itl_hi`` and ``low * itl_slo`` is the hysteresis: doubling a budget about doubles its
 stall, so a budget is raised only when twice its ITL still meets the target. The ITL signal is the
@@ -54,6 +59,9 @@ from detectors.snapshot import Snapshot
 from policies import knobs
 from policies.arbiter import PRIORITY
 from policies.base import Proposal
+
+#: The ITL target at which ``itl_floor`` was measured to leave a full chunk's step well inside it.
+FLOOR_ITL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,12 @@ class TokenBudget:
         if not 0 < self.kv_target <= self.kv_high:
             raise ValueError("need 0 < kv_target <= kv_high")
 
+    @property
+    def floor_for_itl(self) -> float:
+        """How far ITL alone may halve the budget: ``itl_floor`` scaled by the ITL target over
+        :data:`FLOOR_ITL_S` (never above ``itl_floor``, never below ``lower``)."""
+        return max(self.lower, min(self.itl_floor, self.itl_floor * self.itl_slo_s / FLOOR_ITL_S))
+
     def decide(
         self, snapshot: Snapshot, findings: Sequence[Finding], state: BudgetState | None, now: float
     ) -> tuple[BudgetState | None, list[Proposal]]:
@@ -120,8 +134,8 @@ class TokenBudget:
         if kv_pressure and prompt_tps > 0 and budget > self.lower:
             new = budget / 2
             why = f"KV cache under pressure (usage {kv:.0%}, {preempt:.2g} preemptions/s) while prefilling"
-        elif itl > itl_hi and prompt_tps > 0 and budget > max(self.lower, self.itl_floor):
-            new = max(budget / 2, self.itl_floor)
+        elif itl > itl_hi and prompt_tps > 0 and budget > max(self.lower, self.floor_for_itl):
+            new = max(budget / 2, self.floor_for_itl)
             why = f"ITL p99 {itl:.3f}s above {itl_hi:.3f}s while prefilling {prompt_tps:.0f} tok/s"
         elif (
             itl < self.low * self.itl_slo_s

@@ -38,6 +38,20 @@ def test_itl_alone_stops_halving_at_the_itl_floor():
     assert _decide(engine__itl_seconds__p99=0.2, engine__preemptions_per_second=0.5, **values) == [512]
 
 
+def test_the_itl_floor_scales_with_a_tighter_itl_target():
+    """At a 0.05 s target (an interactive class steered to) a 1024-token chunk's step alone breaks it:
+    ITL halves the budget on to 512. A looser target keeps the 1024 floor."""
+    values = make_snapshot(
+        **{**PREFILL, "engine__max_num_batched_tokens": 1024}, engine__itl_seconds__p99=0.06
+    )
+    tight = TokenBudget(ttft_slo_s=10.0, itl_slo_s=0.05)
+    assert (tight.floor_for_itl, POLICY.floor_for_itl) == (512.0, 1024.0)
+    assert TokenBudget(ttft_slo_s=10.0, itl_slo_s=0.2).floor_for_itl == 1024.0
+    assert TokenBudget(ttft_slo_s=10.0, itl_slo_s=0.075).floor_for_itl == pytest.approx(768.0)
+    assert [p.value for p in tight.decide(values, [], None, 100.0)[1]] == [512]
+    assert POLICY.decide(values, [], None, 100.0)[1] == []  # 0.06 s is inside 0.1 s x headroom anyway
+
+
 def test_halves_on_kv_pressure_while_prefilling_even_with_itl_in_target():
     values = {**PREFILL, "engine__itl_seconds__p99": 0.03}
     assert _decide(engine__kv_cache_usage_ratio=0.97, **values) == [1024]

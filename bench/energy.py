@@ -26,8 +26,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent.replay.driver import Slo  # noqa: E402
 from agent.replay.runner import ReplaySpec, run_policy, workload_for  # noqa: E402
+from agent.replay.slo import Slo  # noqa: E402
 from agent.replay.summary import summarise  # noqa: E402
 
 TRACES = Path("/work/shared/data/traces")

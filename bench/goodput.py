@@ -46,7 +46,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent.replay.driver import Slo  # noqa: E402
 from agent.replay.runner import (  # noqa: E402
     DEFAULT_STATICS,
     ReplaySpec,
@@ -55,6 +54,7 @@ from agent.replay.runner import (  # noqa: E402
     vllm_defaults,
     workload_for,
 )
+from agent.replay.slo import Slo  # noqa: E402
 from agent.replay.summary import summarise  # noqa: E402
 from agent.replay.workload import Workload  # noqa: E402
 from simulator.models import model_profile  # noqa: E402

@@ -42,8 +42,9 @@ from agent.audit import Action, AuditLog
 from agent.config import AuditConfig, WebhookConfig
 from agent.exporter import Exporter
 from agent.replay.brain import Brain
-from agent.replay.driver import Replay, Slo
+from agent.replay.driver import Replay
 from agent.replay.runner import vllm_defaults
+from agent.replay.slo import Slo
 from agent.replay.workload import Workload
 from agent.state import AgentState
 from agent.store import Store

@@ -45,6 +45,17 @@ def _class_miss_ratio(window: str, above: float) -> str:
     )
 
 
+def _class_burn(long: str, short: str, above: float, *, min_answers: int) -> str:
+    """A class burning its budget: its miss ratio above ``above`` over both windows, with at least
+    ``min_answers`` answers over the long one (a class sending a few requests does not page on one miss)."""
+    return (
+        _class_miss_ratio(long, above)
+        + "\nand "
+        + _class_miss_ratio(short, above)
+        + f"\nand sum by ({BY}, priority) (increase(servepilot_gate_answered_total[{long}])) >= {min_answers}"
+    )
+
+
 @dataclass(frozen=True)
 class Profile:
     """Durations used by the rules. ``windows`` maps the nominal window to the one used."""
@@ -241,10 +252,7 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
         ),
         _alert(
             "ServepilotClassSloBurnFast",
-            _class_miss_ratio(p.w("1h"), fast)
-            + "\nand "
-            + _class_miss_ratio(p.w("5m"), fast)
-            + f"\nand sum by ({BY}, priority) (increase(servepilot_gate_answered_total[{p.w('1h')}])) >= 50",
+            _class_burn(p.w("1h"), p.w("5m"), fast, min_answers=50),
             p.for_(120),
             "critical",
             "{{ $labels.priority }}-priority SLO budget of {{ $labels.pod }} burns 14x too fast",
@@ -256,10 +264,7 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
         ),
         _alert(
             "ServepilotClassSloBurnSlow",
-            _class_miss_ratio(p.w("6h"), slow)
-            + "\nand "
-            + _class_miss_ratio(p.w("30m"), slow)
-            + f"\nand sum by ({BY}, priority) (increase(servepilot_gate_answered_total[{p.w('6h')}])) >= 300",
+            _class_burn(p.w("6h"), p.w("30m"), slow, min_answers=300),
             p.for_(900),
             "warning",
             "{{ $labels.priority }}-priority SLO budget of {{ $labels.pod }} burns 6x too fast",

@@ -134,9 +134,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     from agent.cli import UsageError
-    from agent.replay.driver import Slo
     from agent.replay.report import render
     from agent.replay.runner import ReplaySpec, parse_policy, run_policy, sweep
+    from agent.replay.slo import Slo
     from agent.replay.summary import class_table, summarise, table
     from agent.traces import TraceError
 

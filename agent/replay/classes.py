@@ -26,17 +26,10 @@ from numpy.typing import NDArray
 
 from agent.config import PolicyConfig, priority_targets
 from agent.gate.admission import MAX_WAIT_S
+from agent.replay.slo import Slo
 
 #: The classes, in the engine's priority order (vLLM: lower first), so a class's index is its priority.
 CLASSES: tuple[str, ...] = ("high", "normal", "low")
-
-
-@dataclass(frozen=True)
-class Targets:
-    """One class's latency targets (seconds)."""
-
-    ttft_s: float
-    itl_s: float
 
 
 @dataclass(frozen=True)
@@ -63,11 +56,11 @@ class ClassPlan:
         rng = np.random.default_rng([seed, 0x5EED])  # apart from the workload's own draws
         return rng.choice(len(CLASSES), size=n, p=shares / shares.sum()).astype(np.int64)
 
-    def targets(self) -> tuple[Targets, ...]:
+    def targets(self) -> tuple[Slo, ...]:
         """Each class's (TTFT, mean ITL) targets, by index: its own, else the SLO's."""
         p = self.policies
         own = priority_targets(p)
-        return tuple(Targets(*own.get(name, (p.ttft_slo_s, p.itl_slo_s))) for name in CLASSES)
+        return tuple(Slo(*own.get(name, (p.ttft_slo_s, p.itl_slo_s))) for name in CLASSES)
 
     def wait_scales(self) -> tuple[float, ...]:
         """Each class's queue deadline over the gate's (by index): its TTFT target over the SLO's, as the

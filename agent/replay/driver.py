@@ -30,8 +30,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent.itl_steering import AUDIT_KNOB
-from agent.replay.classes import CLASSES, Targets, class_deadline
+from agent.replay.classes import CLASSES, class_deadline
 from agent.replay.signals import CoreSignals
+from agent.replay.slo import Slo
 from agent.replay.workload import Workload
 from detectors.snapshot import Snapshot
 from policies import knobs
@@ -42,14 +43,6 @@ from simulator.scheduler import Request
 
 #: Longest run of pure-decode steps one core call may fast-forward.
 MAX_STEPS = 4096
-
-
-@dataclass(frozen=True)
-class Slo:
-    """Per-request latency targets (seconds)."""
-
-    ttft_s: float
-    itl_s: float
 
 
 @dataclass(frozen=True)
@@ -104,7 +97,7 @@ class ReplayRun:
     #: each request's priority class (index into :data:`~agent.replay.classes.CLASSES`); None: no classes
     classes: NDArray[np.int64] | None = None
     #: each class's targets, by index (with ``classes``)
-    targets: tuple[Targets, ...] = ()
+    targets: tuple[Slo, ...] = ()
     #: which requests the queue timeout answered 503 (``expired`` counts them)
     refused: NDArray[np.bool_] | None = None
 
@@ -140,7 +133,7 @@ class Replay:
         on_tick: Callable[[Snapshot], None] | None = None,
         queue_timeout_s: float = float("inf"),
         classes: NDArray[np.int64] | None = None,
-        targets: Sequence[Targets] = (),
+        targets: Sequence[Slo] = (),
         wait_scales: Sequence[float] = (),
         last_seen: dict[str, float] | None = None,
     ) -> None:

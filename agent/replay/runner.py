@@ -20,7 +20,8 @@ from typing import Any
 from agent.config import build as build_config
 from agent.replay.brain import Brain, Steering
 from agent.replay.classes import ClassPlan
-from agent.replay.driver import Controller, FaultEvent, Replay, ReplayRun, Slo
+from agent.replay.driver import Controller, FaultEvent, Replay, ReplayRun
+from agent.replay.slo import Slo
 from agent.replay.summary import summarise
 from agent.replay.workload import Workload, load
 from policies.registry import build_set, clock_levels, default_arbiter

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from agent.replay.brain import Brain
-from agent.replay.driver import FaultEvent, Replay, Slo
+from agent.replay.driver import FaultEvent, Replay
+from agent.replay.slo import Slo
 from agent.replay.workload import Workload
 from policies.breaker import Breaker
 from policies.registry import default_arbiter

@@ -8,9 +8,10 @@ from agent.config import build
 from agent.gate.admission import MAX_WAIT_S
 from agent.itl_steering import AUDIT_KNOB
 from agent.replay.brain import Brain, Steering
-from agent.replay.classes import CLASSES, ClassPlan, Targets, class_deadline
-from agent.replay.driver import Replay, Slo
+from agent.replay.classes import CLASSES, ClassPlan, class_deadline
+from agent.replay.driver import Replay
 from agent.replay.runner import ReplaySpec, class_plan, run_summary
+from agent.replay.slo import Slo
 from agent.replay.summary import class_table, summarise
 from agent.replay.workload import Workload
 from detectors.snapshot import Snapshot
@@ -58,7 +59,7 @@ def test_classes_are_drawn_from_the_mix_with_the_seed():
 
 def test_a_class_without_its_own_targets_takes_the_slos_and_deadlines_scale_with_ttft():
     plan = _plan({"high": 1, "low": 1}, {"high": {"itl_s": 0.05}, "low": {"ttft_s": 30.0}})
-    assert plan.targets() == (Targets(2.0, 0.05), Targets(2.0, 0.1), Targets(30.0, 0.1))
+    assert plan.targets() == (Slo(2.0, 0.05), Slo(2.0, 0.1), Slo(30.0, 0.1))
     assert plan.wait_scales() == (1.0, 1.0, 15.0)
     assert class_deadline(2.0, 15.0) == 30.0
     assert class_deadline(400.0, 15.0) == MAX_WAIT_S  # capped as the live gate caps it

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from agent.replay.brain import Brain
-from agent.replay.driver import FaultEvent, Replay, Slo
+from agent.replay.driver import FaultEvent, Replay
+from agent.replay.slo import Slo
 from agent.replay.workload import load
 from policies import knobs
 from policies.arbiter import Arbiter, Decision, KnobRule

@@ -3,7 +3,8 @@ never served, counted as a miss, and not shown to the breaker as an engine error
 
 import numpy as np
 
-from agent.replay.driver import Replay, Slo
+from agent.replay.driver import Replay
+from agent.replay.slo import Slo
 from agent.replay.summary import summarise
 from agent.replay.workload import Workload
 from simulator.engine import make_core

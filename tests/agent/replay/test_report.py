@@ -1,5 +1,6 @@
-from agent.replay.driver import Replay, Slo
+from agent.replay.driver import Replay
 from agent.replay.report import render
+from agent.replay.slo import Slo
 from agent.replay.summary import summarise
 from agent.replay.workload import load
 from simulator.engine import make_core

@@ -1,6 +1,5 @@
 import pytest
 
-from agent.replay.driver import Slo
 from agent.replay.runner import (
     ReplaySpec,
     parse_policy,
@@ -10,6 +9,7 @@ from agent.replay.runner import (
     sweep,
     workload_for,
 )
+from agent.replay.slo import Slo
 
 
 def test_parse_static_policy():

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from agent.replay.driver import Replay, Slo
+from agent.replay.driver import Replay
+from agent.replay.slo import Slo
 from agent.replay.summary import summarise, table
 from agent.replay.workload import load
 from simulator.engine import make_core

@@ -80,7 +80,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--gpu", default="a100-80g", help="simulated GPU profile (default a100-80g)")
     parser.add_argument("--model", default="llama-2-7b", help="simulated model (default llama-2-7b)")
     parser.add_argument(
-        "--slo", type=parse_slo, default=(10.0, 0.1), help="ttft=S,itl=S (default ttft=10,itl=0.1)"
+        "--slo",
+        type=parse_slo,
+        help="ttft=S,itl=S (default: the config's policies.ttft_slo_s and itl_slo_s, else ttft=10,itl=0.1)",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a sidecar config: replay its SLO, class targets, ITL steering, batch bounds, queue timeout "
+        "and energy setting (flags given override it; docs/policies.md)",
     )
     parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate")
     parser.add_argument("--lengths", help="per-request trace whose token lengths a count series borrows")
@@ -96,7 +104,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=float,
         metavar="S",
         help="the gate's max_queue_wait_s: a request not scheduled within S s is answered 503 "
-        "(default: the TTFT SLO; inf: no timeout, the engine alone)",
+        "(default: the TTFT SLO, or the config's gate.max_queue_wait_s; inf: no timeout, the engine alone)",
     )
     classes = parser.add_argument_group(
         "priority classes", "replay the gate's classes: each judged by its own targets, with its own deadline"
@@ -120,9 +128,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     classes.add_argument(
         "--itl-steering",
         choices=("global", "served_classes"),
-        default="global",
         help="policies.itl_steering: steer the batch to the SLO's ITL (global) or to the tightest target "
-        "of the classes served in the last 300 s (default global)",
+        "of the classes served in the last 300 s (default: the config's, else global)",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="random seed (count series, Mooncake jitter, classes)"
@@ -134,6 +141,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     from agent.cli import UsageError
+    from agent.config import load
+    from agent.replay.from_config import Flags, describe, spec_fields
     from agent.replay.report import render
     from agent.replay.runner import ReplaySpec, parse_policy, run_policy, sweep
     from agent.replay.slo import Slo
@@ -148,21 +157,30 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--queue-timeout must be > 0, got {args.queue_timeout:g}")
         if args.duration is not None and not args.duration > 0:
             raise ValueError(f"--duration must be > 0, got {args.duration:g}")
+        flags = Flags(args.slo, tuple(args.class_slo), args.itl_steering, args.queue_timeout, args.energy)
+        fields: dict[str, Any] = {
+            "slo": flags.slo or (10.0, 0.1),
+            "class_slo": flags.class_slo,
+            "itl_steering": flags.itl_steering or "global",
+            "queue_timeout_s": flags.queue_timeout_s,
+            "energy": flags.energy,
+        }
+        if args.config:
+            cfg = load(args.config)
+            fields = spec_fields(cfg, flags, with_classes=bool(args.priority_mix))
+            print(describe(cfg, fields, bool(args.priority_mix)), file=sys.stderr)
+        fields["slo"] = Slo(*fields["slo"])
         spec = ReplaySpec(
             Path(args.trace),
             gpu=args.gpu,
             model=args.model,
-            slo=Slo(*args.slo),
             rate_scale=args.rate_scale,
             lengths=Path(args.lengths) if args.lengths else None,
             seed=args.seed,
             duration_s=args.duration,
             default_batch=args.default_batch,
-            energy=args.energy,
-            queue_timeout_s=args.queue_timeout,
             priority_mix=args.priority_mix or (),
-            class_slo=tuple(args.class_slo),
-            itl_steering=args.itl_steering,
+            **fields,
         )
         replay_run, name = run_policy(spec, args.policy)
         summary: dict[str, Any] = summarise(replay_run, name)

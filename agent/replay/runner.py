@@ -66,6 +66,11 @@ class ReplaySpec:
     class_slo: tuple[tuple[str, float | None, float | None], ...] = ()
     #: ``policies.itl_steering``: ``global`` or ``served_classes``
     itl_steering: str = "global"
+    #: ``policies.served_window_s``: a class steers this long after its last request
+    served_window_s: float = 300.0
+    #: the auto policies' batch bounds (``policies.batch_min``/``batch_max``); None: 8 up to the larger
+    #: of 512 and the engine default
+    batch_bounds: tuple[float, float] | None = None
 
     @property
     def gate_timeout_s(self) -> float:
@@ -109,7 +114,9 @@ def class_plan(spec: ReplaySpec) -> ClassPlan | None:
     setting) on a bad target or steering, or on class settings without a mix."""
     if not spec.priority_mix:
         if spec.class_slo or spec.itl_steering != "global":
-            raise ValueError("class targets and ITL steering need a priority mix (--priority-mix)")
+            raise ValueError(
+                "class targets and ITL steering served_classes need a priority mix (--priority-mix)"
+            )
         return None
     own = {
         name: {k: v for k, v in (("ttft_s", ttft), ("itl_s", itl)) if v is not None}
@@ -120,6 +127,7 @@ def class_plan(spec: ReplaySpec) -> ClassPlan | None:
         "itl_slo_s": spec.slo.itl_s,
         "slo_by_priority": own,
         "itl_steering": spec.itl_steering,
+        "served_window_s": spec.served_window_s,
     }
     policies = build_config({"policies": section}, environ={}).policies
     return ClassPlan(dict(spec.priority_mix), policies)
@@ -157,7 +165,7 @@ def run_policy(spec: ReplaySpec, policy: str, workload: Workload | None = None) 
     controller: Controller | None = None
     name = policy
     last_seen: dict[str, float] = {}
-    bounds = (8.0, float(max(512, default_batch)))
+    bounds = spec.batch_bounds or (8.0, float(max(512, default_batch)))
     if kind != "static":
         levels = (
             clock_levels(core.gpu.clock_max_mhz, core.gpu.clock_max_mhz * spec.clock_floor_share)

@@ -116,3 +116,26 @@ def test_class_settings_without_a_mix_or_out_of_range_are_one_line_usage_errors(
 def test_a_malformed_class_slo_names_the_flag(bad):
     with pytest.raises(argparse.ArgumentTypeError, match="--class-slo"):
         replay.parse_class_slo(bad)
+
+
+def test_a_config_gives_the_classes_their_targets(conv, tmp_path, capsys):
+    config = tmp_path / "servepilot.yaml"
+    config.write_text(
+        "gate: {enabled: true, max_queue_wait_s: 4}\n"
+        "policies: {ttft_slo_s: 4, itl_slo_s: 0.1, slo_by_priority: {low: {ttft_s: 40}}}\n",
+        encoding="utf-8",
+    )
+    argv = ["--trace", str(conv), "--policy", "static:32", "--rate-scale", "5", "--config", str(config)]
+    assert _main([*argv, "--priority-mix", "high=0.5,low=0.5", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["classes"]["low"]["slo"] == {"ttft_s": 40.0, "itl_s": 0.1}
+    assert "from the config: SLO ttft=4s itl=0.1s" in captured.err and "queue timeout 4s" in captured.err
+
+
+def test_a_bad_config_is_one_line_naming_the_field(conv, tmp_path):
+    config = tmp_path / "servepilot.yaml"
+    config.write_text("policies: {itl_slo_s: -1}\n", encoding="utf-8")
+    assert (
+        _main(["--trace", str(conv), "--config", str(config)])
+        == "policies.itl_slo_s must be in (0, 60], got -1"
+    )

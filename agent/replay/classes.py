@@ -10,10 +10,11 @@ virtual time, with the same config section and the same rules, so an operator ca
 what each class would get before turning them on.
 
 Each request's class is drawn from the mix with the replay's seed, so every policy of one replay (and the
-static settings of a sweep) serves the same requests in the same classes. The engine schedules by class
-(vLLM's priority policy, as ``gate.engine_priority`` asks for): ``high`` first, arrival order within a
-class. The gate's aging (a request waiting 200 ms ranks one class up) is not modelled: the replay's
-``low`` class waits behind the others at least as long as it would live.
+static settings of a sweep) serves the same requests in the same classes. The classes wait in the live
+gate's own admission queue (:func:`agent.replay.runner.gate_for`): its high reserve, its aging (a request
+that waited 200 ms ranks one class up), each class's deadline, its queue bound. The engine behind it
+schedules by the class a request was admitted in (vLLM's priority policy, as ``gate.engine_priority``
+asks for).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent.config import PolicyConfig, priority_targets
-from agent.gate.admission import MAX_WAIT_S
 from agent.replay.slo import Slo
 
 #: The classes, in the engine's priority order (vLLM: lower first), so a class's index is its priority.
@@ -64,11 +64,5 @@ class ClassPlan:
 
     def wait_scales(self) -> tuple[float, ...]:
         """Each class's queue deadline over the gate's (by index): its TTFT target over the SLO's, as the
-        live gate scales it (:meth:`agent.gate.admission.AdmissionQueue.max_wait_for`)."""
+        live gate scales it (:meth:`agent.gate.proxy.Gate.set_slo`; the deadline is at most an hour)."""
         return tuple(t.ttft_s / self.policies.ttft_slo_s for t in self.targets())
-
-
-def class_deadline(max_wait_s: float, scale: float) -> float:
-    """A class's queue deadline: the gate's ``max_wait_s`` times its scale, at most
-    :data:`~agent.gate.admission.MAX_WAIT_S`; no deadline (``inf``) stays none."""
-    return max_wait_s if max_wait_s == float("inf") else min(MAX_WAIT_S, max_wait_s * scale)

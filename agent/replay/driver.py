@@ -15,9 +15,14 @@ batch knob is the engine's ``max_num_seqs``), and a request that has waited ``qu
 being scheduled is answered 503, as the gate's ``max_queue_wait_s`` does. It counts as a miss, and, as
 live, not as an engine error (the breaker does not see it).
 
-With priority classes (:mod:`agent.replay.classes`) each request is judged by its class's targets and
-turned away after its class's deadline, the engine schedules by class, and the classes' last arrivals
-are kept in ``last_seen`` for the policies' ITL steering, as the live gate keeps them.
+With priority classes (:mod:`agent.replay.classes`) the gate is the live one: the very
+:class:`~agent.gate.admission.AdmissionQueue` the gate serves traffic with, in virtual time, in front of
+the engine. Its in-flight limit is the batch knob (the engine keeps its ``max_num_seqs``, as live), with
+its high reserve, aging, per-class deadlines (503) and queue bound (429, shedding the lowest class
+first); a request's TTFT counts its wait in it. Each request is judged by its class's targets, goes to
+the engine with the class it was admitted in (the engine schedules by priority, as with
+``gate.engine_priority``), and the classes' last arrivals are kept in ``last_seen`` for the policies' ITL
+steering, as the live gate keeps them.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from agent.gate.admission import AdmissionQueue, Priority, Ticket, TicketState
 from agent.itl_steering import AUDIT_KNOB
-from agent.replay.classes import CLASSES, class_deadline
+from agent.replay.classes import CLASSES
 from agent.replay.signals import CoreSignals
 from agent.replay.slo import Slo
 from agent.replay.workload import Workload
@@ -100,6 +106,8 @@ class ReplayRun:
     targets: tuple[Slo, ...] = ()
     #: which requests the queue timeout answered 503 (``expired`` counts them)
     refused: NDArray[np.bool_] | None = None
+    #: which requests a full gate queue answered 429 (with classes; also set in ``error``)
+    rejected: NDArray[np.bool_] | None = None
 
     @property
     def good(self) -> NDArray[np.bool_]:
@@ -115,8 +123,9 @@ class ReplayRun:
 class Replay:
     """One replay of ``workload`` on ``core`` under ``controller`` (``None`` keeps the settings).
 
-    ``classes`` gives each request a priority class (the core should schedule by priority), ``targets``
-    and ``wait_scales`` each class's targets and deadline scale (:class:`~agent.replay.classes.ClassPlan`);
+    ``classes`` gives each request a priority class and ``targets`` each class's targets; ``gate`` (needed
+    with classes) is the admission queue in front of the core, whose ``max_wait_s`` and ``wait_scale``
+    are the queue timeout and each class's deadline scale (the core should schedule by priority).
     ``last_seen`` gets each class's latest arrival (shared with a steering controller)."""
 
     def __init__(
@@ -134,13 +143,13 @@ class Replay:
         queue_timeout_s: float = float("inf"),
         classes: NDArray[np.int64] | None = None,
         targets: Sequence[Slo] = (),
-        wait_scales: Sequence[float] = (),
+        gate: AdmissionQueue | None = None,
         last_seen: dict[str, float] | None = None,
     ) -> None:
         if classes is not None and (
-            classes.size != len(workload) or len(targets) != len(CLASSES) or len(wait_scales) != len(CLASSES)
+            classes.size != len(workload) or len(targets) != len(CLASSES) or gate is None
         ):
-            raise ValueError("classes need one class per request, and targets and wait scales per class")
+            raise ValueError("classes need one class per request, targets per class, and a gate")
         self.core = core
         self.workload = workload
         self.slo = slo
@@ -154,8 +163,12 @@ class Replay:
         self.expired = 0
         self.classes = classes
         self.targets = tuple(targets)
-        self.wait_scales = tuple(wait_scales)
+        self.gate = gate if classes is not None else None
+        if self.gate is not None:
+            self.gate.max_wait_s = queue_timeout_s
         self.last_seen = last_seen if last_seen is not None else {}
+        self._tickets: dict[int, int] = {}  # a waiting ticket's seq -> its request
+        self._admitted: dict[str, Ticket] = {}  # an admitted request's id -> its ticket
         #: no fresh waiting request is due to expire before this (a lower bound: scan when reached)
         self._next_expiry = float("inf")
         self.upstream = "primary"
@@ -165,6 +178,8 @@ class Replay:
         self.done = np.zeros(n, dtype=np.bool_)
         self.error = np.zeros(n, dtype=np.bool_)
         self.refused = np.zeros(n, dtype=np.bool_)
+        self.rejected = np.zeros(n, dtype=np.bool_)
+        self.arrived = np.zeros(n)
         self._live: dict[str, tuple[int, Request]] = {}
         self._tick_requests = 0
         self._tick_bad = 0
@@ -178,7 +193,7 @@ class Replay:
     def actual(self) -> dict[str, float | str]:
         s = self.core.settings
         return {
-            knobs.BATCH: float(s.max_num_seqs),
+            knobs.BATCH: float(s.max_num_seqs if self.gate is None else self.gate.limit),
             knobs.TOKEN_BUDGET: float(s.max_num_batched_tokens),
             knobs.SM_CLOCK: s.sm_clock_mhz,
             knobs.POWER_LIMIT: s.power_limit_w,
@@ -190,6 +205,10 @@ class Replay:
         core = self.core
         s = core.settings
         value = decision.value
+        if decision.knob == knobs.BATCH and self.gate is not None:  # the gate's limit, as live
+            self._admit(self.gate.set_limit(max(1, int(float(value))), now), now)
+            self.actions.append(decision)
+            return
         if decision.knob == knobs.BATCH:
             settings = core.with_settings(max_num_seqs=max(1, int(float(value))))
         elif decision.knob == knobs.TOKEN_BUDGET:
@@ -201,6 +220,8 @@ class Replay:
         elif decision.knob == knobs.QUEUE_WAIT:
             self.queue_timeout_s = float(value)  # the gate's, not the engine's: settings unchanged
             self._next_expiry = -float("inf")  # every deadline moved: look again
+            if self.gate is not None:
+                self.gate.max_wait_s = self.queue_timeout_s
             self.actions.append(decision)
             return
         elif decision.knob == AUDIT_KNOB:  # the policies' ITL target moved: no actuator, only the record
@@ -226,27 +247,53 @@ class Replay:
             self._tick_bad += 1
             self._tick_errors += 1
             return
+        self.arrived[index] = at
+        if self.gate is None:
+            self._engine(index, at)
+            self._next_expiry = min(self._next_expiry, at + self.queue_timeout_s)
+            return
+        assert self.classes is not None
+        name = CLASSES[int(self.classes[index])]
+        self.last_seen[name] = at
+        ticket, changed = self.gate.offer(Priority[name.upper()], at)
+        self._tickets[ticket.seq] = index
+        self._admit([ticket, *changed], at)
+
+    def _engine(self, index: int, at: float, priority: int = 0) -> None:
+        """Send request ``index`` to the engine at ``at`` (``priority``: lower first)."""
         w = self.workload
         rid = str(index)
-        priority = 0
-        if self.classes is not None:
-            priority = int(self.classes[index])
-            self.last_seen[CLASSES[priority]] = at
         request = self.core.submit(rid, int(w.prompts[index]), int(w.outputs[index]), at, priority)
         self._live[rid] = (index, request)
-        self._next_expiry = min(self._next_expiry, at + self._deadline(index))
 
-    def _deadline(self, index: int) -> float:
-        """How long request ``index`` may wait for its first schedule: the gate's queue timeout, scaled
-        by its class."""
-        if self.classes is None:
-            return self.queue_timeout_s
-        return class_deadline(self.queue_timeout_s, self.wait_scales[self.classes[index]])
+    def _admit(self, tickets: Sequence[Ticket], now: float) -> None:
+        """The gate changed these tickets' state: send the admitted to the engine (in the class they were
+        admitted in, highest first), answer the shed 429 and the expired 503."""
+        for ticket in tickets:
+            index = self._tickets.pop(ticket.seq, None)
+            if index is None:
+                continue  # still waiting, or seen already
+            if ticket.state is TicketState.ADMITTED:
+                self._admitted[str(index)] = ticket
+                self._engine(index, now, Priority.HIGH - ticket.admitted_in)
+            elif ticket.state is TicketState.WAITING:
+                self._tickets[ticket.seq] = index
+            else:  # not an answer: the live gate counts these as rejected, not as 5xx
+                self.error[index] = True
+                if ticket.state is TicketState.EXPIRED:
+                    self.refused[index] = True
+                    self.expired += 1
+                else:
+                    self.rejected[index] = True
 
     def _expire(self, now: float) -> None:
-        """The gate's queue timeout: a request still waiting for its first schedule its deadline after it
-        arrived is answered 503 (never served). Requests put back by a preemption were admitted already
-        and stay. The waiting queue is scanned only once the earliest deadline may have passed."""
+        """The gate's queue timeout: a request still waiting for its first schedule ``queue_timeout_s``
+        after it arrived is answered 503 (never served). Requests put back by a preemption were admitted
+        already and stay. The waiting queue is scanned only once the earliest deadline may have passed.
+        With classes, the admission queue expires its own, each class at its deadline."""
+        if self.gate is not None:
+            self._admit(self.gate.expire(now), now)
+            return
         if now < self._next_expiry:
             return
         live = self._live
@@ -255,7 +302,7 @@ class Replay:
         for req in self.core.scheduler.waiting:
             if req.first_scheduled >= 0:
                 continue
-            due = req.arrival + self._deadline(live[req.rid][0])
+            due = req.arrival + self.queue_timeout_s
             if due <= now:
                 expired.append(req)
             elif due < earliest:
@@ -268,9 +315,11 @@ class Replay:
             self.refused[index] = True
             self.expired += 1  # not an answer: the live gate counts it as rejected, not as a 5xx
 
-    def _finish(self, rid: str) -> None:
+    def _finish(self, rid: str, now: float) -> None:
         index, req = self._live.pop(rid)
-        ttft = req.first_token - req.arrival
+        if self.gate is not None:  # its slot frees: the gate admits who is next
+            self._admit(self.gate.release(self._admitted.pop(rid), now), now)
+        ttft = req.first_token - self.arrived[index]  # with a gate, its wait there too
         tpot = (req.last_token - req.first_token) / (req.output - 1) if req.output > 1 else 0.0
         self.ttft[index], self.tpot[index], self.done[index] = ttft, tpot, True
         self._tick_requests += 1
@@ -279,11 +328,12 @@ class Replay:
             self._tick_bad += 1
 
     def _tick(self, now: float) -> None:
+        queue = self.gate
         gate = {
-            knobs.GATE_LIMIT: float(self.core.settings.max_num_seqs),
-            # the replay's batch limit is the engine's max_num_seqs, so its queue is the engine's own
-            # (engine.requests_waiting): the gate holds nothing back here
-            knobs.GATE_QUEUE: 0.0,
+            # without classes the replay's batch limit is the engine's max_num_seqs, so its queue is the
+            # engine's own (engine.requests_waiting): the gate holds nothing back there
+            knobs.GATE_LIMIT: float(self.core.settings.max_num_seqs if queue is None else queue.limit),
+            knobs.GATE_QUEUE: 0.0 if queue is None else float(queue.queue_depth),
             knobs.GATE_REQUESTS: float(self._tick_requests),
             knobs.GATE_SLO_BAD: float(self._tick_bad),
             knobs.GATE_ERRORS: float(self._tick_errors),
@@ -302,7 +352,7 @@ class Replay:
             TickRow(
                 now,
                 self._tick_arrivals,
-                float(s.max_num_seqs),
+                float(s.max_num_seqs if self.gate is None else self.gate.limit),
                 get(knobs.RUNNING, 0.0),
                 get(knobs.WAITING, 0.0),
                 get(knobs.TTFT_P99, 0.0),
@@ -336,11 +386,11 @@ class Replay:
             next_fault = start + faults[0].at_s if faults else inf
             horizon = min(next_arrival, next_tick, next_fault)
             if core.has_work() and core.time < horizon:
-                if self.queue_timeout_s < inf:
+                if self.gate is not None or self.queue_timeout_s < inf:
                     self._expire(core.time)
                 result = core.step(core.time, max_steps=MAX_STEPS, until=horizon)
                 for finished in result.finished:
-                    self._finish(finished.request_id)
+                    self._finish(finished.request_id, core.time)
                 if result.steps == 0:  # nothing schedulable (cannot happen on a sane core): wait
                     if horizon == inf:
                         break
@@ -377,4 +427,5 @@ class Replay:
             self.classes,
             self.targets,
             self.refused,
+            self.rejected,
         )

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import build as build_config
+from agent.gate.admission import AdmissionQueue, Priority
 from agent.replay.brain import Brain, Steering
-from agent.replay.classes import ClassPlan
+from agent.replay.classes import CLASSES, ClassPlan
 from agent.replay.driver import Controller, FaultEvent, Replay, ReplayRun
 from agent.replay.slo import Slo
 from agent.replay.summary import summarise
@@ -133,6 +134,23 @@ def class_plan(spec: ReplaySpec) -> ClassPlan | None:
     return ClassPlan(dict(spec.priority_mix), policies)
 
 
+def gate_for(plan: ClassPlan, limit: int) -> AdmissionQueue:
+    """The live gate's admission queue at its config defaults (queue size, high reserve, aging), with
+    ``limit`` in flight and each class's deadline scaled by its TTFT target."""
+    from agent.config import GateConfig
+
+    defaults = GateConfig()
+    gate = AdmissionQueue(
+        limit,
+        defaults.queue_size,
+        high_reserved_ratio=defaults.high_reserved_ratio,
+        aging_s=defaults.aging_s,
+    )
+    for name, scale in zip(CLASSES, plan.wait_scales(), strict=True):
+        gate.wait_scale[Priority[name.upper()]] = scale
+    return gate
+
+
 def workload_for(spec: ReplaySpec, max_model_len: int) -> Workload:
     w = load(
         spec.trace,
@@ -199,7 +217,7 @@ def run_policy(spec: ReplaySpec, policy: str, workload: Workload | None = None) 
         queue_timeout_s=spec.gate_timeout_s,
         classes=plan.draw(len(w), spec.seed) if plan is not None else None,
         targets=plan.targets() if plan is not None else (),
-        wait_scales=plan.wait_scales() if plan is not None else (),
+        gate=gate_for(plan, n or default_batch) if plan is not None else None,
         last_seen=last_seen,
     )
     return replay.run(), name

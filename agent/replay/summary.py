@@ -27,6 +27,7 @@ def summarise(run: ReplayRun, policy: str, *, with_actions: bool = True) -> dict
     tokens = float(outputs[served].sum())
     good_tokens = float(outputs[good].sum())
     n = len(w)
+    rejected = int(run.rejected.sum()) if run.rejected is not None else 0
     summary: dict[str, Any] = {
         "policy": policy,
         "requests": n,
@@ -43,13 +44,14 @@ def summarise(run: ReplayRun, policy: str, *, with_actions: bool = True) -> dict
         "token_gap_p99_s": run.itl_p99_s,
         "energy_j": run.energy_j,
         "energy_j_per_token": run.energy_j / tokens if tokens else 0.0,
-        "errors": int(run.error.sum()) - run.expired,
+        "errors": int(run.error.sum()) - run.expired - rejected,
         "expired": run.expired,
         "preemptions": run.preemptions,
         "duration_s": span,
         "clipped_prompts": w.clipped,
     }
     if run.classes is not None:
+        summary["rejected"] = rejected
         summary["classes"] = _per_class(run, span)
     if with_actions:
         summary["actions"] = [d.to_json() for d in run.actions]
@@ -59,11 +61,13 @@ def summarise(run: ReplayRun, policy: str, *, with_actions: bool = True) -> dict
 
 
 def _per_class(run: ReplayRun, span: float) -> dict[str, dict[str, Any]]:
-    """Per priority class: its share of the requests, its targets, what it got and what was turned away."""
+    """Per priority class: its requests, its targets, what it got, and what the gate turned away (503
+    after its deadline, 429 from a full queue)."""
     assert run.classes is not None
     good, served = run.good, run.done & ~run.error
     outputs = run.workload.outputs.astype(np.float64)
     refused = run.refused if run.refused is not None else np.zeros_like(served)
+    rejected = run.rejected if run.rejected is not None else np.zeros_like(served)
     rows: dict[str, dict[str, Any]] = {}
     for index, name in enumerate(CLASSES):
         mine = run.classes == index
@@ -79,6 +83,7 @@ def _per_class(run: ReplayRun, span: float) -> dict[str, dict[str, Any]]:
             "ttft_p99_s": _quantile(run.ttft[served & mine], 0.99),
             "itl_p99_s": _quantile(run.tpot[served & mine], 0.99),
             "expired": int((refused & mine).sum()),
+            "rejected": int((rejected & mine).sum()),
         }
     return rows
 
@@ -89,13 +94,13 @@ def class_table(summary: dict[str, Any]) -> str:
     if not classes:
         return ""
     head = f"{'class':<8}{'requests':>9}{'TTFT tgt':>10}{'ITL tgt':>9}{'goodput':>10}{'SLO att':>9}"
-    head += f"{'TTFT p99':>10}{'ITL p99':>9}{'expired':>9}"
+    head += f"{'TTFT p99':>10}{'ITL p99':>9}{'expired':>9}{'429':>6}"
     lines = [f"{summary['policy']}, per class:", head]
     for name, r in classes.items():
         lines.append(
             f"{name:<8}{r['requests']:>9}{r['slo']['ttft_s']:>10.3g}{r['slo']['itl_s']:>9.3g}"
             f"{r['goodput_tps']:>10.1f}{r['slo_attainment']:>9.2%}{r['ttft_p99_s']:>10.3f}"
-            f"{r['itl_p99_s']:>9.3f}{r['expired']:>9}"
+            f"{r['itl_p99_s']:>9.3f}{r['expired']:>9}{r['rejected']:>6}"
         )
     return "\n".join(lines)
 

@@ -1,20 +1,22 @@
-"""Priority classes in replay: drawn from the mix with the seed, judged by their own targets, turned away
-at their own deadlines, scheduled high first, and steering the policies' ITL target as live."""
+"""Priority classes in replay: drawn from the mix with the seed, waiting in the live gate's admission
+queue (high first, its reserve, aging, each class's deadline), judged by their own targets, and steering
+the policies' ITL target as live."""
 
 import numpy as np
 import pytest
 
 from agent.config import build
-from agent.gate.admission import MAX_WAIT_S
+from agent.gate.admission import MAX_WAIT_S, Priority
 from agent.itl_steering import AUDIT_KNOB
 from agent.replay.brain import Brain, Steering
-from agent.replay.classes import CLASSES, ClassPlan, class_deadline
+from agent.replay.classes import CLASSES, ClassPlan
 from agent.replay.driver import Replay
-from agent.replay.runner import ReplaySpec, class_plan, run_summary
+from agent.replay.runner import ReplaySpec, class_plan, gate_for, run_summary
 from agent.replay.slo import Slo
 from agent.replay.summary import class_table, summarise
 from agent.replay.workload import Workload
 from detectors.snapshot import Snapshot
+from policies.arbiter import Decision
 from policies.registry import build_set, default_arbiter
 from simulator.engine import make_core
 
@@ -35,7 +37,8 @@ def _burst(n: int, classes: list[int]) -> tuple[Workload, np.ndarray]:
 
 
 def _replay(plan: ClassPlan, work: Workload, classes: np.ndarray, timeout: float) -> Replay:
-    core = make_core("a100-80g", "llama-2-7b", max_num_seqs=16, scheduling_policy="priority")
+    """The gate's limit at 16 in front of an engine that could run 256."""
+    core = make_core("a100-80g", "llama-2-7b", max_num_seqs=256, scheduling_policy="priority")
     return Replay(
         core,
         work,
@@ -43,7 +46,7 @@ def _replay(plan: ClassPlan, work: Workload, classes: np.ndarray, timeout: float
         queue_timeout_s=timeout,
         classes=classes,
         targets=plan.targets(),
-        wait_scales=plan.wait_scales(),
+        gate=gate_for(plan, 16),
     )
 
 
@@ -61,9 +64,11 @@ def test_a_class_without_its_own_targets_takes_the_slos_and_deadlines_scale_with
     plan = _plan({"high": 1, "low": 1}, {"high": {"itl_s": 0.05}, "low": {"ttft_s": 30.0}})
     assert plan.targets() == (Slo(2.0, 0.05), Slo(2.0, 0.1), Slo(30.0, 0.1))
     assert plan.wait_scales() == (1.0, 1.0, 15.0)
-    assert class_deadline(2.0, 15.0) == 30.0
-    assert class_deadline(400.0, 15.0) == MAX_WAIT_S  # capped as the live gate caps it
-    assert class_deadline(float("inf"), 15.0) == float("inf")  # no gate timeout stays none
+    gate = gate_for(plan, 16)
+    gate.max_wait_s = 2.0
+    assert (gate.max_wait_for(Priority.HIGH), gate.max_wait_for(Priority.LOW)) == (2.0, 30.0)
+    gate.max_wait_s = 400.0
+    assert gate.max_wait_for(Priority.LOW) == MAX_WAIT_S  # capped as the live gate caps it
 
 
 @pytest.mark.parametrize(
@@ -154,3 +159,40 @@ def test_a_replay_spec_with_classes_runs_end_to_end_and_is_checked_as_the_config
         class_plan(bad)
     with pytest.raises(ValueError, match="need a priority mix"):
         class_plan(ReplaySpec(conv, itl_steering="served_classes"))
+
+
+def test_the_batch_knob_is_the_gates_limit_and_a_ttft_counts_the_wait_there():
+    plan = _plan({"normal": 1})
+    work, classes = _burst(60, [1])
+    replay = _replay(plan, work, classes, timeout=30.0)
+    assert replay.actual()["batch.max_in_flight"] == 16.0
+    decision = Decision("batch.max_in_flight", 4, 16.0, "test", "test", 0.0)
+    replay.apply(decision, 0.0)
+    assert replay.gate is not None and replay.gate.limit == 4
+    assert replay.core.settings.max_num_seqs == 256  # the engine keeps its own, as live
+    run = replay.run()
+    assert run.done.all() and max(row.running for row in run.timeline) <= 4
+    # 60 long prompts through 4 slots: the last ones waited in the gate, and their TTFT says so
+    assert run.ttft.max() > 5.0
+
+
+def test_under_sustained_overload_low_waits_out_the_normal_stream_as_in_the_live_gate():
+    """Aging promotes a low request that waited 200 ms to normal, but every normal request waiting that
+    long is promoted to high meanwhile, so under sustained overload low still goes last: the replay shows
+    what the live gate's rules do, not a gentler model of them."""
+    plan = _plan({"normal": 4, "low": 1}, {"low": {"ttft_s": 60.0}})
+    n = 400
+    arrivals = np.linspace(0.0, 40.0, n)  # 10 a second, more than 2 slots serve
+    work = Workload("stream", arrivals, np.full(n, 1500, dtype=np.int64), np.full(n, 50, dtype=np.int64))
+    classes = np.resize(np.array([1, 1, 1, 1, 2], dtype=np.int64), n)
+    core = make_core("a100-80g", "llama-2-7b", max_num_seqs=256, scheduling_policy="priority")
+    gate = gate_for(plan, 2)
+    run = Replay(
+        core, work, SLO, queue_timeout_s=30.0, classes=classes, targets=plan.targets(), gate=gate
+    ).run()
+    normal, low = classes == 1, classes == 2
+    assert gate.promotions > 0
+    assert run.done[low].all()  # its 30 s x 30 deadline outlasts the stream
+    first_low = (run.ttft + arrivals)[low].min()
+    assert first_low > arrivals[-1]  # not one low request before the last normal one arrived
+    assert np.median(run.ttft[low]) > np.median(run.ttft[normal & run.done])

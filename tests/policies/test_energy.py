@@ -77,3 +77,34 @@ def test_the_ttft_tail_climbs():
     late = {**SLACK, "engine__ttft_seconds__p99": 10.5}
     state, proposals = _decide(EnergyState(3, None), 0.0, **late)
     assert state.level == 1 and proposals[0].priority == PRIORITY["slo_guard"]
+
+
+def _feed(verdicts: list[tuple[float, float, float]], state: EnergyState | None = None):
+    """Ticks of (now, answers, missed) with slack latency signals; the last state and proposals."""
+    proposals = []
+    for now, answers, missed in verdicts:
+        state, proposals = _decide(state, now, **SLACK, gate__requests=answers, gate__slo_bad=missed)
+    assert state is not None
+    return state, proposals
+
+
+def test_the_gates_verdicts_climb_the_ladder_while_the_mean_itl_has_room():
+    """The engine's mean ITL has room, but 5% of the answers miss their own (class) targets."""
+    start = EnergyState(3, None)
+    state, proposals = _feed([(t, 10.0, 0.5) for t in range(0, 40, 1)], start)
+    assert state.level < 3 and proposals[0].priority == PRIORITY["slo_guard"]
+    assert "missed their targets" in proposals[0].reason
+
+
+def test_misses_between_half_and_the_limit_hold_the_clock():
+    state, proposals = _feed([(t, 10.0, 0.15) for t in range(0, 100, 1)], EnergyState(1, None))
+    assert state.level == 1 and "hold" in proposals[0].reason
+
+
+def test_few_answers_or_old_misses_say_nothing():
+    # a quiet night: 2 answers a minute, all missed, are too few to hold the clock up
+    quiet, _ = _feed([(t, 1.0 if t % 30 == 0 else 0.0, 1.0 if t % 30 == 0 else 0.0) for t in range(0, 200)])
+    assert quiet.level >= 3
+    # a burst of misses a few minutes ago is out of the window: the ladder descends again
+    state, _ = _feed([(t, 10.0, 5.0 if t < 20 else 0.0) for t in range(0, 200)])
+    assert state.level >= 2

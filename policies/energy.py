@@ -3,7 +3,8 @@
 The policy walks a ladder of SM clocks (``levels_mhz``, high to low). Each tick it compares the latency
 signals with the SLO, with two margins that make a dead band::
 
-    misses = the gate's answers that missed their targets over verdict_window_s (with min_answers)
+    misses = the share of the gate's answers that missed their targets over verdict_window_s, or of
+             one class's over class_window_s, whichever is worse (each with min_answers)
     risk  = itl_mean > up * h * itl_slo  or  ttft_p99 > up * ttft_slo  or  misses > miss_max
     slack = itl_mean < down * h * itl_slo and (ttft_p99 or 0) < down * ttft_slo
             and misses <= miss_max / 2  (or too few answers to say)
@@ -32,7 +33,10 @@ interactive class steered to 0.05 s (``policies.itl_steering: served_classes``),
 just under 0.0475 s while the class's answers reached 0.073 s at p99, and it met its target on 84.75% of
 them (99.81% at full clock). So the gate's own verdicts gate the ladder too: more than ``miss_max`` of
 the answers missing their targets over the last ``verdict_window_s`` climbs, and the ladder descends only
-while they stay under half of it. Without a gate there are no verdicts, and the rule is as before.
+while they stay under half of it. The same holds per class over ``class_window_s`` (longer: a class is a
+share of the traffic, and needs ``min_answers`` too), so a small interactive class missing its targets
+climbs the ladder though the pod as a whole meets its own. Without a gate there are no verdicts, and the
+rule is as before.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ class EnergyState:
     slack_since: float | None
     #: the gate's (good, bad) answers per bucket, over the last ``verdict_window_s``
     verdicts: Buckets = ()
+    #: the same per class, over the last ``class_window_s``
+    by_class: tuple[Buckets, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,7 @@ class Energy:
     #: the share of the gate's answers missing their targets above which the ladder climbs
     miss_max: float = 0.02
     verdict_window_s: float = 60.0
+    class_window_s: float = 300.0
     #: fewer answers than this in the window say nothing (a quiet night must not pin the clock)
     min_answers: float = 20.0
     schedule: Schedule | None = None
@@ -103,11 +110,23 @@ class Energy:
         bad = min(requests, snapshot.get(knobs.GATE_SLO_BAD) or 0.0)
         keep = self.verdict_window_s + VERDICT_BUCKET_S
         verdicts = rolling_sum(state.verdicts, now, VERDICT_BUCKET_S, keep, requests - bad, bad)
-        good, missed = window_totals(verdicts, now, VERDICT_BUCKET_S, self.verdict_window_s)
-        misses = missed / (good + missed) if good + missed >= self.min_answers else None
+        misses, whose = self._share(verdicts, now, self.verdict_window_s), "the gate's answers"
+        by_class = []
+        for i, name in enumerate(knobs.CLASSES):
+            answered = snapshot.get(knobs.class_signal(name, "requests")) or 0.0
+            missed = min(answered, snapshot.get(knobs.class_signal(name, "slo_bad")) or 0.0)
+            mine = state.by_class[i] if i < len(state.by_class) else ()
+            mine = rolling_sum(
+                mine, now, VERDICT_BUCKET_S, self.class_window_s + VERDICT_BUCKET_S, answered - missed, missed
+            )
+            by_class.append(mine)
+            share = self._share(mine, now, self.class_window_s)
+            if share is not None and (misses is None or share > misses):
+                misses, whose = share, f"the {name} class's answers"
+        carried = (verdicts, tuple(by_class))
         if itl is None or queue is None:
             # no latency evidence (or no engine data at all): run at full clock rather than guess
-            return EnergyState(0, None, verdicts), self._propose(
+            return EnergyState(0, None, *carried), self._propose(
                 0, "no latency signal: full clock", PRIORITY["slo_guard"]
             )
         target = self.headroom * self.itl_slo_s
@@ -119,17 +138,17 @@ class Energy:
             if peak:
                 why = "peak window"
             elif missing:
-                why = f"{misses:.1%} of the gate's answers missed their targets (> {self.miss_max:.0%})"
+                why = f"{misses:.1%} of {whose} missed their targets (> {self.miss_max:.0%})"
             else:
                 why = f"ITL {itl:.3f}s / TTFT {ttft:.2f}s at risk"
-            return EnergyState(new, None, verdicts), self._propose(new, why, PRIORITY["slo_guard"])
+            return EnergyState(new, None, *carried), self._propose(new, why, PRIORITY["slo_guard"])
         slack = (
             itl < self.down * target
             and ttft < self.down * self.ttft_slo_s
             and (misses is None or misses <= self.miss_max / 2)
         )
         if not slack:
-            return EnergyState(level, None, verdicts), self._propose(
+            return EnergyState(level, None, *carried), self._propose(
                 level, "inside the dead band: hold", PRIORITY["energy"]
             )
         since = state.slack_since if state.slack_since is not None else now
@@ -139,7 +158,12 @@ class Energy:
             why = f"ITL {itl:.3f}s < {self.down:.0%} of target for {self.dwell_s:g}s: one level lower"
         else:
             why = "latency has room: hold while the dwell runs"
-        return EnergyState(level, since, verdicts), self._propose(level, why, PRIORITY["energy"])
+        return EnergyState(level, since, *carried), self._propose(level, why, PRIORITY["energy"])
+
+    def _share(self, buckets: Buckets, now: float, window_s: float) -> float | None:
+        """The share of missed answers over ``window_s``; None with fewer than ``min_answers``."""
+        good, missed = window_totals(buckets, now, VERDICT_BUCKET_S, window_s)
+        return missed / (good + missed) if good + missed >= self.min_answers else None
 
     def _propose(self, level: int, why: str, priority: int) -> list[Proposal]:
         clock = self.levels_mhz[min(max(level, 0), len(self.levels_mhz) - 1)]

@@ -71,6 +71,16 @@ def upstream_signal(upstream: str, what: str) -> str:
     return f"gate.upstream.{upstream}.{what}"
 
 
+def class_signal(priority: str, what: str) -> str:
+    """``gate.class.<priority>.<what>``: per priority class (``high``, ``normal``, ``low``), this tick's
+    ``requests`` (answers) and ``slo_bad`` (the answers that missed that class's own targets)."""
+    return f"gate.class.{priority}.{what}"
+
+
+#: The classes :func:`class_signal` names.
+CLASSES = ("high", "normal", "low")
+
+
 def clamp(value: float, lower: float, upper: float) -> float:
     """``min(upper, max(lower, value))``: every policy ends with it."""
     return min(upper, max(lower, value))

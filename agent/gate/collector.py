@@ -23,6 +23,7 @@ class GateCollector:
         self.gate = gate
         self._totals = self._read_totals()
         self._by_upstream = dict(gate.stats.by_upstream)
+        self._by_priority = dict(gate.stats.by_priority)
 
     def _read_totals(self) -> tuple[int, int, int]:
         stats = self.gate.stats
@@ -39,6 +40,7 @@ class GateCollector:
                 float(a - b) for a, b in zip(totals, last, strict=True)
             )
             values.update(self._per_upstream())
+            values.update(self._per_class())
             engine = self.gate.engine_upstream
             if engine is not None:  # the engine_stall detector's view of what waits on the engine
                 values[ENGINE_UNANSWERED] = float(self.gate.held.unanswered(engine))
@@ -62,6 +64,18 @@ class GateCollector:
             now, before = by_upstream.get(name, (0, 0, 0)), last.get(name, (0, 0, 0))
             for what, a, b in zip(("requests", "errors", "slo_bad"), now, before, strict=True):
                 values[knobs.upstream_signal(name, what)] = float(a - b)
+        return values
+
+    def _per_class(self) -> dict[str, float]:
+        """This tick's answers and SLO misses per class that was answered (each judged by its own
+        targets)."""
+        values: dict[str, float] = {}
+        by_priority, last = dict(self.gate.stats.by_priority), self._by_priority
+        self._by_priority = by_priority
+        for name, (answered, slo_bad) in by_priority.items():
+            before = last.get(name, (0, 0))
+            values[knobs.class_signal(name, "requests")] = float(answered - before[0])
+            values[knobs.class_signal(name, "slo_bad")] = float(slo_bad - before[1])
         return values
 
     async def close(self) -> None:

@@ -182,6 +182,9 @@ class GateStats:
         #: the same three totals per upstream that gave the answer (after failover), for the canary's
         #: checks on its candidate
         self.by_upstream: dict[str, tuple[int, int, int]] = {}
+        #: answers and SLO misses per class the request arrived in (judged by its class's targets), for
+        #: the energy policy's per-class verdicts
+        self.by_priority: dict[str, tuple[int, int]] = {}
 
     def targets(self, priority: str) -> tuple[float, float] | None:
         """The (TTFT, mean ITL) targets a request that arrived in class ``priority`` is judged by: its
@@ -222,6 +225,8 @@ class GateStats:
         self.answered_total.labels(priority).inc()
         answered, errors, slo_bad = self.by_upstream.get(upstream, (0, 0, 0))
         self.by_upstream[upstream] = (answered + 1, errors + 1, slo_bad)
+        answered, slo_bad = self.by_priority.get(priority, (0, 0))
+        self.by_priority[priority] = (answered + 1, slo_bad)
 
     def record(self, rec: RequestRecord, now: float) -> None:
         """Account one finished (or refused) request."""
@@ -237,6 +242,8 @@ class GateStats:
             self.answered_total.labels(rec.priority).inc()
             if missed:
                 self.slo_bad_total.labels(rec.priority).inc()
+            answered, slo_bad = self.by_priority.get(rec.priority, (0, 0))
+            self.by_priority[rec.priority] = (answered + 1, slo_bad + missed)
             if rec.upstream:
                 answered, errors, slo_bad = self.by_upstream.get(rec.upstream, (0, 0, 0))
                 self.by_upstream[rec.upstream] = (answered + 1, errors + error, slo_bad + missed)

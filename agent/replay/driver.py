@@ -183,6 +183,7 @@ class Replay:
         self._live: dict[str, tuple[int, Request]] = {}
         self._tick_requests = 0
         self._tick_bad = 0
+        self._tick_class = np.zeros((len(CLASSES), 2))  # per class: this tick's answers and misses
         self._tick_errors = 0
         self._tick_arrivals = 0
         self._error_rate = 0.0
@@ -246,6 +247,8 @@ class Replay:
             self._tick_requests += 1
             self._tick_bad += 1
             self._tick_errors += 1
+            if self.classes is not None:
+                self._tick_class[self.classes[index]] += (1.0, 1.0)
             return
         self.arrived[index] = at
         if self.gate is None:
@@ -324,8 +327,10 @@ class Replay:
         self.ttft[index], self.tpot[index], self.done[index] = ttft, tpot, True
         self._tick_requests += 1
         slo = self.slo if self.classes is None else self.targets[self.classes[index]]
-        if ttft > slo.ttft_s or tpot > slo.itl_s:
-            self._tick_bad += 1
+        missed = ttft > slo.ttft_s or tpot > slo.itl_s
+        self._tick_bad += missed
+        if self.classes is not None:
+            self._tick_class[self.classes[index]] += (1.0, missed)
 
     def _tick(self, now: float) -> None:
         queue = self.gate
@@ -340,6 +345,11 @@ class Replay:
         }
         if self.queue_timeout_s < float("inf"):
             gate[knobs.QUEUE_WAIT] = self.queue_timeout_s
+        if self.classes is not None:
+            for name, (answers, missed) in zip(CLASSES, self._tick_class, strict=True):
+                gate[knobs.class_signal(name, "requests")] = float(answers)
+                gate[knobs.class_signal(name, "slo_bad")] = float(missed)
+            self._tick_class[:] = 0.0
         snapshot = self.signals.snapshot(now, gate)
         if self.on_tick is not None:
             self.on_tick(snapshot)

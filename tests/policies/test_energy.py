@@ -108,3 +108,17 @@ def test_few_answers_or_old_misses_say_nothing():
     # a burst of misses a few minutes ago is out of the window: the ladder descends again
     state, _ = _feed([(t, 10.0, 5.0 if t < 20 else 0.0) for t in range(0, 200)])
     assert state.level >= 2
+
+
+def test_a_small_class_missing_its_targets_climbs_though_the_pod_meets_its_own():
+    """High is a tenth of the answers and misses a fifth of them: 2% of the pod's, not over the 2% limit,
+    but 20% of the class's over its 5-minute window."""
+    state: EnergyState | None = EnergyState(3, None)
+    proposals = []
+    for now in range(0, 120):
+        values = {**SLACK, "gate__requests": 10.0, "gate__slo_bad": 0.2}
+        values |= {"gate__class__high__requests": 1.0, "gate__class__high__slo_bad": 0.2}
+        values |= {"gate__class__normal__requests": 9.0, "gate__class__normal__slo_bad": 0.0}
+        state, proposals = POLICY.decide(make_snapshot(float(now), **values), [], state, float(now))
+    assert state is not None and state.level < 3
+    assert "of the high class's answers missed their targets" in proposals[0].reason

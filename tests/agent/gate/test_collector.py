@@ -137,3 +137,27 @@ async def test_what_waits_unanswered_at_this_pods_engine_is_published_for_the_st
     assert (await collector.collect(3.0)).values[ENGINE_UNANSWERED] == 1.0
     gate.held.done(waiting)
     assert (await collector.collect(4.0)).values[ENGINE_UNANSWERED] == 0.0
+
+
+async def test_each_class_reports_its_answers_and_misses_by_its_own_targets() -> None:
+    """What the energy policy's per-class verdicts read: a high answer at 80 ms per token misses high's
+    own 50 ms, the same answer in normal meets the SLO's 100 ms."""
+    gate = Gate(GateConfig(enabled=True, upstreams={"primary": "http://127.0.0.1:9"}), CollectorRegistry())
+    gate.stats.slo = (2.0, 0.1)
+    gate.stats.slo_by_priority = {"high": (2.0, 0.05)}
+    collector = GateCollector(gate)
+    for priority in ("high", "high", "normal"):
+        rec = _record("ok", 0.2)  # (1.0 - 0.2) / 10 = 80 ms per token
+        rec.priority = priority
+        gate.stats.record(rec, 1.0)
+    gate.stats.attempt_failed("primary", "normal")  # a retried 5xx: an answer, not a miss
+    values = (await collector.collect(2.0)).values
+    assert (
+        values[knobs.class_signal("high", "requests")] == 2
+        and values[knobs.class_signal("high", "slo_bad")] == 2
+    )
+    assert values[knobs.class_signal("normal", "requests")] == 2
+    assert values[knobs.class_signal("normal", "slo_bad")] == 0
+    assert knobs.class_signal("low", "requests") not in values  # a class never answered says nothing
+    again = (await collector.collect(3.0)).values
+    assert again[knobs.class_signal("high", "requests")] == 0  # deltas, not totals

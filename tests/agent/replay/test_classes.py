@@ -196,3 +196,20 @@ def test_under_sustained_overload_low_waits_out_the_normal_stream_as_in_the_live
     first_low = (run.ttft + arrivals)[low].min()
     assert first_low > arrivals[-1]  # not one low request before the last normal one arrived
     assert np.median(run.ttft[low]) > np.median(run.ttft[normal & run.done])
+
+
+def test_each_tick_reports_each_classs_answers_and_misses():
+    plan = _plan({"high": 1, "normal": 3, "low": 2}, {"high": {"itl_s": 0.05}, "low": {"ttft_s": 60.0}})
+    work, classes = _burst(120, [0, 1, 1, 1, 2, 2])
+    replay = _replay(plan, work, classes, timeout=2.0)
+    seen: list[Snapshot] = []
+    replay.on_tick = seen.append
+    run = replay.run()
+    for snap in seen:  # the classes' answers and misses add up to the tick's
+        for what in ("requests", "slo_bad"):
+            total = sum(snap.values[f"gate.class.{name}.{what}"] for name in CLASSES)
+            assert total == snap.values[f"gate.{what}"]
+    reported = {name: sum(s.values[f"gate.class.{name}.slo_bad"] for s in seen) for name in CLASSES}
+    # high at 0.05 s misses (ITL ~0.11 s), judged by its own target; low waited past 2 s but met its 60 s
+    assert reported["high"] > 0 and reported["low"] == 0
+    assert sum(s.values["gate.class.high.requests"] for s in seen) <= run.done[classes == 0].sum()

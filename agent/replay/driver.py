@@ -207,7 +207,7 @@ class Replay:
         s = core.settings
         value = decision.value
         if decision.knob == knobs.BATCH and self.gate is not None:  # the gate's limit, as live
-            self._admit(self.gate.set_limit(max(1, int(float(value))), now), now)
+            self._settle(self.gate.set_limit(max(1, int(float(value))), now), now)
             self.actions.append(decision)
             return
         if decision.knob == knobs.BATCH:
@@ -260,7 +260,7 @@ class Replay:
         self.last_seen[name] = at
         ticket, changed = self.gate.offer(Priority[name.upper()], at)
         self._tickets[ticket.seq] = index
-        self._admit([ticket, *changed], at)
+        self._settle([ticket, *changed], at)
 
     def _engine(self, index: int, at: float, priority: int = 0) -> None:
         """Send request ``index`` to the engine at ``at`` (``priority``: lower first)."""
@@ -269,9 +269,10 @@ class Replay:
         request = self.core.submit(rid, int(w.prompts[index]), int(w.outputs[index]), at, priority)
         self._live[rid] = (index, request)
 
-    def _admit(self, tickets: Sequence[Ticket], now: float) -> None:
-        """The gate changed these tickets' state: send the admitted to the engine (in the class they were
-        admitted in, highest first), answer the shed 429 and the expired 503."""
+    def _settle(self, tickets: Sequence[Ticket], now: float) -> None:
+        """The gate may have changed these tickets' state: send the admitted to the engine, in the order
+        the gate admitted them and with the class each was admitted in; answer the shed 429 and the
+        expired 503."""
         for ticket in tickets:
             index = self._tickets.pop(ticket.seq, None)
             if index is None:
@@ -295,7 +296,7 @@ class Replay:
         already and stay. The waiting queue is scanned only once the earliest deadline may have passed.
         With classes, the admission queue expires its own, each class at its deadline."""
         if self.gate is not None:
-            self._admit(self.gate.expire(now), now)
+            self._settle(self.gate.expire(now), now)
             return
         if now < self._next_expiry:
             return
@@ -321,7 +322,7 @@ class Replay:
     def _finish(self, rid: str, now: float) -> None:
         index, req = self._live.pop(rid)
         if self.gate is not None:  # its slot frees: the gate admits who is next
-            self._admit(self.gate.release(self._admitted.pop(rid), now), now)
+            self._settle(self.gate.release(self._admitted.pop(rid), now), now)
         ttft = req.first_token - self.arrived[index]  # with a gate, its wait there too
         tpot = (req.last_token - req.first_token) / (req.output - 1) if req.output > 1 else 0.0
         self.ttft[index], self.tpot[index], self.done[index] = ttft, tpot, True

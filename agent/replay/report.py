@@ -50,6 +50,25 @@ def _series_svg(
     return "".join(parts)
 
 
+def _classes_table(classes: dict[str, dict[str, Any]] | None) -> str:
+    """Per priority class (a replay with a mix): targets, attainment, goodput, tails, turned away."""
+    if not classes:
+        return ""
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("class", "requests", "TTFT target", "ITL target", "attainment", "goodput tok/s", "TTFT p99",
+                  "ITL p99", "503", "429")
+    )  # fmt: skip
+    rows = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{r['requests']}</td><td>{r['slo']['ttft_s']:g}</td>"
+        f"<td>{r['slo']['itl_s']:g}</td><td>{r['slo_attainment']:.2%}</td><td>{r['goodput_tps']:.1f}</td>"
+        f"<td>{r['ttft_p99_s']:.3f}</td><td>{r['itl_p99_s']:.3f}</td><td>{r['expired']}</td>"
+        f"<td>{r['rejected']}</td></tr>"
+        for name, r in classes.items()
+    )
+    return f"<h2>priority classes</h2><table><tr>{head}</tr>{rows}</table>"
+
+
 def render(run: ReplayRun, summary: dict[str, Any]) -> str:
     """The HTML page for one replay and its summary."""
     rows = run.timeline
@@ -86,13 +105,14 @@ def render(run: ReplayRun, summary: dict[str, Any]) -> str:
         f"<td>{html.escape(str(d.value))}</td><td>{html.escape(d.reason)}</td></tr>"
         for d in run.actions[:2000]
     )
-    brief = {k: v for k, v in summary.items() if k not in ("actions", "sweep")}
+    brief = {k: v for k, v in summary.items() if k not in ("actions", "sweep", "classes")}
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>servepilot replay</title>"
         "<style>body{font-family:sans-serif;margin:20px}td{padding:2px 8px;font-size:12px}</style>"
         "</head><body>"
         f"<h1>servepilot replay: {html.escape(str(summary.get('policy')))}</h1>"
         f"<pre>{html.escape(json.dumps(brief, indent=1))}</pre>"
+        + _classes_table(summary.get("classes"))
         + "".join(f"<div>{p}</div>" for p in panels)
         + f"<h2>actions ({len(run.actions)})</h2><table><tr><th>t (s)</th><th>knob</th><th>from</th>"
         f"<th>to</th><th>reason</th></tr>{actions}</table></body></html>"

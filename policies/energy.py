@@ -116,9 +116,9 @@ class Energy:
             answered = snapshot.get(knobs.class_signal(name, "requests")) or 0.0
             missed = min(answered, snapshot.get(knobs.class_signal(name, "slo_bad")) or 0.0)
             mine = state.by_class[i] if i < len(state.by_class) else ()
-            mine = rolling_sum(
-                mine, now, VERDICT_BUCKET_S, self.class_window_s + VERDICT_BUCKET_S, answered - missed, missed
-            )
+            if answered:  # a class with no answer this tick adds nothing (old buckets fall out of the sum)
+                keep_s = self.class_window_s + VERDICT_BUCKET_S
+                mine = rolling_sum(mine, now, VERDICT_BUCKET_S, keep_s, answered - missed, missed)
             by_class.append(mine)
             share = self._share(mine, now, self.class_window_s)
             if share is not None and (misses is None or share > misses):

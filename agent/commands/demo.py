@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from policies import knobs
+
 DEFAULT_GPU = "h100-sxm"
 DEFAULT_MODEL = "llama-3-8b"
 
@@ -90,7 +92,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 DEFAULT_PRIORITY_MIX = "high=0.1,normal=0.7,low=0.2"
 """The load's priority classes when the gate is on: a tenth of the traffic urgent, a fifth batch."""
-PRIORITY_CLASSES = ("high", "normal", "low")
+PRIORITY_CLASSES = knobs.CLASSES
 
 
 def parse_priority_mix(text: str) -> dict[str, float]:

@@ -34,6 +34,7 @@ dispatch is O(1) per admitted request.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 
@@ -57,6 +58,18 @@ class Priority(IntEnum):
             except KeyError:
                 return default
         return default
+
+
+def class_wait_scales(
+    by_priority: Mapping[str, tuple[float, float]], ttft_slo_s: float
+) -> dict[Priority, float]:
+    """Each class's deadline as a multiple of the gate's: its own TTFT target (``by_priority``: class ->
+    (TTFT, ITL), ``policies.slo_by_priority``) over the SLO's, 1 for a class without one. The live gate
+    and the replay's gate both take it from here."""
+    return {
+        p: by_priority[p.name.lower()][0] / ttft_slo_s if p.name.lower() in by_priority else 1.0
+        for p in Priority
+    }
 
 
 class TicketState(StrEnum):

@@ -27,7 +27,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from agent.config import GateConfig
-from agent.gate.admission import MAX_WAIT_S, AdmissionQueue, Priority, Ticket, TicketState
+from agent.gate.admission import MAX_WAIT_S, AdmissionQueue, Priority, Ticket, TicketState, class_wait_scales
 from agent.gate.cache import Entry, Fill, ResponseCache, cache_key, response_identity
 from agent.gate.ejection import BlindWatch, StallEjector
 from agent.gate.forward import Forwarder
@@ -320,10 +320,9 @@ class Gate:
         the 2 s only interactive traffic needs. A deadline lowered this way expires overdue waiters now."""
         self.stats.slo = (ttft_slo_s, itl_slo_s)
         self.stats.slo_by_priority = dict(by_priority or {})
+        scales = class_wait_scales(self.stats.slo_by_priority, ttft_slo_s)
         for admission in self._lanes():
-            for priority in Priority:
-                own = self.stats.slo_by_priority.get(priority.name.lower())
-                admission.wait_scale[priority] = 1.0 if own is None else own[0] / ttft_slo_s
+            admission.wait_scale.update(scales)
         self._expire_overdue()
 
     def set_split(self, split: Mapping[str, float]) -> None:

@@ -26,10 +26,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent.config import PolicyConfig, priority_targets
+from agent.gate.admission import Priority, class_wait_scales
 from agent.replay.slo import Slo
+from policies import knobs
 
 #: The classes, in the engine's priority order (vLLM: lower first), so a class's index is its priority.
-CLASSES: tuple[str, ...] = ("high", "normal", "low")
+CLASSES: tuple[str, ...] = knobs.CLASSES
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class ClassPlan:
         return tuple(Slo(*own.get(name, (p.ttft_slo_s, p.itl_slo_s))) for name in CLASSES)
 
     def wait_scales(self) -> tuple[float, ...]:
-        """Each class's queue deadline over the gate's (by index): its TTFT target over the SLO's, as the
-        live gate scales it (:meth:`agent.gate.proxy.Gate.set_slo`; the deadline is at most an hour)."""
-        return tuple(t.ttft_s / self.policies.ttft_slo_s for t in self.targets())
+        """Each class's queue deadline over the gate's (by index), as the live gate scales it
+        (:func:`~agent.gate.admission.class_wait_scales`; the deadline is at most an hour)."""
+        scales = class_wait_scales(priority_targets(self.policies), self.policies.ttft_slo_s)
+        return tuple(scales[Priority[name.upper()]] for name in CLASSES)

@@ -21,8 +21,9 @@ the engine. Its in-flight limit is the batch knob (the engine keeps its ``max_nu
 its high reserve, aging, per-class deadlines (503) and queue bound (429, shedding the lowest class
 first); a request's TTFT counts its wait in it. Each request is judged by its class's targets, goes to
 the engine with the class it was admitted in (the engine schedules by priority, as with
-``gate.engine_priority``), and the classes' last arrivals are kept in ``last_seen`` for the policies' ITL
-steering, as the live gate keeps them.
+``gate.engine_priority``), and the classes' last arrivals are kept in ``last_seen`` for the
+policies' ITL steering, as the live gate keeps them. Each tick gives the policies the gate's in-flight
+count and high reserve, as the live gate's snapshot does.
 """
 
 from __future__ import annotations
@@ -346,6 +347,9 @@ class Replay:
         }
         if self.queue_timeout_s < float("inf"):
             gate[knobs.QUEUE_WAIT] = self.queue_timeout_s
+        if queue is not None:  # the live gate's admission state, as its snapshot_values gives it
+            gate[knobs.GATE_IN_FLIGHT] = float(queue.in_flight)
+            gate[knobs.GATE_RESERVED] = float(queue.reserved)
         if self.classes is not None:
             for name, (answers, missed) in zip(CLASSES, self._tick_class, strict=True):
                 gate[knobs.class_signal(name, "requests")] = float(answers)

@@ -213,3 +213,18 @@ def test_each_tick_reports_each_classs_answers_and_misses():
     # high at 0.05 s misses (ITL ~0.11 s), judged by its own target; low waited past 2 s but met its 60 s
     assert reported["high"] > 0 and reported["low"] == 0
     assert sum(s.values["gate.class.high.requests"] for s in seen) <= run.done[classes == 0].sum()
+
+
+def test_each_tick_reports_the_gates_in_flight_and_reserve_as_the_live_gate_does():
+    """The batch policy tells a bound limit by ``running >= L - R - 1``: without the gate's reserve and
+    in-flight count in the replay's ticks, normal traffic (which fills only L - R) never looked bound and
+    the limit never grew for it, which the live gate's snapshot does not hide."""
+    plan = _plan({"normal": 1})
+    work, classes = _burst(60, [1])
+    replay = _replay(plan, work, classes, timeout=30.0)
+    seen: list[Snapshot] = []
+    replay.on_tick = seen.append
+    replay.run()
+    assert all(snap.values["gate.reserved"] == 3.0 for snap in seen)  # round(20% of 16)
+    assert max(snap.values["gate.in_flight"] for snap in seen) == 13.0  # normal fills L - R of 16
+

@@ -103,11 +103,6 @@ class Ticket:
         return self.priority
 
     @property
-    def admitted_in(self) -> Priority:
-        """The class it was admitted in: one above its own when it was promoted while it waited."""
-        return Priority(self.priority + 1) if self.promoted else self.priority
-
-    @property
     def queue_wait_s(self) -> float:
         return 0.0 if self.admitted_at is None else self.admitted_at - self.arrived
 

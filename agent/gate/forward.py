@@ -122,8 +122,8 @@ class Forwarder:
                 if record is not None:
                     self.held.sent(record, upstream.name, info.stream, self.clock())
                 try:
-                    admitted_as = "" if record is None else record.admitted_as
-                    body_for = self.body_for(upstream.name, body, info, admitted_as)
+                    engine_class = "" if record is None else record.engine_class
+                    body_for = self.body_for(upstream.name, body, info, engine_class)
                     if record is None:
                         up = await self.send(request.method, url, body_for, headers)
                     else:  # a hang before the response headers is taken back by expiring this at once
@@ -212,23 +212,24 @@ class Forwarder:
         """The upstreams still to try for a request taken back from a hung one, in the split's order."""
         return [up for up in self.pool.candidates(self.rng.random()) if up.name not in tried]
 
-    def body_for(self, upstream: str, body: bytes, info: RequestInfo, admitted_as: str = "") -> bytes:
+    def body_for(self, upstream: str, body: bytes, info: RequestInfo, engine_class: str = "") -> bytes:
         """The body as ``upstream`` should get it.
 
         * Its own model name (``gate.upstream_models``) in place of the one the client named. An upstream
           serving a smaller model (the breaker's L3) answers 404 to the primary's model name; the rewrite
           keeps a degraded level serving. The answer keeps the model that really answered. Only bodies
           the gate parsed (``info.model`` set) are rewritten.
-        * The class it was admitted in as the engine's own ``priority`` (``gate.engine_priority``), in
-          place of any the client sent: the gate's class is what the operator granted, and a client's
-          own value would let it pass the others in the engine's queue. Only a JSON object is rewritten
-          (not an audio upload's form), and only an admitted request (``admitted_as`` set).
+        * Its class (the one it arrived in, :attr:`RequestRecord.engine_class`) as the engine's own
+          ``priority`` (``gate.engine_priority``), in place of any the client sent: the gate's class is
+          what the operator granted, and a client's own value would let it pass the others in the
+          engine's queue. Only a JSON object is rewritten (not an audio upload's form), and only an
+          admitted request (``engine_class`` set).
         """
         cfg = self._cfg()
         model = cfg.upstream_models.get(upstream)
         if model is not None and (not info.model or info.model == model):
             model = None
-        priority = cfg.priority_value(upstream, admitted_as) if admitted_as and body else None
+        priority = cfg.priority_value(upstream, engine_class) if engine_class and body else None
         if (model is None and priority is None) or not _JSON_OBJECT.match(body):
             return body  # nothing to change, or a form (an audio upload): not parsed, however large
         try:

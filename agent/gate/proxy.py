@@ -527,7 +527,7 @@ class Gate:
             limiter.refund(est_tokens)
             return self._refuse(record, 429, "the gate's queue is full", "queue_full", self.cfg.aging_s)
         record.queue_wait_s += ticket.queue_wait_s
-        record.admitted_as = ticket.admitted_in.name.lower()
+        record.engine_class = record.priority  # admitted: an engine with priority scheduling is told it
         try:
             prefer = None if lane is None else lane.upstream
             return await self.forwarder.forward(request, body, record, info, prefer, fill)

@@ -62,9 +62,11 @@ class RequestRecord:
     path: str
     prompt_tokens: float
     arrived: float
-    admitted_as: str = ""
-    """The class it was admitted in: its own, or one higher when it was promoted while it waited; what an
-    engine with priority scheduling is told (``gate.engine_priority``). Empty before admission."""
+    engine_class: str = ""
+    """The class an engine with priority scheduling is told (``gate.engine_priority``): the one the request
+    arrived in, set when the gate admits it (empty before). Not the class a promotion ranked it in: the
+    promotion got it out of the gate's queue; in the engine's queue, and among the engine's preemption
+    victims, a promoted normal request ranked as high put fresh high requests behind it."""
     upstream: str = ""
     output_tokens: float = 0.0
     queue_wait_s: float = 0.0

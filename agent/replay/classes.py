@@ -13,8 +13,7 @@ Each request's class is drawn from the mix with the replay's seed, so every poli
 static settings of a sweep) serves the same requests in the same classes. The classes wait in the live
 gate's own admission queue (:func:`agent.replay.runner.gate_for`): its high reserve, its aging (a request
 that waited 200 ms ranks one class up), each class's deadline, its queue bound. The engine behind it
-schedules by the class a request was admitted in (vLLM's priority policy, as ``gate.engine_priority``
-asks for).
+schedules by each request's own class (vLLM's priority policy, as ``gate.engine_priority`` asks for).
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ With priority classes (:mod:`agent.replay.classes`) the gate is the live one: th
 the engine. Its in-flight limit is the batch knob (the engine keeps its ``max_num_seqs``, as live), with
 its high reserve, aging, per-class deadlines (503) and queue bound (429, shedding the lowest class
 first); a request's TTFT counts its wait in it. Each request is judged by its class's targets, goes to
-the engine with the class it was admitted in (the engine schedules by priority, as with
-``gate.engine_priority``), and the classes' last arrivals are kept in ``last_seen`` for the
+the engine with its own class (the engine schedules by priority, as with ``gate.engine_priority``; a
+promotion in the gate does not travel), and the classes' last arrivals are kept in ``last_seen`` for the
 policies' ITL steering, as the live gate keeps them. Each tick gives the policies the gate's in-flight
 count and high reserve, as the live gate's snapshot does.
 """
@@ -272,7 +272,7 @@ class Replay:
 
     def _settle(self, tickets: Sequence[Ticket], now: float) -> None:
         """The gate may have changed these tickets' state: send the admitted to the engine, in the order
-        the gate admitted them and with the class each was admitted in; answer the shed 429 and the
+        the gate admitted them and with each one's own class; answer the shed 429 and the
         expired 503."""
         for ticket in tickets:
             index = self._tickets.pop(ticket.seq, None)
@@ -280,7 +280,7 @@ class Replay:
                 continue  # still waiting, or seen already
             if ticket.state is TicketState.ADMITTED:
                 self._admitted[str(index)] = ticket
-                self._engine(index, now, Priority.HIGH - ticket.admitted_in)
+                self._engine(index, now, Priority.HIGH - ticket.priority)  # its own class, as the gate tells
             elif ticket.state is TicketState.WAITING:
                 self._tickets[ticket.seq] = index
             else:  # not an answer: the live gate counts these as rejected, not as 5xx

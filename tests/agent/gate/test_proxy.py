@@ -551,12 +551,13 @@ async def test_an_upstream_serving_another_model_gets_its_own_model_name(
             await runner.cleanup()
 
 
-async def test_an_engine_with_priority_scheduling_is_told_each_requests_class_as_admitted(
+async def test_an_engine_with_priority_scheduling_is_told_each_requests_own_class(
     upstream: Upstream, client: aiohttp.ClientSession
 ) -> None:
-    """``gate.engine_priority``: the body's ``priority`` carries the class the gate admitted a request in,
-    in the engine's order (vLLM: lower first), in place of the client's own; a request promoted while it
-    waited is sent as its new class, so the engine does not rank it behind the class it left."""
+    """``gate.engine_priority``: the body's ``priority`` carries the class a request arrived in, in the
+    engine's order (vLLM: lower first), in place of the client's own; a request promoted while it waited
+    is sent as its own class still: ranked as the class above in the engine, promoted normal traffic put
+    fresh high requests behind it in the engine's queue and first among its preemption victims."""
     gate = await _gate(
         {"primary": upstream.url},
         engine_priority={"primary": "vllm"},
@@ -581,7 +582,7 @@ async def test_an_engine_with_priority_scheduling_is_told_each_requests_class_as
         await asyncio.sleep(0.1)
         upstream.release.set()
         assert (await first).status == 200 and (await waiter).status == 200
-        assert upstream.bodies[-1]["prompt"] == "aged" and upstream.bodies[-1]["priority"] == 0
+        assert upstream.bodies[-1]["prompt"] == "aged" and upstream.bodies[-1]["priority"] == 1
         assert gate.admission.promotions == 1
     finally:
         await gate.stop()

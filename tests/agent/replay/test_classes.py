@@ -228,3 +228,27 @@ def test_each_tick_reports_the_gates_in_flight_and_reserve_as_the_live_gate_does
     assert all(snap.values["gate.reserved"] == 3.0 for snap in seen)  # round(20% of 16)
     assert max(snap.values["gate.in_flight"] for snap in seen) == 13.0  # normal fills L - R of 16
 
+
+def test_a_promoted_request_reaches_the_engine_with_its_own_class():
+    """Promotion gets a request out of the gate's queue; the engine is told the class it arrived in, as
+    the live gate tells it (``gate.engine_priority``), so promoted normal traffic does not rank with, and
+    ahead of, fresh high requests in the engine's queue and among its preemption victims."""
+    plan = _plan({"normal": 4, "low": 1}, {"low": {"ttft_s": 60.0}})
+    n = 100
+    arrivals = np.linspace(0.0, 10.0, n)
+    work = Workload("stream", arrivals, np.full(n, 1500, dtype=np.int64), np.full(n, 50, dtype=np.int64))
+    classes = np.resize(np.array([1, 1, 1, 1, 2], dtype=np.int64), n)
+    core = make_core("a100-80g", "llama-2-7b", max_num_seqs=256, scheduling_policy="priority")
+    told: dict[int, int] = {}
+    submit = core.submit
+
+    def spy(rid, prompt, output, at, priority=0):
+        told[int(rid)] = priority
+        return submit(rid, prompt, output, at, priority)
+
+    core.submit = spy
+    gate = gate_for(plan, 2)
+    Replay(core, work, SLO, queue_timeout_s=30.0, classes=classes, targets=plan.targets(), gate=gate).run()
+    assert gate.promotions > 0
+    assert {told[i] for i in np.flatnonzero(classes == 1)} == {1}  # vLLM's order: high 0, normal 1, low 2
+    assert {told[i] for i in np.flatnonzero(classes == 2)} == {2}

@@ -18,7 +18,8 @@ differs is the target: not a learned no-load latency but the operator's SLO, wit
       g_itl > ai_margin and kv_usage < kv_target and no preemption this tick
       (and behind the gate, the engine's queue smoothed over engine_queue_tau_s <= its own slack)
                                  ->  L = max(L + max(1, sqrt(L)),        room to grow: additive increase,
-                                             L * min(2, sqrt(g_itl / ai_margin)))   or faster far below target
+                                             L * min(2, sqrt(g_itl / ai_margin)))  or faster far below target;
+                                 at most max(L + 1, running * kv_target / kv + R)    as far as the cache holds
     L outside [lower, upper]     ->  L                                    brought back inside (below)
     otherwise                    ->  hold
     L = min(upper, max(lower, L))
@@ -59,6 +60,13 @@ Growth waits too while the engine's queue, smoothed over ``engine_queue_tau_s``,
 what the engine itself says it runs: on that llama.cpp a scrape now and then read 0 running and 0
 waiting with 7 in flight, which made the limit look bound, and the limit went 9 -> 14 -> 21 -> 32 -> 48
 -> 64 within seconds after being brought down.
+
+Growth stops short of what the cache holds at ``kv_target`` with the sequences' footprint now (``running x
+kv_target / kv``, plus the reserve, one step at least). A cache-bound engine runs few sequences, so its ITL
+sits far below target, and the gradient's x1.3 step from 84% usage (39 -> 51 with 31 running) put more in
+the engine than its cache holds: they queued inside it, where the gate's classes do not reach, and the
+cache filled to preemptions. Replaying the Mooncake hour with a tenth of its traffic interactive (TTFT 2 s)
+the high class met 84.52% with the cap and 73.71% without (docs/policies.md, "Priority classes in replay").
 
 A limit that does not bind (fewer running than allowed and no queue) never grows: the controller only
 probes upward when the queue asks for it, so an idle period cannot leave a huge limit behind. TTFT enters
@@ -185,6 +193,8 @@ class AutoBatch:
             # far below the ITL target (a cold start at a small limit) the gradient's square root
             # outgrows the additive step: the operating point is reached in a few ticks, not dozens
             new = max(limit + max(1.0, math.sqrt(limit)), limit * min(2.0, math.sqrt(g_itl / self.ai_margin)))
+            if kv > 0:  # no further than the cache holds at kv_target with the sequences' footprint now
+                new = min(new, max(limit + 1.0, running * self.kv_target / kv + reserved))
             why = f"{waiting:.0f} queued, ITL {itl or 0:.3f}s and KV {kv:.0%} leave room"
         elif not self.lower <= limit <= self.upper:
             # set outside the bounds (the gate's configured start, or bounds narrowed by a config reload):

@@ -29,6 +29,23 @@ def test_grows_by_the_gradients_square_root_far_below_the_itl_target():
     assert _decide(gate__limit=64, engine__requests_running=64, engine__itl_seconds__mean=0.04, **q) == [86]
 
 
+def test_growth_stops_at_what_the_cache_holds_at_its_target():
+    """A cache-bound engine (Mooncake's long chats) runs few sequences, so its ITL sits far below target and
+    the gradient's step would put more in it than its cache holds: 31 running at 80% hold ~33 at 85%, so
+    the limit grows to 33 + the reserve of 8, not to 39 x 1.35 = 53."""
+    bound = {
+        "gate__limit": 39,
+        "gate__reserved": 8,
+        "gate__in_flight": 31,
+        "gate__queue_depth": 30,
+        "engine__requests_running": 31,
+        "engine__itl_seconds__mean": 0.04,
+    }
+    assert _decide(**bound, engine__kv_cache_usage_ratio=0.8) == [41]
+    assert _decide(**bound, engine__kv_cache_usage_ratio=0.84) == [40]  # one step at least
+    assert _decide(**bound, engine__kv_cache_usage_ratio=0.2) == [53]  # room in the cache: the gradient
+
+
 def test_shrinks_when_itl_is_over_target():
     [value] = _decide(gate__limit=64, engine__requests_running=64, engine__itl_seconds__mean=0.1)
     assert value < 64

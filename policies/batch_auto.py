@@ -193,9 +193,11 @@ class AutoBatch:
             # far below the ITL target (a cold start at a small limit) the gradient's square root
             # outgrows the additive step: the operating point is reached in a few ticks, not dozens
             new = max(limit + max(1.0, math.sqrt(limit)), limit * min(2.0, math.sqrt(g_itl / self.ai_margin)))
-            if kv > 0:  # no further than the cache holds at kv_target with the sequences' footprint now
-                new = min(new, max(limit + 1.0, running * self.kv_target / kv + reserved))
             why = f"{waiting:.0f} queued, ITL {itl or 0:.3f}s and KV {kv:.0%} leave room"
+            holds = running * self.kv_target / kv + reserved if kv > 0 else math.inf
+            if holds < new:  # no further than the cache holds at kv_target with the sequences' footprint now
+                new = max(limit + 1.0, holds)
+                why += f", up to what the cache holds at {self.kv_target:.0%}"
         elif not self.lower <= limit <= self.upper:
             # set outside the bounds (the gate's configured start, or bounds narrowed by a config reload):
             # holding would keep it there for as long as no other branch fires

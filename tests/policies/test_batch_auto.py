@@ -44,6 +44,10 @@ def test_growth_stops_at_what_the_cache_holds_at_its_target():
     assert _decide(**bound, engine__kv_cache_usage_ratio=0.8) == [41]
     assert _decide(**bound, engine__kv_cache_usage_ratio=0.84) == [40]  # one step at least
     assert _decide(**bound, engine__kv_cache_usage_ratio=0.2) == [53]  # room in the cache: the gradient
+    _, [capped] = POLICY.decide(make_snapshot(**bound, engine__kv_cache_usage_ratio=0.8), [], None, 0.0)
+    assert capped.reason.endswith("up to what the cache holds at 85%")
+    _, [free] = POLICY.decide(make_snapshot(**bound, engine__kv_cache_usage_ratio=0.2), [], None, 0.0)
+    assert "cache holds" not in free.reason
 
 
 def test_shrinks_when_itl_is_over_target():

@@ -129,7 +129,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--itl-steering",
         choices=("global", "served_classes"),
         help="policies.itl_steering: steer the batch to the SLO's ITL (global) or to the tightest target "
-        "of the classes served in the last 300 s (default: the config's, else global)",
+        "of the classes served in the last 300 s (default: the config's, else served_classes)",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="random seed (count series, Mooncake jitter, classes)"
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         fields: dict[str, Any] = {
             "slo": flags.slo or (10.0, 0.1),
             "class_slo": flags.class_slo,
-            "itl_steering": flags.itl_steering or "global",
+            "itl_steering": flags.itl_steering,
             "queue_timeout_s": flags.queue_timeout_s,
             "energy": flags.energy,
         }

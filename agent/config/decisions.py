@@ -76,10 +76,11 @@ class PolicyConfig(Section):
         "(gate.max_queue_wait_s x ttft_s / ttft_slo_s); e.g. a looser TTFT for low (batch) traffic",
     )
     itl_steering: Literal["global", "served_classes"] = Field(
-        "global",
+        "served_classes",
         description="the ITL the batch, token-budget, energy and breaker policies steer the engine to: "
-        "global: itl_slo_s; served_classes: the tightest target (slo_by_priority's or itl_slo_s) of the "
-        "classes that sent requests within served_window_s (a batch decodes every class at one pace)",
+        "served_classes: the tightest target (slo_by_priority's or itl_slo_s) of the classes that sent "
+        "requests through the gate within served_window_s (a batch decodes every class at one pace; "
+        "itl_slo_s without class targets or the gate); global: itl_slo_s, class targets only judged",
     )
     served_window_s: float = Field(
         300.0, ge=1, le=86400, description="a class counts as served this long after its last request"

@@ -44,7 +44,7 @@ def spec_fields(cfg: Config, flags: Flags, with_classes: bool) -> dict[str, Any]
     fields: dict[str, Any] = {
         "slo": flags.slo or (p.ttft_slo_s, p.itl_slo_s),
         "class_slo": flags.class_slo or (own if with_classes else ()),
-        "itl_steering": flags.itl_steering or (p.itl_steering if with_classes else "global"),
+        "itl_steering": flags.itl_steering or (p.itl_steering if with_classes else None),
         "served_window_s": p.served_window_s,
         "batch_bounds": (float(p.batch_min), float(p.batch_max)),
         "energy": flags.energy or p.energy,
@@ -70,6 +70,6 @@ def describe(cfg: Config, fields: dict[str, Any], with_classes: bool) -> str:
     if with_classes:
         classes = ", ".join(name for name, _, _ in fields["class_slo"]) or "none"
         parts.append(f"class targets: {classes}; itl_steering {fields['itl_steering']}")
-    elif cfg.policies.slo_by_priority or cfg.policies.itl_steering != "global":
+    elif cfg.policies.slo_by_priority:
         parts.append("its class targets and itl_steering need --priority-mix")
     return "from the config: " + "; ".join(parts)

@@ -65,8 +65,9 @@ class ReplaySpec:
     priority_mix: tuple[tuple[str, float], ...] = ()
     #: a class's own targets (``policies.slo_by_priority``): (class, TTFT or None, ITL or None)
     class_slo: tuple[tuple[str, float | None, float | None], ...] = ()
-    #: ``policies.itl_steering``: ``global`` or ``served_classes``
-    itl_steering: str = "global"
+    #: ``policies.itl_steering``: ``global`` or ``served_classes``; None: the config's default
+    #: (``served_classes``, which without a priority mix is ``global``)
+    itl_steering: str | None = None
     #: ``policies.served_window_s``: a class steers this long after its last request
     served_window_s: float = 300.0
     #: the auto policies' batch bounds (``policies.batch_min``/``batch_max``); None: 8 up to the larger
@@ -114,7 +115,7 @@ def class_plan(spec: ReplaySpec) -> ClassPlan | None:
     """The spec's priority classes, or None without a mix; raises ValueError (one line naming the
     setting) on a bad target or steering, or on class settings without a mix."""
     if not spec.priority_mix:
-        if spec.class_slo or spec.itl_steering != "global":
+        if spec.class_slo or spec.itl_steering not in (None, "global"):
             raise ValueError(
                 "class targets and ITL steering served_classes need a priority mix (--priority-mix)"
             )
@@ -127,9 +128,10 @@ def class_plan(spec: ReplaySpec) -> ClassPlan | None:
         "ttft_slo_s": spec.slo.ttft_s,
         "itl_slo_s": spec.slo.itl_s,
         "slo_by_priority": own,
-        "itl_steering": spec.itl_steering,
         "served_window_s": spec.served_window_s,
     }
+    if spec.itl_steering is not None:
+        section["itl_steering"] = spec.itl_steering
     policies = build_config({"policies": section}, environ={}).policies
     return ClassPlan(dict(spec.priority_mix), policies)
 

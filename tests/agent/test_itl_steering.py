@@ -71,7 +71,12 @@ def test_start_warns_of_a_tighter_class_target_steered_globally_and_of_steering_
     assert steering_warnings(_policies(), gate_enabled=True) == []
     [blind] = steering_warnings(_policies(), gate_enabled=False)
     assert blind.startswith("policies.itl_steering served_classes needs the gate (gate.enabled)")
+    # the default steers to the served classes; without a class ITL target of its own there is nothing
+    # to steer to, and a sidecar without the gate hears nothing of it
+    assert PolicyConfig().itl_steering == "served_classes"
     assert steering_warnings(PolicyConfig(), gate_enabled=False) == []
+    only_ttft = PolicyConfig.model_validate({"slo_by_priority": {"low": {"ttft_s": 60.0, "itl_s": 0.1}}})
+    assert steering_warnings(only_ttft, gate_enabled=False) == []
 
 
 def test_a_bad_steering_mode_names_the_field() -> None:
@@ -138,7 +143,8 @@ async def test_a_reload_that_turns_steering_on_retunes_at_once_and_audits_it(tmp
     back, audited with the reason that says so."""
     import yaml
 
-    sidecar, raw = await _sidecar(tmp_path, "advise", {"slo_by_priority": {"high": {"itl_s": 0.05}}})
+    policies = {"itl_steering": "global", "slo_by_priority": {"high": {"itl_s": 0.05}}}
+    sidecar, raw = await _sidecar(tmp_path, "advise", policies)
     path = tmp_path / "servepilot.yaml"
     gate = sidecar.knobs.gate
     assert gate is not None

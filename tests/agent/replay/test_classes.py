@@ -159,6 +159,12 @@ def test_a_replay_spec_with_classes_runs_end_to_end_and_is_checked_as_the_config
         class_plan(bad)
     with pytest.raises(ValueError, match="need a priority mix"):
         class_plan(ReplaySpec(conv, itl_steering="served_classes"))
+    # left unset, the steering is the config's default, as a sidecar's would be; global only when asked
+    mix = (("high", 1.0),)
+    assert class_plan(ReplaySpec(conv, priority_mix=mix)).policies.itl_steering == "served_classes"
+    pinned = ReplaySpec(conv, priority_mix=mix, itl_steering="global")
+    assert class_plan(pinned).policies.itl_steering == "global"
+    assert class_plan(ReplaySpec(conv, itl_steering="global")) is None  # one class: nothing to steer
 
 
 def test_the_batch_knob_is_the_gates_limit_and_a_ttft_counts_the_wait_there():

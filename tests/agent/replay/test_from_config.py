@@ -50,7 +50,7 @@ def test_flags_win_over_the_config():
 
 def test_without_a_mix_the_configs_classes_are_left_out_and_said_so():
     fields = spec_fields(_cfg(), Flags(), with_classes=False)
-    assert (fields["class_slo"], fields["itl_steering"]) == ((), "global")
+    assert (fields["class_slo"], fields["itl_steering"]) == ((), None)  # the replay's default: one class
     assert "class targets and itl_steering need --priority-mix" in describe(_cfg(), fields, False)
     # a flag is kept, so that the replay refuses it as it does without a config
     assert (

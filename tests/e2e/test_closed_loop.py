@@ -128,13 +128,11 @@ async def test_a_normal_priority_queue_raises_a_limit_whose_high_priority_reserv
 
 
 async def test_the_batch_is_held_to_the_itl_target_of_the_class_being_served(tmp_path: Path) -> None:
-    """``policies.itl_steering: served_classes``: the load is high priority, whose ITL target (1 ms) no
-    batch on the simulator meets. The policies steer to it from the tick after the first request, so the
-    limit never grows; under the same load with ``global`` steering (the 0.1 s SLO) it does."""
-    steering = {
-        "itl_steering": "served_classes",
-        "slo_by_priority": {"high": {"itl_s": 0.001}},
-    }
+    """``policies.itl_steering: served_classes`` (the default): the load is high priority, whose ITL target
+    (1 ms) no batch on the simulator meets. The policies steer to it from the tick after the first
+    request, so the limit never grows; under the same load and targets with ``global`` steering (the
+    0.1 s SLO) it does."""
+    steering = {"slo_by_priority": {"high": {"itl_s": 0.001}}}  # itl_steering left at its default
     high = {"high": 1.0}
     sidecar, actions, limit = await _run(tmp_path, "act", ticks=24, policies=steering, priority_mix=high)
     aims = [a for a in actions if a["knob"] == "policies.itl_target_s"]
@@ -146,8 +144,10 @@ async def test_the_batch_is_held_to_the_itl_target_of_the_class_being_served(tmp
     assert limit <= 4 and not raised, actions
     auto = next(p for p in sidecar.loop.policies if p.name == "batch_auto")
     assert isinstance(auto, AutoBatch) and auto.itl_slo_s == 0.001
-    _, actions, limit = await _run(tmp_path / "global", "act", ticks=24, priority_mix=high)
+    pinned = {**steering, "itl_steering": "global"}
+    _, actions, limit = await _run(tmp_path / "global", "act", ticks=24, policies=pinned, priority_mix=high)
     assert limit > 4, actions
+    assert not [a for a in actions if a["knob"] == "policies.itl_target_s"], actions
 
 
 async def test_observe_mode_leaves_the_limit_alone(tmp_path: Path) -> None:

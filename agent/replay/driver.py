@@ -192,10 +192,15 @@ class Replay:
         self.actions: list[Decision] = []
 
     # -- actuators ----------------------------------------------------------------------------------
+    @property
+    def batch_limit(self) -> float:
+        """The batch knob: the gate's in-flight limit with classes, else the engine's ``max_num_seqs``."""
+        return float(self.core.settings.max_num_seqs if self.gate is None else self.gate.limit)
+
     def actual(self) -> dict[str, float | str]:
         s = self.core.settings
         return {
-            knobs.BATCH: float(s.max_num_seqs if self.gate is None else self.gate.limit),
+            knobs.BATCH: self.batch_limit,
             knobs.TOKEN_BUDGET: float(s.max_num_batched_tokens),
             knobs.SM_CLOCK: s.sm_clock_mhz,
             knobs.POWER_LIMIT: s.power_limit_w,
@@ -339,7 +344,7 @@ class Replay:
         gate = {
             # without classes the replay's batch limit is the engine's max_num_seqs, so its queue is the
             # engine's own (engine.requests_waiting): the gate holds nothing back there
-            knobs.GATE_LIMIT: float(self.core.settings.max_num_seqs if queue is None else queue.limit),
+            knobs.GATE_LIMIT: self.batch_limit,
             knobs.GATE_QUEUE: 0.0 if queue is None else float(queue.queue_depth),
             knobs.GATE_REQUESTS: float(self._tick_requests),
             knobs.GATE_SLO_BAD: float(self._tick_bad),
@@ -367,7 +372,7 @@ class Replay:
             TickRow(
                 now,
                 self._tick_arrivals,
-                float(s.max_num_seqs if self.gate is None else self.gate.limit),
+                self.batch_limit,
                 get(knobs.RUNNING, 0.0),
                 get(knobs.WAITING, 0.0),
                 get(knobs.TTFT_P99, 0.0),

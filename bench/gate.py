@@ -1,13 +1,15 @@
 """What the admission gate costs: added latency over going direct, and chunk relay rate; nginx for scale.
 
-One run, four routes to the same simulator (``servepilot sim --stamp-chunks``, its own process): direct;
-through the gate (``python -m agent.commands.gate``, its own process, in-flight limit above the
-concurrency so it only relays); through ``bench/aiohttp_floor.py`` (the least an aiohttp proxy does: the
-floor under the gate's own work); and through nginx (Debian package, one worker, a plain streaming reverse
-proxy with a config written to a temp dir). For 64 and 256 concurrent streaming requests each route runs
-``--rounds`` times for ``--duration`` seconds after a warm-up, the routes interleaved in a rotated order
-per round and the rounds pooled; the load generator (this process; each client pauses 0-20 ms at random
-between requests) reads the simulator's stamps (CLOCK_MONOTONIC, shared by every process on the host):
+One run, four routes (five with ``--pipe``) to the same simulator (``servepilot sim --stamp-chunks``,
+its own process): direct; through the gate (``python -m agent.commands.gate``, its own process,
+in-flight limit above the concurrency so it only relays); through ``bench/aiohttp_floor.py`` (the least
+an aiohttp proxy does: the floor under the gate's own work); through nginx (Debian package, one worker,
+a plain streaming reverse proxy with a config written to a temp dir); and with ``--pipe`` through
+``bench/pipe_floor.py`` (a TCP byte pipe on uvloop: the floor under any Python proxy). For 64 and 256
+concurrent streaming requests each route runs ``--rounds`` times for ``--duration`` seconds after a
+warm-up, the routes interleaved in a rotated order per round and the rounds pooled; the load generator
+(this process; each client pauses 0-20 ms at random between requests) reads the simulator's stamps
+(CLOCK_MONOTONIC, shared by every process on the host):
 
 * outside: per request, send to the simulator's arrival stamp, plus the first event's write stamp to its
   read here. The TTFT less the time inside the engine, whose batching would otherwise drown what a
@@ -303,6 +305,11 @@ def main() -> int:
         help="the interpreter that runs the gate (default: this one), to compare Python versions",
     )
     parser.add_argument(
+        "--pipe",
+        action="store_true",
+        help="also a TCP byte pipe on uvloop (bench/pipe_floor.py): the floor under any Python proxy",
+    )
+    parser.add_argument(
         "--pin",
         action="store_true",
         help="each proxy (gate, aiohttp floor, nginx) on the last CPU, the simulator and this load "
@@ -354,6 +361,17 @@ def main() -> int:
         )  # fmt: skip
         proxies["aiohttp"] = procs[-1].pid
         routes["aiohttp"] = f"http://127.0.0.1:{floor_port}"
+        if args.pipe:
+            pipe_port = free_port()
+            procs.append(
+                subprocess.Popen(
+                    [args.gate_python, str(ROOT / "bench" / "pipe_floor.py"), routes["direct"],
+                     str(pipe_port)],
+                    cwd=ROOT, env=env, stdout=subprocess.DEVNULL, preexec_fn=on(proxy_cpus),
+                )
+            )  # fmt: skip
+            proxies["pipe"] = procs[-1].pid
+            routes["pipe"] = f"http://127.0.0.1:{pipe_port}"
         nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
         if nginx:
             (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, upstream=sim_port, port=nginx_port))

@@ -122,7 +122,7 @@ def check_gpu_actuator(cfg: Config) -> CheckResult:
     actuator itself is built (its permission check and bounds), without its lease watchdog; nothing is set."""
     from prometheus_client import CollectorRegistry
 
-    from agent.actuators.gpu import GpuActuator, backend_for
+    from agent.actuators.gpu import GpuActuator, backend_for, describe_gpus
     from agent.actuators.gpu_backend import GpuControlError
 
     started = time.perf_counter()
@@ -137,9 +137,11 @@ def check_gpu_actuator(cfg: Config) -> CheckResult:
     except (GpuControlError, OSError, ValueError) as error:
         return CheckResult(name, "error", str(error), time.perf_counter() - started, knob)
     bounds = f"power limit {low:g}-{high:g} W" if knob == "power_limit" else f"SM clock {low:g}-{high:g} MHz"
-    detail = f"{knob} on GPUs {', '.join(map(str, actuator.indices))}: {bounds}"
+    detail = f"{knob} on {describe_gpus(actuator.indices)}: {bounds}"
     if cfg.actuators.gpu_backend == "simulated":
         detail += " (simulated)"
+    if actuator.drives_every_visible_gpu:
+        detail += "; all the GPUs this container sees (actuators.gpus is empty; on a shared node, name them)"
     return CheckResult(name, "ok", detail, time.perf_counter() - started, knob)
 
 

@@ -5,6 +5,9 @@ Safety, in order of what can go wrong:
 * **Permission.** NVML's set calls need root or ``CAP_SYS_ADMIN``. The check runs at construction; when it
   fails, ``servepilot_actuator_permitted{actuator}`` is 0, ``set`` raises one clear line, and nothing
   else breaks (observe/advise modes keep working).
+* **Which GPUs.** ``actuators.gpus``, each of which the container must see (else a config error at
+  start); when it names none, every GPU the container sees, with a warning when that is more than one: a
+  sidecar on a node shared by several pods may see its neighbours' GPUs.
 * **Bounds.** Values are clamped to what the GPU reports (``min(max, max(min, value))``).
 * **The agent stops renewing.** Every ``set``/``renew`` extends a lease of ``lease_s``; a watchdog thread
   (independent of the event loop, so a wedged loop still counts as "stopped") restores the defaults
@@ -34,6 +37,13 @@ from agent.actuators.gpu_backend import (
 from agent.config import ActuatorConfig, ConfigError
 
 log = logging.getLogger(__name__)
+
+
+def describe_gpus(indices: list[int]) -> str:
+    """``GPU 3``, ``GPUs 0, 1`` or ``no GPU``: indices as a message names them."""
+    if not indices:
+        return "no GPU"
+    return ("GPU " if len(indices) == 1 else "GPUs ") + ", ".join(map(str, indices))
 
 
 def backend_for(cfg: ActuatorConfig) -> GpuBackend:
@@ -70,7 +80,21 @@ class GpuActuator:
         self.backend = backend
         self.clock = clock
         self.lease_s = cfg.gpu_lease_s
-        self.indices = list(cfg.gpus) or backend.gpu_indices()
+        visible = backend.gpu_indices()
+        unknown = [index for index in cfg.gpus if index not in visible]
+        if unknown:
+            named, seen = describe_gpus(unknown), describe_gpus(visible)
+            raise ConfigError("actuators.gpus", f"names {named}, but this container sees {seen}")
+        self.indices = list(cfg.gpus) or visible
+        #: No GPU named and several visible: every one is driven. On a node shared by several pods, a
+        #: sidecar given ``NVIDIA_VISIBLE_DEVICES=all`` (docs/deploy.md) sees its neighbours' GPUs too.
+        self.drives_every_visible_gpu = not cfg.gpus and len(visible) > 1
+        if self.drives_every_visible_gpu:
+            log.warning(
+                "GPU actuator: actuators.gpus is empty, so it drives all the GPUs this container sees (%s); "
+                "on a node shared with other pods, name the engine's GPUs in actuators.gpus",
+                describe_gpus(visible),
+            )
         self.problem = permission()
         self._changed = False
         self._lease_until = 0.0

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from agent.config.base import HttpUrl, Section
+from agent.config.base import GpuIndices, HttpUrl, Section
 
 
 class ControlConfig(Section):
@@ -32,7 +32,9 @@ class ActuatorConfig(Section):
     gpu_backend: Literal["nvml", "simulated"] = Field("nvml", description="real NVML or a simulated GPU")
     gpu_state_file: str | None = Field(None, description="simulated GPU state file (tests, demos)")
     gpu_lease_s: float = Field(60.0, ge=1, le=3600, description="restore GPU defaults when not renewed")
-    gpus: tuple[int, ...] = Field((), description="GPU indices to drive; empty = all")
+    gpus: GpuIndices = Field(
+        (), description="GPU indices to drive; empty = every GPU the container sees (warns when several)"
+    )
     admin_token_file: str | None = Field(None, description="bearer token file for the override routes")
 
 

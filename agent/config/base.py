@@ -24,6 +24,16 @@ HttpUrl = Annotated[str, AfterValidator(check_http_url)]
 """A base URL the sidecar calls: http(s), kept without its trailing slash (paths are appended to it)."""
 
 
+def check_gpu_indices(value: tuple[int, ...]) -> tuple[int, ...]:
+    if any(index < 0 for index in value) or len(set(value)) != len(value):
+        raise ValueError("must be distinct GPU indices >= 0")
+    return value
+
+
+GpuIndices = Annotated[tuple[int, ...], AfterValidator(check_gpu_indices)]
+"""NVML indices of GPUs (as this container numbers them); empty means every GPU it sees."""
+
+
 def is_loopback(host: str) -> bool:
     import ipaddress
 

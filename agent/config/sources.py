@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from agent.config.base import HttpUrl, Section
+from agent.config.base import GpuIndices, HttpUrl, Section
 
 
 class EngineConfig(Section):
@@ -46,14 +46,7 @@ class NvmlConfig(Section):
     )
     simulated_url: HttpUrl = Field("http://127.0.0.1:8000", description="simulator serving simulated NVML")
     simulated_timeout_s: float = Field(0.5, gt=0, le=10, description="HTTP timeout of one simulated read")
-    gpus: tuple[int, ...] = Field((), description="GPU indices to watch; empty = all")
-
-    @field_validator("gpus")
-    @classmethod
-    def _gpu_indices(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if any(index < 0 for index in value) or len(set(value)) != len(value):
-            raise ValueError("must be distinct GPU indices >= 0")
-        return value
+    gpus: GpuIndices = Field((), description="GPU indices to watch; empty = all")
 
 
 class ProbeConfig(Section):

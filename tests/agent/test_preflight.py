@@ -75,7 +75,7 @@ async def test_every_enabled_part_is_checked_once_and_a_dead_upstream_fails(sim_
     assert "gpus 1" in results["nvml"].detail
     assert "torch_version" in results["probe"].detail
     assert results["control"].detail.startswith("generic API, knobs max_num_seqs=256")
-    assert results["gpu_actuator"].detail == "power_limit on GPUs 0: power limit 100-400 W (simulated)"
+    assert results["gpu_actuator"].detail == "power_limit on GPU 0: power limit 100-400 W (simulated)"
     assert results["upstream primary"].detail == "healthy, serves meta-llama/Llama-2-7b-hf"
     assert results["upstream fp8"].target == f"{dead}/health"
     table = render(list(results.values())).splitlines()
@@ -276,3 +276,23 @@ async def test_the_engine_recognised_by_its_metrics_judges_the_priority_order(si
     results = {r.name: r for r in await run_checks(_sglang_order_at(f"http://127.0.0.1:{_closed_port()}"))}
     assert results["engine"].failed and results["priority primary"].status == "ok"
     assert "not known here" in results["priority primary"].detail
+
+
+def test_a_gpu_actuator_that_would_drive_every_visible_gpu_says_so(tmp_path: Path) -> None:
+    from agent.actuators.gpu_backend import SimulatedGpuBackend
+    from agent.preflight import check_gpu_actuator
+
+    state = tmp_path / "gpus.json"
+    SimulatedGpuBackend(count=2, state_file=state)
+    actuators = {"gpu": "power_limit", "gpu_backend": "simulated", "gpu_state_file": str(state)}
+    every = check_gpu_actuator(config.build({"actuators": actuators}))
+    assert every.status == "ok"
+    assert every.detail == (
+        "power_limit on GPUs 0, 1: power limit 100-400 W (simulated); all the GPUs this container sees "
+        "(actuators.gpus is empty; on a shared node, name them)"
+    )
+    named = check_gpu_actuator(config.build({"actuators": {**actuators, "gpus": [1]}}))
+    assert named.detail == "power_limit on GPU 1: power limit 100-400 W (simulated)"
+    missing = check_gpu_actuator(config.build({"actuators": {**actuators, "gpus": [2]}}))
+    assert missing.failed
+    assert missing.detail == "actuators.gpus names GPU 2, but this container sees GPUs 0, 1"

@@ -137,3 +137,36 @@ def test_an_unusable_simulated_state_file_is_a_config_error_naming_the_field(
     message = str(info.value)
     assert message.startswith(f"actuators.gpu_state_file {str(path)!r} cannot be used as the simulated GPU")
     assert reason in message and "\n" not in message
+
+
+def test_naming_no_gpu_drives_every_visible_one_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """On a node shared by several pods, a sidecar that sees every GPU (docs/deploy.md) would otherwise
+    drive its neighbours' GPUs without a word."""
+    with caplog.at_level("WARNING", logger="agent.actuators.gpu"):
+        actuator, backend, _ = _actuator()
+    assert actuator.drives_every_visible_gpu and actuator.indices == [0, 1]
+    assert "drives all the GPUs this container sees (GPUs 0, 1)" in caplog.text
+    caplog.clear()
+    cfg = ActuatorConfig(mode="act", gpu="power_limit", gpu_backend="simulated", gpus=(1,))
+    with caplog.at_level("WARNING", logger="agent.actuators.gpu"):
+        named = GpuActuator(cfg, backend, CollectorRegistry(), permission=lambda: None, watchdog=False)
+    assert not named.drives_every_visible_gpu and caplog.text == ""
+    named.set(250)
+    assert [backend.power_limit_w(i) for i in (0, 1)] == [400, 250]
+
+
+def test_a_named_gpu_the_container_does_not_see_is_a_config_error_naming_the_field() -> None:
+    from agent.config import ConfigError
+
+    cfg = ActuatorConfig(mode="act", gpu="power_limit", gpu_backend="simulated", gpus=(1, 3))
+    expected = r"^actuators\.gpus names GPU 3, but this container sees GPUs 0, 1$"
+    with pytest.raises(ConfigError, match=expected):
+        GpuActuator(cfg, SimulatedGpuBackend(count=2), CollectorRegistry(), watchdog=False)
+
+
+def test_gpu_indices_must_be_distinct_and_not_negative() -> None:
+    from agent.config import ConfigError, build
+
+    for gpus in ([1, 1], [-1]):
+        with pytest.raises(ConfigError, match=r"actuators\.gpus must be distinct GPU indices >= 0"):
+            build({"actuators": {"gpus": gpus}})

@@ -84,13 +84,14 @@ async def _collect_sources(cfg: Config) -> list[tuple[CheckResult, Reading]]:
         for collector in collectors:
             started = time.perf_counter()
             reading = await collector.collect(time.time())
-            row = CheckResult(
-                collector.name,
-                reading.status.value,
-                _reading_detail(reading),
-                time.perf_counter() - started,
-                _target(collector),
-            )
+            detail = _reading_detail(reading)
+            gpus = getattr(collector, "gpu_info", ())
+            if gpus and reading.status is SourceStatus.OK:
+                # which index is which GPU: the engine's own UUIDs (nvidia-smi -L in its container) name
+                # the indices for nvml.gpus and actuators.gpus on a node shared with other pods
+                detail += "; " + ", ".join(f"GPU {gpu.index} {gpu.uuid}" for gpu in gpus)
+            took = time.perf_counter() - started
+            row = CheckResult(collector.name, reading.status.value, detail, took, _target(collector))
             results.append((row, reading))
         return results
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -73,6 +74,9 @@ async def test_every_enabled_part_is_checked_once_and_a_dead_upstream_fails(sim_
     assert results["engine upstream"].detail.startswith("upstream primary is engine.url")
     assert "engine vllm" in results["engine"].detail and results["engine"].target == f"{sim_url}/metrics"
     assert "gpus 1" in results["nvml"].detail
+    # which index is which GPU, for pinning nvml.gpus / actuators.gpus by the engine's own UUIDs
+    sim_gpu = uuid.uuid5(uuid.NAMESPACE_URL, "servepilot-sim/0/0")  # simulator/telemetry.py
+    assert results["nvml"].detail.endswith(f"; GPU 0 GPU-{sim_gpu}"), results["nvml"].detail
     assert "torch_version" in results["probe"].detail
     assert results["control"].detail.startswith("generic API, knobs max_num_seqs=256")
     assert results["gpu_actuator"].detail == "power_limit on GPU 0: power limit 100-400 W (simulated)"

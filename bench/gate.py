@@ -263,9 +263,8 @@ def print_table(results: dict[tuple[int, str], dict[str, float]], args: argparse
         ]
         print(_cells(cells, cpu_widths))
     print("(CPU: share of one core over the route's wall time, warm-up included)\n")
-    # the gate's verdict, then the same targets for the reference routes, read against the gate's
-    proxies = ["gate"] + [name for _, name in results if name not in ("direct", "gate")]
-    for name in dict.fromkeys(proxies):
+    # the gate's verdict (its route comes first after direct), then the reference routes' for comparison
+    for name in dict.fromkeys(name for _, name in results if name != "direct"):
         for conc in sorted({conc for conc, _ in results}):
             row, base = results[(conc, name)], results[(conc, "direct")]
             worst = {
@@ -316,7 +315,7 @@ def main() -> int:
     parser.add_argument(
         "--pin",
         action="store_true",
-        help="each proxy (gate, aiohttp floor, nginx) on the last CPU, the simulator and this load "
+        help="each proxy (gate, the floors, nginx) on the last CPU, the simulator and this load "
         "generator on the others: the system under test apart from what drives it (default: every "
         "process on every CPU)",
     )
@@ -356,26 +355,19 @@ def main() -> int:
         procs.append(gate)
         routes = {"direct": f"http://127.0.0.1:{sim_port}", "gate": f"http://127.0.0.1:{gate_port}"}
         proxies = {"gate": gate.pid}
-        floor_port, floor = free_port(), str(ROOT / "bench" / "aiohttp_floor.py")
-        procs.append(
-            subprocess.Popen(
-                [args.gate_python, floor, routes["direct"], str(floor_port)],
-                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, preexec_fn=on(proxy_cpus),
-            )
-        )  # fmt: skip
-        proxies["aiohttp"] = procs[-1].pid
-        routes["aiohttp"] = f"http://127.0.0.1:{floor_port}"
-        if args.pipe:
-            pipe_port = free_port()
+        # the floors: the least an aiohttp proxy does, and (--pipe) the least any Python proxy does
+        for name, script in (("aiohttp", "aiohttp_floor.py"), ("pipe", "pipe_floor.py")):
+            if name == "pipe" and not args.pipe:
+                continue
+            port = free_port()
             procs.append(
                 subprocess.Popen(
-                    [args.gate_python, str(ROOT / "bench" / "pipe_floor.py"), routes["direct"],
-                     str(pipe_port)],
+                    [args.gate_python, str(ROOT / "bench" / script), routes["direct"], str(port)],
                     cwd=ROOT, env=env, stdout=subprocess.DEVNULL, preexec_fn=on(proxy_cpus),
                 )
             )  # fmt: skip
-            proxies["pipe"] = procs[-1].pid
-            routes["pipe"] = f"http://127.0.0.1:{pipe_port}"
+            proxies[name] = procs[-1].pid
+            routes[name] = f"http://127.0.0.1:{port}"
         nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
         if nginx:
             (tmp / "nginx.conf").write_text(NGINX_CONF.format(tmp=tmp, upstream=sim_port, port=nginx_port))

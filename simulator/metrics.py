@@ -7,7 +7,7 @@ process (tests) without colliding in the global registry.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -158,10 +158,14 @@ class VllmCollector(Collector):
 class ProbeCollector(Collector):
     """``servepilot_probe_*``: the families the real in-engine allocator probe serves."""
 
-    def __init__(self, core: EngineCore, now: Callable[[], float], pid: int) -> None:
+    def __init__(
+        self, core: EngineCore, now: Callable[[], float], pid: int, uuids: Sequence[str] = ()
+    ) -> None:
         self.core = core
         self.now = now
         self.pid = pid
+        #: the engine's GPUs by UUID, CUDA device order (one probe stands for every rank, as its stats do)
+        self.uuids = list(uuids)
         self.peak_reserved = 0.0
         self.alloc_retries = 0
         self.ooms = 0
@@ -202,6 +206,14 @@ class ProbeCollector(Collector):
         )
         info.add_metric([str(self.pid), TORCH_VERSION], 1)
         yield info
+        devices = GaugeMetricFamily(
+            "servepilot_probe_device_info",
+            "Which GPU (UUID, as NVML names it) each CUDA device is.",
+            labels=["device", "uuid"],
+        )
+        for device, uuid in enumerate(self.uuids):
+            devices.add_metric([str(device), uuid], 1)
+        yield devices
 
 
 def registry_with(collector: Collector) -> CollectorRegistry:

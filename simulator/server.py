@@ -66,6 +66,7 @@ class SimServer:
         control_token: str | None = None,
         fp8_ppl_delta: float = 0.003,
         stamp_chunks: bool = False,
+        node_gpus: int | None = None,
     ) -> None:
         if speed <= 0:
             raise ValueError(f"speed must be > 0, got {speed}")
@@ -89,9 +90,11 @@ class SimServer:
         self._rng = np.random.default_rng(seed)
         self._streams: dict[str, streams.TokenQueue] = {}
         self._wake = asyncio.Event()
-        self.nvml = NvmlView(core, seed=seed, pid=self.pid)
+        self.nvml = NvmlView(core, seed=seed, pid=self.pid, node_gpus=node_gpus)
         self.registry = registry_with(VllmCollector(core, self.model_name))
-        self.probe_registry = registry_with(ProbeCollector(core, self.sim_now, self.pid))
+        self.probe_registry = registry_with(
+            ProbeCollector(core, self.sim_now, self.pid, self.nvml.engine_uuids)
+        )
 
     def sim_now(self) -> float:
         """Simulated seconds now: the clock's progress since start, times ``speed``."""

@@ -5,6 +5,10 @@ start-up) and the activations of the step in flight; ``reserved`` stays at the p
 A leak fault adds to allocated, reserved and process memory; a fragmentation fault adds reserved-but-free
 memory until ``1 - allocated / reserved`` reaches its ratio. NVML's utilisations are busy shares over the
 last window (as the driver's sampling does), power is the window's mean (energy difference / time).
+
+A node may have more GPUs than the engine uses (``node_gpus``): the engine runs on the last ``tp`` of
+them and the others idle, as on a node shared with other pods. The probe then names the engine's GPUs by
+UUID (device 0 is the first of them), which is how the sidecar tells its engine's GPUs from the rest.
 """
 
 from __future__ import annotations
@@ -70,14 +74,30 @@ class NvmlView:
     """Builds the ``/sim/nvml`` JSON. Keeps a short history of the core's counters to compute window
     ratios; ``window_s`` is in simulated seconds."""
 
-    def __init__(self, core: EngineCore, *, seed: int = 0, pid: int = 4242, window_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        core: EngineCore,
+        *,
+        seed: int = 0,
+        pid: int = 4242,
+        window_s: float = 1.0,
+        node_gpus: int | None = None,
+    ) -> None:
+        count = core.gpu.tp if node_gpus is None else node_gpus
+        if count < core.gpu.tp:
+            raise ValueError(
+                f"node_gpus ({count}) must be at least the engine's tensor-parallel size ({core.gpu.tp})"
+            )
         self.core = core
         self.pid = pid
         self.window_s = window_s
+        self._start = core.time
         # Stable per seed and index, so a restarted simulator looks like the same node.
         self._uuids = [
-            str(uuid.uuid5(uuid.NAMESPACE_URL, f"servepilot-sim/{seed}/{i}")) for i in range(core.gpu.tp)
+            "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"servepilot-sim/{seed}/{i}")) for i in range(count)
         ]
+        #: node indices of the GPUs the engine runs on: the last ``tp``
+        self.engine_indices = range(count - core.gpu.tp, count)
         g = core.gpu_counters
         self._history: deque[tuple[float, float, float, float]] = deque(
             [(core.time, g.busy_s, g.mem_busy_s, g.energy_j)]
@@ -114,11 +134,14 @@ class NvmlView:
         memory = memory_state(core, now)
         gpus = []
         for index, gpu_uuid in enumerate(self._uuids):
+            if index not in self.engine_indices:
+                gpus.append(self._neighbour(index, gpu_uuid, now))
+                continue
             gpus.append(
                 {
                     "index": index,
                     "name": core.gpu.name,
-                    "uuid": f"GPU-{gpu_uuid}",
+                    "uuid": gpu_uuid,
                     "utilization_gpu_ratio": util,
                     "utilization_memory_ratio": mem_util,
                     "sm_clock_mhz": float(core.gpu.clock_min_mhz if idle else g.clock_mhz),
@@ -134,3 +157,29 @@ class NvmlView:
                 }
             )
         return {"driver_version": DRIVER_VERSION, "gpus": gpus}
+
+    @property
+    def engine_uuids(self) -> list[str]:
+        """The engine's GPUs, as its probe names them: CUDA device ``d`` is ``engine_uuids[d]``."""
+        return [self._uuids[i] for i in self.engine_indices]
+
+    def _neighbour(self, index: int, gpu_uuid: str, now: float) -> dict[str, Any]:
+        """A GPU of the node the engine does not use: idle at its lowest clock, no process of ours."""
+        gpu = self.core.gpu
+        return {
+            "index": index,
+            "name": gpu.name,
+            "uuid": gpu_uuid,
+            "utilization_gpu_ratio": 0.0,
+            "utilization_memory_ratio": 0.0,
+            "sm_clock_mhz": float(gpu.clock_min_mhz),
+            "mem_clock_mhz": float(gpu.mem_clock_mhz),
+            "temperature_c": round(gpu.ambient_c + gpu.thermal_resistance_c_per_w * gpu.idle_power_w, 2),
+            "power_w": gpu.idle_power_w,
+            "power_limit_w": float(gpu.tdp_w),
+            "energy_j": gpu.idle_power_w * max(0.0, now - self._start),
+            "memory_used_bytes": 0,
+            "memory_total_bytes": int(gpu.memory_bytes),
+            "throttle_reasons": REASON_GPU_IDLE,
+            "processes": [],
+        }

@@ -14,6 +14,11 @@ Status: a probe that answers with ``servepilot_probe_cuda_available 0`` is ``no_
 measure yet, e.g. the model is still loading); timeouts, refused connections, HTTP errors, garbage or
 ``servepilot_probe_up 0`` are ``error`` with one line. With several ranks the reading is all-or-nothing,
 because a sum over half the GPUs would look like a memory drop to the detectors.
+
+Which GPUs the engine runs on: a probe that serves ``servepilot_probe_device_info{device, uuid}`` puts
+them in the reading's info as ``gpu_uuids`` (comma-separated, as NVML names them), only when every rank
+named every device it reports on; a partial list would make the sidecar let go of a GPU the engine uses
+(:mod:`agent.engine_gpus`).
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ class ProbeScrape:
     cuda_available: bool
     devices: dict[int, dict[str, float]] = field(default_factory=dict)
     info: dict[str, str] = field(default_factory=dict)
+    #: device -> GPU UUID (``servepilot_probe_device_info``); empty from probes that predate it
+    uuids: dict[int, str] = field(default_factory=dict)
 
 
 def parse_scrape(text: str) -> ProbeScrape:
@@ -81,6 +88,7 @@ def parse_scrape(text: str) -> ProbeScrape:
     cuda = 0.0
     devices: dict[int, dict[str, float]] = {}
     info: dict[str, str] = {}
+    uuids: dict[int, str] = {}
     for sample in series:
         name = sample.name.removeprefix(_PREFIX)
         labels = dict(sample.labels)
@@ -90,13 +98,17 @@ def parse_scrape(text: str) -> ProbeScrape:
             cuda = sample.value
         elif name == "info":
             info = {k: v for k, v in labels.items() if k in ("pid", "torch_version")}
+        elif name == "device_info":
+            uuid = labels.get("uuid", "").strip()
+            if uuid and "," not in uuid:
+                uuids[_device(labels)] = uuid
         elif name in METRICS and math.isfinite(sample.value):
             devices.setdefault(_device(labels), {})[METRICS[name]] = float(sample.value)
     if up is None:
         if exposition.errors:
             raise ProbeFormatError(f"not Prometheus text: {exposition.errors[0][:120]}")
         raise ProbeFormatError("no servepilot_probe_up sample: not a servepilot probe endpoint")
-    return ProbeScrape(up == 1, cuda == 1, devices, info)
+    return ProbeScrape(up == 1, cuda == 1, devices, info, uuids)
 
 
 def _device(labels: dict[str, str]) -> int:
@@ -136,7 +148,21 @@ def merge(scrapes: Sequence[ProbeScrape], now: float, duration_s: float = 0.0) -
         info["pid"] = ",".join(s.info.get("pid", "?") for s in scrapes)
     if not unique:
         info["device_numbering"] = "rank_order"
+    gpus = engine_gpu_uuids(scrapes)
+    if gpus:
+        info["gpu_uuids"] = ",".join(gpus)
     return Reading(SOURCE, now, SourceStatus.OK, values, duration_s=duration_s, info=info)
+
+
+def engine_gpu_uuids(scrapes: Sequence[ProbeScrape]) -> list[str]:
+    """The engine's GPUs by UUID in rank and device order, or [] unless every rank named every device it
+    reports allocator stats for (a partial list would hide one of the engine's GPUs)."""
+    found: list[str] = []
+    for scrape in scrapes:
+        if not scrape.uuids or any(dev not in scrape.uuids for dev in scrape.devices):
+            return []
+        found += [uuid for _, uuid in sorted(scrape.uuids.items()) if uuid not in found]
+    return found
 
 
 def parse(text: str, now: float) -> Reading:

@@ -42,6 +42,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for fault draws and GPU UUIDs")
     parser.add_argument(
+        "--node-gpus",
+        type=int,
+        help="GPUs the simulated node has (default: the engine's tensor-parallel size); the engine runs on "
+        "the last ones and the rest idle in /sim/nvml, as on a node shared with other pods",
+    )
+    parser.add_argument(
         "--control-token-file", help="require this bearer token (file contents) on the control API"
     )
     parser.add_argument("--speed", type=float, default=1.0, help="time scale: 10 runs ten times faster")
@@ -125,6 +131,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FaultError) as error:
         raise UsageError(str(error)) from None
     core.set_faults(faults, core.time)
+    if args.node_gpus is not None and args.node_gpus < core.gpu.tp:
+        raise UsageError(
+            f"--node-gpus must be at least the engine's {core.gpu.tp} GPU(s), got {args.node_gpus}"
+        )
     token = None
     if args.control_token_file:
         from agent.admin import load_token
@@ -141,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         control_token=token,
         fp8_ppl_delta=args.fp8_ppl_delta,
         stamp_chunks=args.stamp_chunks,
+        node_gpus=args.node_gpus,
     )
     print(
         f"servepilot sim: {core.model.served_name} ({args.precision}) on {core.gpu.name} x{core.gpu.tp}, "

@@ -19,6 +19,9 @@ Families (one series per CUDA device this process uses, labelled ``device``)::
     servepilot_probe_alloc_retries_total     cudaMalloc failures that forced a cache flush and retry
     servepilot_probe_ooms_total              out-of-memory errors raised by the allocator
     servepilot_probe_info{pid, torch_version} 1
+    servepilot_probe_device_info{device, uuid} 1   which physical GPU each device is (``GPU-…``, as NVML
+                                                   names it), so the sidecar can watch and drive only the
+                                                   engine's GPUs on a node it shares (docs/probe.md)
 """
 
 from __future__ import annotations
@@ -38,7 +41,15 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from agent.probe.stats import DeviceStats, StatsSource, device_stats, torch_stats, torch_version
+from agent.probe.stats import (
+    DeviceStats,
+    StatsSource,
+    UuidSource,
+    device_stats,
+    torch_device_uuids,
+    torch_stats,
+    torch_version,
+)
 
 log = logging.getLogger("servepilot.probe")
 
@@ -64,8 +75,9 @@ _COUNTERS: tuple[tuple[str, str, str], ...] = (
 class AllocatorCollector(Collector):
     """A prometheus_client custom collector that reads the stats source on every scrape."""
 
-    def __init__(self, source: StatsSource) -> None:
+    def __init__(self, source: StatsSource, uuids: UuidSource = torch_device_uuids) -> None:
         self._source = source
+        self._uuids = uuids
         self._pid = str(os.getpid())
         self._failed_before = False
 
@@ -103,6 +115,23 @@ class AllocatorCollector(Collector):
         info = InfoMetricFamily("servepilot_probe", "The probed process.", labels=["pid", "torch_version"])
         info.add_metric([self._pid, torch_version()], {})
         yield info
+        yield self._device_info(devices or [])
+
+    def _device_info(self, devices: list[DeviceStats]) -> InfoMetricFamily:
+        """``servepilot_probe_device_info{device, uuid}``; a failing UUID read leaves the family empty."""
+        family = InfoMetricFamily(
+            "servepilot_probe_device",
+            "Which GPU (UUID, as NVML names it) each CUDA device is.",
+            labels=["device"],
+        )
+        try:
+            uuids = self._uuids([dev.device for dev in devices]) if devices else {}
+        except Exception as error:  # never fail the scrape for want of a label
+            log.debug("servepilot probe: reading device UUIDs failed: %s", error)
+            uuids = {}
+        for device, uuid in sorted(uuids.items()):
+            family.add_metric([str(device)], {"uuid": uuid})
+        return family
 
 
 @dataclass
@@ -153,7 +182,12 @@ def evidence_dir(environ: dict[str, str] | None = None) -> str:
     )
 
 
-def serve(port: int, host: str = "127.0.0.1", source: StatsSource = torch_stats) -> ProbeServer:
+def serve(
+    port: int,
+    host: str = "127.0.0.1",
+    source: StatsSource = torch_stats,
+    uuids: UuidSource = torch_device_uuids,
+) -> ProbeServer:
     """Start a probe server (not the process-wide one). Raises :class:`OSError` when the port is taken.
 
     Serves ``/metrics`` (prometheus_client's WSGI app over the probe's own registry) and
@@ -162,7 +196,7 @@ def serve(port: int, host: str = "127.0.0.1", source: StatsSource = torch_stats)
     from agent.probe.evidence import MemoryRecorder, wsgi_app
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(AllocatorCollector(source))
+    registry.register(AllocatorCollector(source, uuids))
     app = wsgi_app(MemoryRecorder(evidence_dir()), make_wsgi_app(registry, disable_compression=True))
     httpd = make_server(host, port, app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler)
     thread = threading.Thread(target=httpd.serve_forever, name="servepilot-probe", daemon=True)

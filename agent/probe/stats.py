@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
 #: ``() -> {device: torch.cuda.memory_stats(device)}``, or ``None`` when CUDA is not used here.
 StatsSource = Callable[[], Mapping[int, Mapping[str, Any]] | None]
+#: ``(devices) -> {device: UUID}``: which physical GPU each CUDA device index of this process is.
+UuidSource = Callable[[Iterable[int]], Mapping[int, str]]
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,48 @@ def torch_stats() -> dict[int, dict[str, Any]] | None:
         if index == current or _number(stats, "reserved_bytes.all.peak") > 0:
             result[index] = stats
     return result
+
+
+def nvml_style_uuid(raw: str) -> str:
+    """A device UUID as NVML and ``nvidia-smi -L`` write it (``GPU-8f1c…``), whatever form torch gave.
+
+    torch prints a CUDA device's UUID as bare hex (``8f1c…``); NVML prefixes ``GPU-`` (or ``MIG-`` for a
+    MIG instance). The sidecar matches the engine's GPUs to its own NVML view by this string.
+    """
+    text = raw.strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        if text.startswith(prefix):
+            return prefix.upper() + text[len(prefix) :]
+    return "GPU-" + text
+
+
+_uuid_cache: dict[int, str] = {}
+
+
+def torch_device_uuids(devices: Iterable[int]) -> dict[int, str]:
+    """The real :data:`UuidSource`: ``torch.cuda.get_device_properties(d).uuid`` for each device.
+
+    CUDA device indices are this process's (after ``CUDA_VISIBLE_DEVICES``), not the node's, so the index
+    alone cannot tell the sidecar which GPU the engine runs on; the UUID can. A device whose properties
+    cannot be read (an old torch, a ROCm build without UUIDs) is left out. UUIDs never change while the
+    process lives, so each is read once.
+    """
+    if not cuda_in_use():
+        return {}
+    import torch  # lazy: already loaded by the engine when cuda_in_use() is true
+
+    found: dict[int, str] = {}
+    for device in devices:
+        if device not in _uuid_cache:
+            try:
+                raw = str(torch.cuda.get_device_properties(device).uuid)
+            except Exception:
+                continue
+            if not raw.strip():
+                continue
+            _uuid_cache[device] = nvml_style_uuid(raw)
+        found[device] = _uuid_cache[device]
+    return found
 
 
 def torch_version() -> str:

@@ -59,6 +59,15 @@ def test_probe_reports_fragmentation_and_info() -> None:
     assert counters == {"servepilot_probe_alloc_retries_total", "servepilot_probe_ooms_total"}
 
 
+def test_probe_names_each_device_s_gpu_as_the_real_probe_does() -> None:
+    text = render(registry_with(ProbeCollector(make_core(), lambda: 0.0, pid=7, uuids=["GPU-b", "GPU-c"])))
+    devices = {
+        s.labels["device"]: s.labels["uuid"]
+        for s in _families(text)["servepilot_probe_device_info"].samples  # type: ignore[attr-defined]
+    }
+    assert devices == {"0": "GPU-b", "1": "GPU-c"}
+
+
 def test_probe_counts_an_oom_when_a_leak_fills_the_gpu() -> None:
     core = make_core()
     core.set_faults(FaultSwitches(leak_bytes_per_hour=100 * 1024**3, leak_step_bytes=1024**3), now=0.0)

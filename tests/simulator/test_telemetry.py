@@ -42,6 +42,26 @@ def test_tensor_parallel_node_lists_every_gpu_with_distinct_uuids() -> None:
     assert len({g["uuid"] for g in gpus}) == 4
 
 
+def test_a_shared_node_runs_the_engine_on_its_last_gpus_and_idles_the_rest() -> None:
+    core = make_core()
+    view = NvmlView(core, node_gpus=3)
+    core.submit("a", 2000, 200, now=0.0)
+    while core.has_work():
+        core.step(core.time)
+    gpus = view.read(now=core.time)["gpus"]
+    assert [g["index"] for g in gpus] == [0, 1, 2]
+    assert view.engine_uuids == [gpus[2]["uuid"]]
+    assert gpus[2]["processes"] and gpus[2]["utilization_gpu_ratio"] > 0
+    for neighbour in gpus[:2]:
+        assert neighbour["processes"] == [] and neighbour["utilization_gpu_ratio"] == 0.0
+        assert neighbour["power_w"] == core.gpu.idle_power_w and neighbour["memory_used_bytes"] == 0
+
+
+def test_a_node_cannot_have_fewer_gpus_than_the_engine_uses() -> None:
+    with pytest.raises(ValueError, match="node_gpus"):
+        NvmlView(make_core("4xa100-80g-tp", "llama-3-70b"), node_gpus=2)
+
+
 def test_leak_raises_reserved_and_process_memory() -> None:
     core = make_core()
     before = memory_state(core, 0.0)

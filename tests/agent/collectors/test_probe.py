@@ -270,3 +270,27 @@ async def test_own_session_is_closed(probe: server.ProbeServer) -> None:
     session = col._session
     await col.close()
     assert session is not None and session.closed
+
+
+def test_parse_names_the_engine_s_gpus_by_uuid() -> None:
+    info = parse(fixture("probe_tp2.prom"), now=0.0).info
+    assert info["gpu_uuids"] == (
+        "GPU-5d0f2b7e-1c3a-4e7b-9a53-0b1e7c4d2f10,GPU-a8e3c6d1-77b2-4f0e-8c15-3d9b2e6f4a21"
+    )
+
+
+def test_a_probe_that_names_only_some_devices_names_none() -> None:
+    """Half a list would make the sidecar let go of one of the engine's GPUs."""
+    text = "\n".join(
+        line for line in fixture("probe_tp2.prom").splitlines() if 'device_info{device="1"' not in line
+    )
+    assert "gpu_uuids" not in parse(text + "\n", now=0.0).info
+
+
+def test_ranks_name_their_gpus_in_rank_order() -> None:
+    def scrape(device: int, uuid: str | None) -> ProbeScrape:
+        return ProbeScrape(True, True, {device: {"reserved_bytes": 1.0}}, {}, {device: uuid} if uuid else {})
+
+    merged = merge([scrape(0, "GPU-b"), scrape(0, "GPU-a")], now=0.0)
+    assert merged.info["gpu_uuids"] == "GPU-b,GPU-a"
+    assert "gpu_uuids" not in merge([scrape(0, "GPU-b"), scrape(0, None)], now=0.0).info

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import agent.probe
-from agent.probe import server
+from agent.probe import server, stats
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "probe"
 GOLDEN = FIXTURES / "probe_tp2.prom"
@@ -33,7 +33,14 @@ FAMILIES = {
     "servepilot_probe_alloc_retries",
     "servepilot_probe_ooms",
     "servepilot_probe_info",
+    "servepilot_probe_device_info",
 }
+#: The two GPUs of memory_stats_tp2.json, as torch.cuda.get_device_properties(d).uuid prints them.
+TP2_UUIDS = {0: "5d0f2b7e-1c3a-4e7b-9a53-0b1e7c4d2f10", 1: "a8e3c6d1-77b2-4f0e-8c15-3d9b2e6f4a21"}
+
+
+def tp2_uuids(devices: Any) -> dict[int, str]:
+    return {d: stats.nvml_style_uuid(TP2_UUIDS[d]) for d in devices}
 
 
 def tp2_source() -> dict[int, dict[str, Any]]:
@@ -56,7 +63,7 @@ def samples(text: str) -> dict[tuple[str, str], float]:
 
 @pytest.fixture
 def probe() -> Iterator[server.ProbeServer]:
-    running = server.serve(0, source=tp2_source)
+    running = server.serve(0, source=tp2_source, uuids=tp2_uuids)
     yield running
     running.close()
 
@@ -79,6 +86,29 @@ def test_serves_injected_stats_per_device(probe: server.ProbeServer) -> None:
     assert values[("servepilot_probe_fragmentation_ratio", "0")] == pytest.approx(
         1 - 70391676928 / 71303872512
     )
+
+
+def test_serves_which_gpu_each_device_is(probe: server.ProbeServer) -> None:
+    served = {
+        s.labels["device"]: s.labels["uuid"]
+        for family in text_string_to_metric_families(scrape(probe.url))
+        for s in family.samples
+        if s.name == "servepilot_probe_device_info"
+    }
+    assert served == {"0": "GPU-" + TP2_UUIDS[0], "1": "GPU-" + TP2_UUIDS[1]}
+
+
+def test_a_failing_uuid_read_still_serves_the_allocator(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(devices: Any) -> dict[int, str]:
+        raise RuntimeError("no uuid in this torch")
+
+    running = server.serve(0, source=tp2_source, uuids=broken)
+    try:
+        text = scrape(running.url)
+    finally:
+        running.close()
+    assert "servepilot_probe_device_info{" not in text
+    assert samples(text)[("servepilot_probe_reserved_bytes", "1")] == 71974961152
 
 
 def test_served_text_matches_the_golden_fixture(probe: server.ProbeServer) -> None:

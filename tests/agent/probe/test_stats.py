@@ -74,3 +74,34 @@ def test_torch_stats_reports_only_devices_this_process_used(monkeypatch: pytest.
     fake = _fake_torch({0: untouched, 1: used, 2: untouched, 3: {"reserved_bytes.all.peak": 1}}, current=2)
     monkeypatch.setitem(sys.modules, "torch", fake)
     assert sorted(stats.torch_stats() or {}) == [1, 2, 3]
+
+
+def test_nvml_style_uuid_prefixes_torch_s_bare_hex() -> None:
+    assert (
+        stats.nvml_style_uuid("5D0F2B7E-1c3a-4e7b-9a53-0b1e7c4d2f10")
+        == "GPU-5d0f2b7e-1c3a-4e7b-9a53-0b1e7c4d2f10"
+    )
+    assert stats.nvml_style_uuid("GPU-5d0f2b7e") == "GPU-5d0f2b7e"
+    assert stats.nvml_style_uuid(" mig-1a2b ") == "MIG-1a2b"
+
+
+def test_torch_device_uuids_reads_each_device_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[int] = []
+
+    def properties(device: int) -> types.SimpleNamespace:
+        reads.append(device)
+        if device == 3:
+            raise RuntimeError("torch built without device UUIDs")
+        return types.SimpleNamespace(uuid=f"0000000{device}-1c3a-4e7b-9a53-0b1e7c4d2f10")
+
+    fake = _fake_torch({0: {}, 1: {}}, current=1)
+    fake.cuda.get_device_properties = properties  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(stats, "_uuid_cache", {})
+    assert stats.torch_device_uuids([1, 3]) == {1: "GPU-00000001-1c3a-4e7b-9a53-0b1e7c4d2f10"}
+    assert stats.torch_device_uuids([1]) == {1: "GPU-00000001-1c3a-4e7b-9a53-0b1e7c4d2f10"}
+    assert reads == [1, 3]
+
+
+def test_torch_device_uuids_is_empty_without_cuda() -> None:
+    assert stats.torch_device_uuids([0]) == {}

@@ -25,7 +25,8 @@ from agent.config import AuditConfig
 
 @dataclass(frozen=True)
 class Action:
-    """One decision about one knob. ``result``: ok, advised, paused, unchanged, or ``error: ...``."""
+    """One decision about one knob. ``result``: ok, advised, paused, waiting (the knob's actuator cannot
+    act yet), unchanged, or ``error: ...``."""
 
     time: float
     knob: str

@@ -106,9 +106,17 @@ class Knobs:
         if cfg.actuators.gpu != "off":
             from agent.actuators.gpu import GpuActuator, backend_for
 
-            self.gpu = GpuActuator(cfg.actuators, backend_for(cfg.actuators), registry)
+            self.gpu = GpuActuator(
+                cfg.actuators, backend_for(cfg.actuators), registry, follow_engine=cfg.probe.enabled
+            )
             self.gpu_knob = knobs.GPU_KNOB[cfg.actuators.gpu]
-            self.actuation.bind(self.gpu_knob, self._gpu_value, self._set_gpu_value, self._check_gpu_value)
+            self.actuation.bind(
+                self.gpu_knob,
+                self._gpu_value,
+                self._set_gpu_value,
+                self._check_gpu_value,
+                waiting=lambda: self.gpu.waiting,
+            )
         self.token = self._admin_token()
         if cfg.control.enabled and cfg.control.token_file:
             from agent.admin import load_token
@@ -192,7 +200,7 @@ class Knobs:
         return self.gpu.set(float(value))
 
     def _check_gpu_value(self, value: Any) -> str | None:
-        if self.gpu.problem:
+        if self.gpu.problem:  # not ``waiting``: a pin made before the probe names the GPUs is held till then
             return f"{self.gpu_knob}: {self.gpu.problem}"
         return knobs.out_of_range(self.gpu_knob, value, *self.gpu.bounds())
 

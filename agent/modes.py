@@ -22,6 +22,9 @@ Reader = Callable[[], Awaitable[Any]]
 Writer = Callable[[Any], Awaitable[Any]]
 Check = Callable[[Any], str | None]
 """Why a value cannot be set on a knob (None when it can): what the knob's own actuator accepts."""
+Waiting = Callable[[], str | None]
+"""Why a knob's actuator cannot take any value *yet* (None when it can): the GPU actuator before the
+probe has named the engine's GPUs. Decisions meanwhile are held, as while paused, not failed."""
 
 
 class Mode(StrEnum):
@@ -39,6 +42,7 @@ class KnobBinding:
     read: Reader
     write: Writer
     check: Check | None = None
+    waiting: Waiting | None = None
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -82,15 +86,22 @@ class Actuation:
         #: The bounds every policy's value is held to (the arbiter's), for :meth:`check`.
         self.bounds: Callable[[str, Any], str | None] | None = None
 
-    def bind(self, name: str, read: Reader, write: Writer, check: Check | None = None) -> None:
-        self._knobs[name] = KnobBinding(name, read, write, check)
+    def bind(
+        self,
+        name: str,
+        read: Reader,
+        write: Writer,
+        check: Check | None = None,
+        waiting: Waiting | None = None,
+    ) -> None:
+        self._knobs[name] = KnobBinding(name, read, write, check, waiting)
         self._unbound.pop(name, None)
         self.audit.declare(name)
 
     def alias(self, name: str, of: str) -> None:
         """Bind ``name`` to the same actuator as the bound knob ``of`` (KeyError when it is not bound)."""
         bound = self._knobs[of]
-        self.bind(name, bound.read, bound.write, bound.check)
+        self.bind(name, bound.read, bound.write, bound.check, bound.waiting)
 
     def check(self, knob: str, value: Any) -> str | None:
         """Why an operator may not pin ``knob`` to ``value``, in one line (None when it may).
@@ -146,12 +157,15 @@ class Actuation:
                 return self._audit(knob, None, target, reason, proposal.policy, "advised")
             why = f"error: no actuator is bound to knob {knob!r} (reported once; later proposals are dropped)"
             return self._audit(knob, None, target, reason, proposal.policy, why)
-        if self.mode is Mode.ADVISE or self.paused:
+        waiting = binding.waiting() if binding.waiting is not None and self.mode is Mode.ACT else None
+        if self.mode is Mode.ADVISE or self.paused or waiting:
             held = self._held.get(knob)
             if held is not None and _same(held[0], current) and _same(held[1], target):
                 return None  # recorded already: the same advice again is not news
             self._held[knob] = (current, target)
-            result = "advised" if self.mode is Mode.ADVISE else "paused"
+            result = "advised" if self.mode is Mode.ADVISE else "paused" if self.paused else "waiting"
+            if waiting and not self.paused:
+                reason = f"{reason}; held: {waiting}"
         else:
             self._held.pop(knob, None)
             try:

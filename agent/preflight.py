@@ -118,29 +118,48 @@ async def check_control(cfg: Config) -> CheckResult:
     return CheckResult("control", "ok", detail, time.perf_counter() - started, cfg.control.url)
 
 
-def check_gpu_actuator(cfg: Config) -> CheckResult:
-    """Whether the sidecar's GPU actuator could drive ``actuators.gpu``, and within which bounds: the
-    actuator itself is built (its permission check and bounds), without its lease watchdog; nothing is set."""
+def check_gpu_actuator(cfg: Config, probe: Reading | None = None) -> CheckResult:
+    """Whether the sidecar's GPU actuator could drive ``actuators.gpu``, on which GPUs and within which
+    bounds: the actuator itself is built (its permission check and bounds), without its lease watchdog;
+    nothing is set. ``probe``: the probe's reading, which names the engine's GPUs the actuator keeps to
+    when ``actuators.gpus`` is empty (agent/engine_gpus.py)."""
     from prometheus_client import CollectorRegistry
 
     from agent.actuators.gpu import GpuActuator, backend_for, describe_gpus
     from agent.actuators.gpu_backend import GpuControlError
+    from agent.engine_gpus import from_probe
 
     started = time.perf_counter()
     name, knob = "gpu_actuator", cfg.actuators.gpu
+    followed = False
     try:
-        actuator = GpuActuator(cfg.actuators, backend_for(cfg.actuators), CollectorRegistry(), watchdog=False)
+        actuator = GpuActuator(
+            cfg.actuators,
+            backend_for(cfg.actuators),
+            CollectorRegistry(),
+            watchdog=False,
+            follow_engine=cfg.probe.enabled,
+        )
         if actuator.problem is not None:
             return CheckResult(name, "error", actuator.problem, time.perf_counter() - started, knob)
+        if actuator.waiting and probe is not None and probe.status is SourceStatus.OK:
+            uuids = from_probe(probe.info)
+            actuator.follow(uuids or None)
+            followed = bool(uuids)
         if not actuator.indices:
             raise GpuControlError("no GPU found")
         low, high = actuator.bounds()
     except (GpuControlError, OSError, ValueError) as error:
         return CheckResult(name, "error", str(error), time.perf_counter() - started, knob)
+    if actuator.waiting:  # the engine's GPUs are not among these (error), or the probe has not said yet
+        status = "error" if followed else "no_data"
+        return CheckResult(name, status, actuator.waiting, time.perf_counter() - started, knob)
     bounds = f"power limit {low:g}-{high:g} W" if knob == "power_limit" else f"SM clock {low:g}-{high:g} MHz"
     detail = f"{knob} on {describe_gpus(actuator.indices)}: {bounds}"
     if cfg.actuators.gpu_backend == "simulated":
         detail += " (simulated)"
+    if followed:
+        detail += "; the engine's, as the probe names them"
     if actuator.drives_every_visible_gpu:
         detail += "; all the GPUs this container sees (actuators.gpus is empty; on a shared node, name them)"
     return CheckResult(name, "ok", detail, time.perf_counter() - started, knob)
@@ -232,7 +251,8 @@ async def run_checks(cfg: Config) -> list[CheckResult]:
     if cfg.control.enabled:
         results.append(await check_control(cfg))
     if cfg.actuators.gpu != "off":
-        results.append(await asyncio.to_thread(check_gpu_actuator, cfg))  # NVML init can take seconds
+        probe = next((r for _, r in sources if r.source == "probe"), None)
+        results.append(await asyncio.to_thread(check_gpu_actuator, cfg, probe))  # NVML init can take s
     if cfg.gate.enabled:
         results.extend(await check_upstreams(cfg))
         results.append(check_engine_upstream(cfg))

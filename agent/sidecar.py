@@ -28,7 +28,9 @@ from agent.assembly import (
 )
 from agent.audit import Action
 from agent.collectors.base import Collector
+from agent.collectors.nvml import NvmlCollector
 from agent.config import ActuatorConfig, Config, ConfigError, PolicyConfig, priority_targets
+from agent.engine_gpus import EngineGpus, Follower
 from agent.exporter import Exporter
 from agent.gate.upstreams import engine_upstream
 from agent.itl_steering import AUDIT_KNOB, ItlTarget, steered_itl, steering_warnings
@@ -152,6 +154,9 @@ class Sidecar:
         self._evidence_task: asyncio.Task[None] | None = None
         self.loop.subscribe(self._refits.release)
         self.loop.subscribe(self._tell_gate_of_a_stall)
+        self.engine_gpus = EngineGpus(self._gpu_followers())
+        if cfg.probe.enabled and self.engine_gpus.followers:
+            self.loop.subscribe(self.engine_gpus.on_state)
         #: the ITL target the policies were built or last retuned with (agent/itl_steering.py)
         self._itl_target = ItlTarget(cfg.policies.itl_slo_s)
         self.exporter.set_policy_itl(self._itl_target.itl_s)
@@ -413,6 +418,15 @@ class Sidecar:
                 log.error("engine control unavailable: %s", error)
             await self._after_control_discovery()
             return
+
+    def _gpu_followers(self) -> list[Follower]:
+        """What watches or drives GPUs and so must keep to the engine's (agent/engine_gpus.py)."""
+        followers: list[Follower] = [
+            c.sampler for c in self.collectors if isinstance(c, NvmlCollector) and c.sampler is not None
+        ]
+        if self.knobs.gpu is not None:
+            followers.append(self.knobs.gpu)
+        return followers
 
     def _tell_gate_of_a_stall(self, state: AgentState) -> None:
         """The engine_stall finding, or its end, to the gate's upstream that is this engine: a hang the

@@ -6,8 +6,11 @@ Safety, in order of what can go wrong:
   fails, ``servepilot_actuator_permitted{actuator}`` is 0, ``set`` raises one clear line, and nothing
   else breaks (observe/advise modes keep working).
 * **Which GPUs.** ``actuators.gpus``, each of which the container must see (else a config error at
-  start); when it names none, every GPU the container sees, with a warning when that is more than one: a
-  sidecar on a node shared by several pods may see its neighbours' GPUs.
+  start). When it names none and the container sees one GPU, that one. When it sees several (a sidecar
+  on a node shared by several pods may see its neighbours' GPUs): with the allocator probe on, the
+  engine's GPUs as the probe names them by UUID (:mod:`agent.engine_gpus`), and nothing is set until it
+  has (a probe too old to name them: every GPU, with a warning); without the probe, every GPU, with a
+  warning. GPUs it stops driving get their defaults back.
 * **Bounds.** Values are clamped to what the GPU reports (``min(max, max(min, value))``).
 * **The agent stops renewing.** Every ``set``/``renew`` extends a lease of ``lease_s``; a watchdog thread
   (independent of the event loop, so a wedged loop still counts as "stopped") restores the defaults
@@ -22,7 +25,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 from prometheus_client import CollectorRegistry, Gauge
@@ -35,6 +38,7 @@ from agent.actuators.gpu_backend import (
     permission_problem,
 )
 from agent.config import ActuatorConfig, ConfigError
+from agent.engine_gpus import indices_of
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +76,9 @@ class GpuActuator:
         clock: Callable[[], float] = time.monotonic,
         permission: Callable[[], str | None] = permission_problem,
         watchdog: bool = True,
+        follow_engine: bool = False,
     ) -> None:
+        """``follow_engine``: the allocator probe is on, so :meth:`follow` will name the engine's GPUs."""
         if cfg.gpu == "off":
             raise ValueError("actuators.gpu is off: there is no GPU knob to drive")
         self.kind = cfg.gpu
@@ -86,15 +92,27 @@ class GpuActuator:
             named, seen = describe_gpus(unknown), describe_gpus(visible)
             raise ConfigError("actuators.gpus", f"names {named}, but this container sees {seen}")
         self.indices = list(cfg.gpus) or visible
-        #: No GPU named and several visible: every one is driven. On a node shared by several pods, a
-        #: sidecar given ``NVIDIA_VISIBLE_DEVICES=all`` (docs/deploy.md) sees its neighbours' GPUs too.
+        self.named = bool(cfg.gpus)
+        #: Why nothing is set yet (None: it may be): several GPUs visible, none named, and the probe is to
+        #: say which are the engine's. On a node shared by several pods, a sidecar given
+        #: ``NVIDIA_VISIBLE_DEVICES=all`` (docs/deploy.md) sees its neighbours' GPUs too.
+        self.waiting: str | None = None
+        #: No GPU named, several visible, no probe to tell: every one is driven.
         self.drives_every_visible_gpu = not cfg.gpus and len(visible) > 1
-        if self.drives_every_visible_gpu:
+        if self.drives_every_visible_gpu and follow_engine:
+            self.drives_every_visible_gpu = False
+            self.waiting = (
+                "waiting for the allocator probe to name the engine's GPUs among the "
+                f"{describe_gpus(visible)} this container sees (or name them in actuators.gpus)"
+            )
+            log.info("GPU actuator: %s", self.waiting)
+        elif self.drives_every_visible_gpu:
             log.warning(
                 "GPU actuator: actuators.gpus is empty, so it drives all the GPUs this container sees (%s); "
                 "on a node shared with other pods, name the engine's GPUs in actuators.gpus",
                 describe_gpus(visible),
             )
+        self._applied: float | None = None
         self.problem = permission()
         self._changed = False
         self._lease_until = 0.0
@@ -140,17 +158,87 @@ class GpuActuator:
         """Set the knob (absolute) on every GPU, clamped to its bounds; returns the value applied."""
         if self.problem:
             raise GpuControlError(self.problem)
+        if self.waiting:
+            raise GpuControlError(self.waiting)
         with self._lock:
             lo, hi = self.bounds()
             applied = min(hi, max(lo, float(value)))
             for index in self.indices:
-                if self.kind == "power_limit":
-                    self.backend.set_power_limit_w(index, applied)
-                else:
-                    self.backend.lock_clocks_mhz(index, self.backend.clock_bounds_mhz(index)[0], applied)
+                self._apply(index, applied)
             self._changed = True
+            self._applied = applied
             self._lease_until = self.clock() + self.lease_s
         return applied
+
+    def _apply(self, index: int, value: float) -> None:
+        if self.kind == "power_limit":
+            self.backend.set_power_limit_w(index, value)
+        else:
+            self.backend.lock_clocks_mhz(index, self.backend.clock_bounds_mhz(index)[0], value)
+
+    def follow(self, uuids: Sequence[str] | None) -> None:
+        """Drive the engine's GPUs, as the probe names them by UUID (agent/engine_gpus.py).
+
+        Nothing changes when ``actuators.gpus`` names GPUs. ``None`` (the probe answers but cannot name
+        them) ends the wait on every visible GPU, with a warning. A GPU no longer driven gets its default
+        back; one newly driven gets the setting in force. When this container sees none of the engine's
+        GPUs, nothing is set, and the reason says so.
+        """
+        if self.named:
+            return
+        visible = self.backend.gpu_indices()
+        if uuids is None:
+            if self.waiting:
+                log.warning(
+                    "GPU actuator: the allocator probe does not name the engine's GPUs (a probe from an "
+                    "older servepilot?), so it drives all the GPUs this container sees (%s); on a node "
+                    "shared with other pods, name the engine's GPUs in actuators.gpus",
+                    describe_gpus(visible),
+                )
+                self.waiting, self.drives_every_visible_gpu = None, len(visible) > 1
+            return
+        try:
+            known = {index: self.backend.gpu_uuid(index) for index in visible}
+        except GpuControlError as error:
+            log.error("GPU actuator: cannot read the GPUs' UUIDs to find the engine's: %s", error)
+            return
+        indices, missing = indices_of(uuids, known)
+        if not indices:
+            self.waiting = (
+                f"the engine's GPUs ({', '.join(uuids)}) are not among the {describe_gpus(visible)} this "
+                "container sees: give the sidecar the engine's GPUs, or name them in actuators.gpus (on MIG "
+                "the probe names instances, not GPUs; docs/deploy.md)"
+            )
+            log.error("GPU actuator: %s", self.waiting)
+            self._retarget([])
+            return
+        if missing:
+            log.warning(
+                "GPU actuator: the engine's GPU(s) %s not seen here; driving the others", ", ".join(missing)
+            )
+        self.waiting, self.drives_every_visible_gpu = None, False
+        if indices != self.indices:
+            log.info("GPU actuator: drives the engine's %s (named by the probe)", describe_gpus(indices))
+            self._retarget(indices)
+
+    def _retarget(self, indices: list[int]) -> None:
+        """Drive ``indices`` from now on: the dropped GPUs get their defaults back, the added ones the
+        setting in force. ``[]`` keeps the old list for :meth:`bounds` but puts every GPU back."""
+        with self._lock:
+            dropped = [i for i in self.indices if i not in indices]
+            added = [i for i in indices if i not in self.indices]
+            if self._changed:
+                self._restore(dropped)
+                if self._applied is not None:
+                    for index in added:
+                        try:
+                            self._apply(index, self._applied)
+                        except GpuControlError as error:
+                            log.error("setting gpu%d failed: %s", index, error)
+            if indices:
+                self.indices = indices
+            else:
+                self._changed = False
 
     def renew(self) -> None:
         """The agent is alive and still wants its setting: extend the lease."""
@@ -172,16 +260,19 @@ class GpuActuator:
         with self._lock:
             if not self._changed:
                 return False
-            for index in self.indices:
-                try:
-                    if self.kind == "power_limit":
-                        self.backend.set_power_limit_w(index, self.backend.default_power_limit_w(index))
-                    else:
-                        self.backend.reset_clocks(index)
-                except GpuControlError as error:
-                    log.error("restoring gpu%d failed: %s", index, error)
+            self._restore(self.indices)
             self._changed = False
             return True
+
+    def _restore(self, indices: list[int]) -> None:
+        for index in indices:
+            try:
+                if self.kind == "power_limit":
+                    self.backend.set_power_limit_w(index, self.backend.default_power_limit_w(index))
+                else:
+                    self.backend.reset_clocks(index)
+            except GpuControlError as error:
+                log.error("restoring gpu%d failed: %s", index, error)
 
     def _watch(self) -> None:
         period = max(0.05, min(1.0, self.lease_s / 4))

@@ -20,6 +20,7 @@ class GpuControlError(Exception):
 
 class GpuBackend(Protocol):
     def gpu_indices(self) -> list[int]: ...
+    def gpu_uuid(self, index: int) -> str: ...
     def power_limit_w(self, index: int) -> float: ...
     def power_limit_bounds_w(self, index: int) -> tuple[float, float]: ...
     def default_power_limit_w(self, index: int) -> float: ...
@@ -62,6 +63,7 @@ class SimulatedGpu:
     clock_min_mhz: float = 210.0
     clock_max_mhz: float = 1410.0
     locked_max_clock_mhz: float | None = None
+    uuid: str = ""
 
 
 class SimulatedGpuBackend:
@@ -92,6 +94,9 @@ class SimulatedGpuBackend:
 
     def gpu_indices(self) -> list[int]:
         return list(range(len(self.gpus)))
+
+    def gpu_uuid(self, index: int) -> str:
+        return self._gpu(index).uuid
 
     def power_limit_w(self, index: int) -> float:
         return self._gpu(index).power_limit_w
@@ -147,6 +152,10 @@ class NvmlGpuBackend:
 
     def gpu_indices(self) -> list[int]:
         return list(range(len(self._handles)))
+
+    def gpu_uuid(self, index: int) -> str:
+        raw = self._call(index, "read UUID", self._nv.nvmlDeviceGetUUID)
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
 
     def power_limit_w(self, index: int) -> float:
         return float(self._call(index, "read power limit", self._nv.nvmlDeviceGetPowerManagementLimit)) / 1000

@@ -22,7 +22,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from agent.collectors.nvml_aggregate import GpuAccumulator, GpuTick, NvmlTick, build_values
 from agent.collectors.nvml_backend import (
@@ -33,6 +33,7 @@ from agent.collectors.nvml_backend import (
     NvmlUnavailableError,
 )
 from agent.config import NvmlConfig
+from agent.engine_gpus import indices_of
 from detectors.snapshot import Reading, SourceStatus
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ class NvmlSampler:
         self.process_interval_s = process_interval_s
         self.energy_interval_s = energy_interval_s
         self.wanted = gpus
+        #: the engine's GPUs by UUID (agent/engine_gpus.py): watched alone when ``gpus`` names none
+        self.followed: tuple[str, ...] = ()
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self._rng = rng or random.Random()
@@ -117,7 +120,9 @@ class NvmlSampler:
         self._last_process_at = now if procs else self._last_process_at
         with self._lock:
             for index, sample, processes in read:
-                tick = self._ticks[index]
+                tick = self._ticks.get(index)
+                if tick is None:  # no longer watched (follow() narrowed the set during the round)
+                    continue
                 tick.acc.add(sample)
                 if sample.energy_joules is not None:
                     tick.energy_joules = sample.energy_joules
@@ -145,7 +150,7 @@ class NvmlSampler:
             self._go_down(now, message)
             return False
         present = {info.index for info in infos}
-        watched = [i for i in (self.wanted or sorted(present)) if i in present]
+        watched = [i for i in (self.wanted or self._engine_indices(infos) or sorted(present)) if i in present]
         problems = {
             i: f"gpu{i}: not present (backend sees {sorted(present)})"
             for i in self.wanted
@@ -163,6 +168,36 @@ class NvmlSampler:
             "nvml: %s backend up, watching %d GPU(s), driver %s", self.backend.kind, len(watched), driver
         )
         return True
+
+    def _engine_indices(self, infos: Sequence[GpuInfo]) -> list[int]:
+        """The followed UUIDs as this backend numbers them (re-read at every init: indices may move)."""
+        return indices_of(self.followed, {info.index: info.uuid for info in infos})[0]
+
+    def follow(self, uuids: Sequence[str] | None) -> None:
+        """Watch only the engine's GPUs (``uuids`` from the probe), unless ``nvml.gpus`` names GPUs.
+
+        ``None`` (the probe cannot name them) keeps watching every GPU. UUIDs this backend does not see
+        are logged and left out; when it sees none of them, every GPU stays watched. Called on the event
+        loop; the sampler thread picks the new set up at its next round.
+        """
+        if self.wanted or uuids is None:
+            return
+        indices, missing = indices_of(uuids, {info.index: info.uuid for info in self.gpu_info})
+        if missing and self.gpu_info:
+            log.warning(
+                "nvml: the engine's GPU(s) %s are not among those this container sees; %s",
+                ", ".join(missing),
+                "watching the others of the engine's" if indices else "watching every GPU",
+            )
+        self.followed = tuple(uuids)
+        if not indices:
+            return
+        with self._lock:
+            if not self.up:
+                return  # the next init applies it
+            self._ticks = {i: self._ticks.get(i) or GpuTick(i, GpuAccumulator()) for i in indices}
+            self._problems = {}
+        log.info("nvml: watching the engine's GPU(s) %s, of %d seen", indices, len(self.gpu_info))
 
     def _go_down(self, now: float, message: str) -> None:
         if self.up or self._failures == 0:

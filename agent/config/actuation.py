@@ -33,7 +33,9 @@ class ActuatorConfig(Section):
     gpu_state_file: str | None = Field(None, description="simulated GPU state file (tests, demos)")
     gpu_lease_s: float = Field(60.0, ge=1, le=3600, description="restore GPU defaults when not renewed")
     gpus: GpuIndices = Field(
-        (), description="GPU indices to drive; empty = every GPU the container sees (warns when several)"
+        (),
+        description="GPU indices to drive; empty = the one GPU the container sees, or, when it sees several, "
+        "the engine's as the probe names them (every one, with a warning, without the probe)",
     )
     admin_token_file: str | None = Field(None, description="bearer token file for the override routes")
 

@@ -46,7 +46,9 @@ class NvmlConfig(Section):
     )
     simulated_url: HttpUrl = Field("http://127.0.0.1:8000", description="simulator serving simulated NVML")
     simulated_timeout_s: float = Field(0.5, gt=0, le=10, description="HTTP timeout of one simulated read")
-    gpus: GpuIndices = Field((), description="GPU indices to watch; empty = all")
+    gpus: GpuIndices = Field(
+        (), description="GPU indices to watch; empty = all, or the engine's once the probe names them"
+    )
 
 
 class ProbeConfig(Section):

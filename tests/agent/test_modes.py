@@ -70,6 +70,27 @@ async def test_paused_actuation_audits_but_does_not_write() -> None:
     assert action is not None and action.result == "paused" and knob.value == 64
 
 
+async def test_a_knob_whose_actuator_is_not_ready_holds_the_decision_once_and_counts_no_error() -> None:
+    """The GPU actuator before the probe names the engine's GPUs: a normal start, not a failure."""
+    knob, registry = Knob(), CollectorRegistry()
+    act = Actuation("act", AuditLog(AuditConfig(path=None), registry), clock=lambda: 5.0)
+    why: list[str | None] = ["waiting for the probe"]
+    act.bind("gate.limit", knob.read, knob.write, waiting=lambda: why[0])
+    outcomes = [await act.execute(PROPOSAL) for _ in range(3)]
+    assert [o.result if o else None for o in outcomes] == ["waiting", None, None] and knob.writes == 0
+    assert outcomes[0] is not None and outcomes[0].reason == "ttft p99 over SLO; held: waiting for the probe"
+    counted = {
+        result: registry.get_sample_value(
+            "servepilot_actions_total", {"knob": "gate.limit", "result": result}
+        )
+        for result in ("waiting", "error")
+    }
+    assert counted["waiting"] == 1.0 and not counted["error"]  # ServepilotActuationFailing counts errors
+    why[0] = None
+    action = await act.execute(PROPOSAL)
+    assert action is not None and action.result == "ok" and knob.value == 48
+
+
 async def test_the_same_advice_is_recorded_once_not_every_tick() -> None:
     """Nothing is applied in advise mode (or while paused), so a policy proposes the same move each tick;
     it is news once, and again when either end of it changes."""

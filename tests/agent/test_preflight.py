@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import uuid
@@ -14,6 +15,7 @@ from aiohttp import web
 from agent import config
 from agent.cli import main
 from agent.preflight import CheckResult, render, run_checks
+from detectors.snapshot import Reading, SourceStatus
 from simulator.engine import make_core
 from simulator.server import SimServer
 
@@ -289,7 +291,7 @@ def test_a_gpu_actuator_that_would_drive_every_visible_gpu_says_so(tmp_path: Pat
     state = tmp_path / "gpus.json"
     SimulatedGpuBackend(count=2, state_file=state)
     actuators = {"gpu": "power_limit", "gpu_backend": "simulated", "gpu_state_file": str(state)}
-    every = check_gpu_actuator(config.build({"actuators": actuators}))
+    every = check_gpu_actuator(config.build({"actuators": actuators, "probe": {"enabled": False}}))
     assert every.status == "ok"
     assert every.detail == (
         "power_limit on GPUs 0, 1: power limit 100-400 W (simulated); all the GPUs this container sees "
@@ -300,3 +302,34 @@ def test_a_gpu_actuator_that_would_drive_every_visible_gpu_says_so(tmp_path: Pat
     missing = check_gpu_actuator(config.build({"actuators": {**actuators, "gpus": [2]}}))
     assert missing.failed
     assert missing.detail == "actuators.gpus names GPU 2, but this container sees GPUs 0, 1"
+
+
+def test_with_the_probe_on_the_gpu_actuator_row_names_the_engine_s_gpus(tmp_path: Path) -> None:
+    from agent.actuators.gpu_backend import SimulatedGpuBackend
+    from agent.preflight import check_gpu_actuator
+
+    state = tmp_path / "gpus.json"
+    node = SimulatedGpuBackend(count=3)
+    for index, gpu in enumerate(node.gpus):
+        gpu.uuid = f"GPU-{index}"
+    state.write_text(json.dumps({"gpus": [dataclasses.asdict(g) for g in node.gpus]}))
+    cfg = config.build(
+        {"actuators": {"gpu": "power_limit", "gpu_backend": "simulated", "gpu_state_file": str(state)}}
+    )
+
+    def probe(**info: str) -> Reading:
+        return Reading("probe", 0.0, SourceStatus.OK, {"probe.reserved_bytes": 1.0}, info=info)
+
+    before = check_gpu_actuator(cfg)  # the probe not read (yet): nothing would be set
+    assert before.status == "no_data"
+    assert before.detail == (
+        "waiting for the allocator probe to name the engine's GPUs among the GPUs 0, 1, 2 this container "
+        "sees (or name them in actuators.gpus)"
+    )
+    ours = check_gpu_actuator(cfg, probe(gpu_uuids="GPU-2"))
+    assert (ours.status, ours.detail) == (
+        "ok",
+        "power_limit on GPU 2: power limit 100-400 W (simulated); the engine's, as the probe names them",
+    )
+    elsewhere = check_gpu_actuator(cfg, probe(gpu_uuids="GPU-7"))
+    assert elsewhere.failed and "the engine's GPUs (GPU-7) are not among the GPUs 0, 1, 2" in elsewhere.detail

@@ -170,3 +170,98 @@ def test_gpu_indices_must_be_distinct_and_not_negative() -> None:
     for gpus in ([1, 1], [-1]):
         with pytest.raises(ConfigError, match=r"actuators\.gpus must be distinct GPU indices >= 0"):
             build({"actuators": {"gpus": gpus}})
+
+
+def _node(count: int = 3) -> SimulatedGpuBackend:
+    """A node with ``count`` GPUs, each with a UUID as NVML writes it."""
+    backend = SimulatedGpuBackend(count=count)
+    for index, gpu in enumerate(backend.gpus):
+        gpu.uuid = f"GPU-0000000{index}-aaaa-bbbb-cccc-dddddddddddd"
+    return backend
+
+
+def _following(backend: SimulatedGpuBackend, **cfg: object) -> GpuActuator:
+    config = ActuatorConfig(mode="act", gpu="power_limit", gpu_backend="simulated", **cfg)  # type: ignore[arg-type]
+    return GpuActuator(
+        config, backend, CollectorRegistry(), permission=lambda: None, watchdog=False, follow_engine=True
+    )
+
+
+def test_with_the_probe_on_nothing_is_set_until_it_names_the_engine_s_gpus() -> None:
+    backend = _node()
+    actuator = _following(backend)
+    assert actuator.waiting and "GPUs 0, 1, 2" in actuator.waiting
+    with pytest.raises(GpuControlError, match="waiting for the allocator probe"):
+        actuator.set(250)
+    actuator.follow([backend.gpus[2].uuid.upper(), backend.gpus[1].uuid])
+    assert actuator.waiting is None and actuator.indices == [2, 1]
+    actuator.set(250)
+    assert [backend.power_limit_w(i) for i in (0, 1, 2)] == [400, 250, 250]
+
+
+def test_a_gpu_the_engine_leaves_gets_its_default_back_and_one_it_joins_the_setting() -> None:
+    backend = _node()
+    actuator = _following(backend)
+    actuator.follow([backend.gpus[0].uuid, backend.gpus[1].uuid])
+    actuator.set(250)
+    actuator.follow([backend.gpus[1].uuid, backend.gpus[2].uuid])
+    assert [backend.power_limit_w(i) for i in (0, 1, 2)] == [400, 250, 250]
+    assert actuator.restore()
+    assert [backend.power_limit_w(i) for i in (0, 1, 2)] == [400, 400, 400]
+
+
+def test_engine_gpus_this_container_does_not_see_stop_the_actuator_and_put_back_what_it_set() -> None:
+    backend = _node()
+    actuator = _following(backend)
+    actuator.follow([backend.gpus[0].uuid])
+    actuator.set(250)
+    actuator.follow(["GPU-99999999-aaaa-bbbb-cccc-dddddddddddd"])
+    assert backend.power_limit_w(0) == 400
+    with pytest.raises(GpuControlError, match="are not among the GPUs 0, 1, 2 this container sees"):
+        actuator.set(250)
+
+
+def test_a_probe_that_cannot_name_the_gpus_ends_the_wait_on_every_gpu_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = _node()
+    actuator = _following(backend)
+    with caplog.at_level("WARNING", logger="agent.actuators.gpu"):
+        actuator.follow(None)
+    assert "drives all the GPUs this container sees (GPUs 0, 1, 2)" in caplog.text
+    assert actuator.drives_every_visible_gpu and actuator.set(250) == 250
+    assert [backend.power_limit_w(i) for i in (0, 1, 2)] == [250, 250, 250]
+
+
+def test_gpus_an_operator_named_are_not_moved_by_the_probe() -> None:
+    backend = _node()
+    actuator = _following(backend, gpus=(0,))
+    assert actuator.waiting is None
+    actuator.follow([backend.gpus[2].uuid])
+    actuator.set(250)
+    assert [backend.power_limit_w(i) for i in (0, 1, 2)] == [250, 400, 400]
+
+
+def test_one_visible_gpu_needs_no_probe_to_say_which() -> None:
+    actuator = _following(_node(1))
+    assert actuator.waiting is None and actuator.set(250) == 250
+
+
+def test_the_nvml_backend_reads_each_gpu_s_uuid_as_nvml_writes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pynvml
+
+    from agent.actuators.gpu_backend import NvmlGpuBackend
+
+    def uuid(handle: str) -> bytes | str:
+        if handle == "h2":
+            raise pynvml.NVMLError_GpuIsLost()
+        return {"h0": b"GPU-aa", "h1": "GPU-bb"}[handle]  # bytes from older nvidia-ml-py releases
+
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 3)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: f"h{i}")
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetUUID", uuid)
+    backend = NvmlGpuBackend()
+    assert [backend.gpu_uuid(i) for i in (0, 1)] == ["GPU-aa", "GPU-bb"]
+    with pytest.raises(GpuControlError, match=r"^gpu2: read UUID: "):
+        backend.gpu_uuid(2)

@@ -272,6 +272,40 @@ async def test_configured_gpus_limit_what_is_watched() -> None:
     assert "nvml.gpu1.samples" in values and "nvml.gpu0.samples" not in values
 
 
+async def test_the_engine_s_gpus_named_by_uuid_are_watched_alone_and_kept_after_a_reinit() -> None:
+    collector = collector_for(FakeNvmlBackend(4))
+    sampler = collector.sampler
+    assert sampler is not None
+    run(sampler, [0.0])
+    sampler.follow(["GPU-FAKE-0003", "gpu-fake-0001"])  # as the probe names them, any case
+    run(sampler, [0.1])
+    reading = await collector.collect(1.0)
+    watched = {key.split(".")[1] for key in reading.values if key.endswith(".samples")}
+    assert watched == {"gpu1", "gpu3"} and reading.info["gpus"] == "2"
+    sampler.backend.library_missing = True  # type: ignore[attr-defined]
+    run(sampler, [0.2])
+    sampler.backend.library_missing = False  # type: ignore[attr-defined]
+    run(sampler, [100.0, 100.1])  # past the backoff: initialised afresh
+    watched = {k.split(".")[1] for k in (await collector.collect(101.0)).values if k.endswith(".samples")}
+    assert watched == {"gpu1", "gpu3"}
+
+
+async def test_named_gpus_win_over_the_engine_s_and_unknown_uuids_change_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    named = collector_for(FakeNvmlBackend(3), gpus=(0,))
+    unknown = collector_for(FakeNvmlBackend(3))
+    for collector in (named, unknown):
+        assert collector.sampler is not None
+        run(collector.sampler, [0.0])
+        with caplog.at_level(logging.WARNING):
+            collector.sampler.follow(["GPU-fake-0002"] if collector is named else ["GPU-elsewhere"])
+        run(collector.sampler, [0.1])
+    assert "nvml.gpu2.samples" not in (await named.collect(1.0)).values
+    assert (await unknown.collect(1.0)).info["gpus"] == "3"
+    assert "GPU-elsewhere are not among those this container sees; watching every GPU" in caplog.text
+
+
 async def test_configured_gpu_that_is_absent_is_an_error() -> None:
     collector = collector_for(FakeNvmlBackend(2), gpus=(5,))
     assert collector.sampler is not None

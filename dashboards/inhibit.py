@@ -5,7 +5,8 @@ for the same pod, and each says less than the cause. Alertmanager's ``inhibit_ru
 alert while a *source* alert fires with the same ``namespace`` and ``pod``:
 
 * ``ServepilotEngineDown`` (the engine does not answer) mutes what follows from it: the stall verdict,
-  the TTFT and class burn alerts, the breaker's degraded level, the control API being unreachable, and
+  the TTFT and class burn alerts, the breaker's degraded level, the control API being unreachable, the
+  GPU actuator waiting for the engine's GPUs (named by the probe, which runs inside the engine), and
   the gate's upstream for this engine being out or answering errors the gate retries elsewhere;
 * ``ServepilotEngineStalled`` (it answers but makes no progress) mutes the TTFT and class burn alerts,
   the breaker's degraded level and the gate's upstream for this engine being out;
@@ -52,6 +53,7 @@ MUTES: dict[str, tuple[tuple[str, dict[str, str]], ...]] = {
         ("ServepilotTTFTBudgetBurnSlow", {}),
         ("ServepilotBreakerDegraded", {}),
         ("ServepilotEngineControlUnavailable", {}),
+        ("ServepilotGpuActuatorWaiting", {}),
         ("ServepilotGateShedsHighPriority", {}),
         ("ServepilotClassSloBurnFast", {}),
         ("ServepilotClassSloBurnSlow", {}),

@@ -352,6 +352,17 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
             "policy do not act. A pause meant for an incident is easy to forget.",
         ),
         _alert(
+            "ServepilotGpuActuatorWaiting",
+            f"max by ({BY}, actuator) (servepilot_actuator_waiting) == 1\n"
+            f'and on ({BY}) max by ({BY}) (servepilot_actuation_mode{{mode="act"}}) == 1',
+            p.for_(1800),
+            "warning",
+            "servepilot in {{ $labels.pod }} does not know which GPUs to drive",
+            "The GPU actuator sees several GPUs, none is named in actuators.gpus, and for 30 minutes the "
+            "allocator probe has not named the engine's among them (or named GPUs this container does not "
+            "see): nothing is set, so the energy policy saves nothing.",
+        ),
+        _alert(
             "ServepilotEngineControlUnavailable",
             f"max by ({BY}) (servepilot_engine_control_up) == 0",
             p.for_(900),

@@ -70,6 +70,7 @@ AGENT: list[Series] = _agent(
     "servepilot_actuation_paused",
     "servepilot_actuation_mode",
     "servepilot_engine_control_up",
+    "servepilot_actuator_waiting",  # the GPU actuator before the probe names the engine's GPUs
     "servepilot_config_last_reload_successful",
     "servepilot_slo_ttft_seconds",
     "servepilot_slo_itl_seconds",

@@ -122,6 +122,13 @@ class GpuActuator:
             "servepilot_actuator_permitted", "1 when the actuator may act.", ["actuator"], registry=registry
         )
         gauge.labels(self.knob).set(0.0 if self.problem else 1.0)
+        Gauge(
+            "servepilot_actuator_waiting",
+            "1 while the actuator sets nothing because it does not know the engine's GPUs yet (the probe has "
+            "not named them, or none of them is seen here).",
+            ["actuator"],
+            registry=registry,
+        ).labels(self.knob).set_function(lambda: float(self.waiting is not None))
         if self.problem:
             log.error("GPU actuator cannot act: %s", self.problem)
         self._thread: threading.Thread | None = None

@@ -104,10 +104,18 @@ async def agent_exposition(tmp_path: Path) -> str:
     ]
     exporter = Exporter(slo={"ttft": 2.0, "itl": 0.1})
     exporter.set_policy_itl(0.1)  # as the sidecar does at start (agent/itl_steering.py)
-    # the sidecar's actuators, not started: registers servepilot_gate_*, the audit log's series and
-    # servepilot_engine_control_up (control.enabled)
+    # the sidecar's actuators, not started: registers servepilot_gate_*, the audit log's series,
+    # servepilot_engine_control_up (control.enabled) and the GPU actuator's (a simulated GPU)
+    gpu = {"gpu": "power_limit", "gpu_backend": "simulated", "gpu_state_file": str(tmp_path / "gpu.json")}
     knobs = Knobs(
-        config.build({"gate": {"enabled": True}, "control": {"enabled": True}, "audit": {"path": None}}),
+        config.build(
+            {
+                "gate": {"enabled": True},
+                "control": {"enabled": True},
+                "audit": {"path": None},
+                "actuators": gpu,
+            }
+        ),
         exporter.registry,
     )
     audit = knobs.audit
@@ -134,6 +142,7 @@ async def agent_exposition(tmp_path: Path) -> str:
     finally:
         await hooks.stop()
         audit.close()
+        knobs.gpu.close()  # its lease watchdog thread
         for collector in collectors:
             await collector.close()
         await server.close()

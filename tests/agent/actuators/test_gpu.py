@@ -180,21 +180,31 @@ def _node(count: int = 3) -> SimulatedGpuBackend:
     return backend
 
 
-def _following(backend: SimulatedGpuBackend, **cfg: object) -> GpuActuator:
+def _following(
+    backend: SimulatedGpuBackend, registry: CollectorRegistry | None = None, **cfg: object
+) -> GpuActuator:
     config = ActuatorConfig(mode="act", gpu="power_limit", gpu_backend="simulated", **cfg)  # type: ignore[arg-type]
     return GpuActuator(
-        config, backend, CollectorRegistry(), permission=lambda: None, watchdog=False, follow_engine=True
+        config,
+        backend,
+        registry or CollectorRegistry(),
+        permission=lambda: None,
+        watchdog=False,
+        follow_engine=True,
     )
 
 
 def test_with_the_probe_on_nothing_is_set_until_it_names_the_engine_s_gpus() -> None:
-    backend = _node()
-    actuator = _following(backend)
+    backend, registry = _node(), CollectorRegistry()
+    actuator = _following(backend, registry)
+    waiting = {"actuator": "gpu_power_limit_w"}
     assert actuator.waiting and "GPUs 0, 1, 2" in actuator.waiting
+    assert registry.get_sample_value("servepilot_actuator_waiting", waiting) == 1
     with pytest.raises(GpuControlError, match="waiting for the allocator probe"):
         actuator.set(250)
     actuator.follow([backend.gpus[2].uuid.upper(), backend.gpus[1].uuid])
     assert actuator.waiting is None and actuator.indices == [2, 1]
+    assert registry.get_sample_value("servepilot_actuator_waiting", waiting) == 0
     actuator.set(250)
     assert [backend.power_limit_w(i) for i in (0, 1, 2)] == [400, 250, 250]
 

@@ -71,6 +71,14 @@ def test_bad_fault_value_is_a_usage_error() -> None:
         sim.run(_parse("--fault-error-rate", "3"))
 
 
+def test_a_node_with_fewer_gpus_than_the_engine_is_a_usage_error() -> None:
+    from agent.cli import UsageError
+
+    assert _parse().node_gpus is None and _parse("--node-gpus", "4").node_gpus == 4
+    with pytest.raises(UsageError, match=r"^--node-gpus must be at least the engine's 4 GPU\(s\), got 2$"):
+        sim.run(_parse("--gpu", "4xa100-80g-tp", "--model", "llama-3-70b", "--node-gpus", "2"))
+
+
 def test_model_that_does_not_fit_is_a_usage_error() -> None:
     from agent.cli import UsageError
 

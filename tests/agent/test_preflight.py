@@ -78,7 +78,7 @@ async def test_every_enabled_part_is_checked_once_and_a_dead_upstream_fails(sim_
     assert "gpus 1" in results["nvml"].detail
     # which index is which GPU, for pinning nvml.gpus / actuators.gpus by the engine's own UUIDs
     sim_gpu = uuid.uuid5(uuid.NAMESPACE_URL, "servepilot-sim/0/0")  # simulator/telemetry.py
-    assert results["nvml"].detail.endswith(f"; GPU 0 GPU-{sim_gpu}"), results["nvml"].detail
+    assert results["nvml"].detail.endswith(f"; GPU 0 GPU-{sim_gpu} (engine)"), results["nvml"].detail
     assert "torch_version" in results["probe"].detail
     assert results["control"].detail.startswith("generic API, knobs max_num_seqs=256")
     assert results["gpu_actuator"].detail == "power_limit on GPU 0: power limit 100-400 W (simulated)"
@@ -333,3 +333,32 @@ def test_with_the_probe_on_the_gpu_actuator_row_names_the_engine_s_gpus(tmp_path
     )
     elsewhere = check_gpu_actuator(cfg, probe(gpu_uuids="GPU-7"))
     assert elsewhere.failed and "the engine's GPUs (GPU-7) are not among the GPUs 0, 1, 2" in elsewhere.detail
+
+
+async def test_on_a_shared_node_check_marks_the_engine_s_gpu_and_would_drive_it_alone(tmp_path: Path) -> None:
+    """The simulator on a node of 3 GPUs, its engine on GPU 2: the probe's UUID reaches both rows."""
+    server = SimServer(make_core("a100-80g", "llama-2-7b", "fp16", 256), node_gpus=3)
+    runner = web.AppRunner(server.app())
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        node = server.nvml.read(server.sim_now())["gpus"]
+        state = tmp_path / "gpus.json"
+        state.write_text(json.dumps({"gpus": [{"uuid": g["uuid"]} for g in node]}))
+        cfg = config.build(
+            {
+                "engine": {"url": url},
+                "nvml": {"backend": "simulated", "simulated_url": url},
+                "probe": {"url": f"{url}/sim/probe/metrics"},
+                "actuators": {"gpu": "power_limit", "gpu_backend": "simulated", "gpu_state_file": str(state)},
+            }
+        )
+        rows = {r.name: r for r in await run_checks(cfg)}
+    finally:
+        await runner.cleanup()
+    engine = node[2]["uuid"]
+    assert rows["nvml"].detail.endswith(f"GPU 1 {node[1]['uuid']}, GPU 2 {engine} (engine)"), rows["nvml"]
+    assert f"gpu_uuids {engine}" in rows["probe"].detail
+    assert rows["gpu_actuator"].status == "ok"
+    assert rows["gpu_actuator"].detail.startswith("power_limit on GPU 2: "), rows["gpu_actuator"]

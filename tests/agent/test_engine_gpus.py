@@ -106,10 +106,12 @@ async def test_on_a_shared_node_the_sidecar_watches_and_drives_only_its_engine_s
         await sidecar.loop.tick(0.0)
         assert gpu.waiting is None and gpu.indices == [2]
         assert server.nvml.engine_uuids == [nvml[2]["uuid"]]
-        for t in (1.0, 2.0):
-            await asyncio.sleep(0.3)  # the NVML sampler thread reads at 10 Hz
-            await sidecar.loop.tick(t)
-        reading = sidecar.loop.state.snapshot.readings["nvml"]
+        for t in range(1, 100):  # until the NVML sampler thread (10 Hz, real time) has samples for a tick
+            await asyncio.sleep(0.1)
+            await sidecar.loop.tick(float(t))
+            reading = sidecar.loop.state.snapshot.readings["nvml"]
+            if reading.status is SourceStatus.OK:
+                break
         assert reading.info["gpus"] == "1", reading
         assert gpu.set(300) == 300
         assert [g["power_limit_w"] for g in json.loads(state.read_text())["gpus"]] == [400, 400, 300]

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
+from agent import engine_gpus
 from agent.collectors.base import SCRAPE_HEADERS
 from agent.collectors.exposition import Counter, Gauge, parse_exposition
 from agent.config import ProbeConfig
@@ -150,7 +151,7 @@ def merge(scrapes: Sequence[ProbeScrape], now: float, duration_s: float = 0.0) -
         info["device_numbering"] = "rank_order"
     gpus = engine_gpu_uuids(scrapes)
     if gpus:
-        info["gpu_uuids"] = ",".join(gpus)
+        info[engine_gpus.INFO_KEY] = ",".join(gpus)
     return Reading(SOURCE, now, SourceStatus.OK, values, duration_s=duration_s, info=info)
 
 

@@ -75,7 +75,7 @@ async def _collect_sources(cfg: Config) -> list[tuple[CheckResult, Reading]]:
     NVML is sampled in the background like in the sidecar, so it is read after three sample periods, to
     have samples to aggregate."""
     from agent.assembly import build_collectors
-    from agent.engine_gpus import from_probe, uuid_key
+    from agent.engine_gpus import from_probe, indices_of
 
     collectors = build_collectors(cfg)
     try:
@@ -88,7 +88,7 @@ async def _collect_sources(cfg: Config) -> list[tuple[CheckResult, Reading]]:
             read.append((collector, reading, time.perf_counter() - started))
         # the GPUs the probe names as the engine's, marked in the NVML row: on a shared node, this pod's
         probe = next((r for _, r, _ in read if r.source == "probe" and r.status is SourceStatus.OK), None)
-        ours = {uuid_key(u) for u in from_probe(probe.info)} if probe is not None else set()
+        ours = from_probe(probe.info) if probe is not None else ()
         results = []
         for collector, reading, took in read:
             detail = _reading_detail(reading)
@@ -96,8 +96,9 @@ async def _collect_sources(cfg: Config) -> list[tuple[CheckResult, Reading]]:
             if gpus and reading.status is SourceStatus.OK:
                 # which index is which GPU: the engine's own UUIDs (nvidia-smi -L in its container) name
                 # the indices for nvml.gpus and actuators.gpus on a node shared with other pods
+                engine = indices_of(ours, {gpu.index: gpu.uuid for gpu in gpus})[0]
                 detail += "; " + ", ".join(
-                    f"GPU {gpu.index} {gpu.uuid}" + (" (engine)" if uuid_key(gpu.uuid) in ours else "")
+                    f"GPU {gpu.index} {gpu.uuid}" + (" (engine)" if gpu.index in engine else "")
                     for gpu in gpus
                 )
             row = CheckResult(collector.name, reading.status.value, detail, took, _target(collector))

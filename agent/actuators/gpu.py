@@ -155,7 +155,10 @@ class GpuActuator:
         return hi
 
     def current(self) -> float | None:
-        """The knob's value on the first GPU (None: clocks not locked)."""
+        """The knob's value on the first GPU driven (None: clocks not locked, or no GPU driven yet: while
+        the actuator waits, the first GPU seen may be a neighbour's, and its setting is not this engine's)."""
+        if self.waiting:
+            return None
         index = self.indices[0]
         if self.kind == "power_limit":
             return self.backend.power_limit_w(index)

@@ -202,7 +202,11 @@ def test_with_the_probe_on_nothing_is_set_until_it_names_the_engine_s_gpus() -> 
     assert registry.get_sample_value("servepilot_actuator_waiting", waiting) == 1
     with pytest.raises(GpuControlError, match="waiting for the allocator probe"):
         actuator.set(250)
+    backend.set_power_limit_w(0, 150)  # a neighbour's setting: not this engine's knob value
+    assert actuator.current() is None
+    backend.set_power_limit_w(0, 400)
     actuator.follow([backend.gpus[2].uuid.upper(), backend.gpus[1].uuid])
+    assert actuator.current() == 400
     assert actuator.waiting is None and actuator.indices == [2, 1]
     assert registry.get_sample_value("servepilot_actuator_waiting", waiting) == 0
     actuator.set(250)

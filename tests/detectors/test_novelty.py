@@ -72,8 +72,55 @@ def test_without_rest_every_novel_point_reports() -> None:
 def test_old_levels_are_forgotten_after_history_points() -> None:
     x = np.concatenate([np.full(200, 30.0), noise(1200)])  # 30 is seen only in the first 200 points
     x = np.append(x, 30.0)
-    assert scores_of(x, history=500)[-1] > 0.9
-    assert scores_of(x, history=5000)[-1] == 0.0
+    assert scores_of(x, history=500, memory_s=0)[-1] > 0.9
+    assert scores_of(x, history=5000, memory_s=0)[-1] == 0.0
+
+
+def _visit_then_leave(gap_points: int, **params: float) -> tuple[LevelNoveltyScorer, float]:
+    """1 s samples: noise around 10, a visit to 30 for 100 points, ``gap_points`` of noise, then 30
+    again; returns the scorer and the last point's score."""
+    x = np.concatenate([noise(300), np.full(100, 30.0), noise(gap_points, seed=1), [30.0]])
+    scorer = LevelNoveltyScorer(history=500, memory_step_s=60.0, **params)
+    return scorer, float(score_series(scorer, np.arange(x.size, dtype=float), x)[-1])
+
+
+def test_a_level_the_window_has_dropped_is_remembered_for_memory_s() -> None:
+    # the visit left the 500-point window 1,000 points ago; remembered for 3,000 s it is not new
+    scorer, score = _visit_then_leave(1500, memory_s=3000.0)
+    assert score == 0.0
+    assert any(29.0 < value < 31.0 for step in scorer.memory_ for value in step[2])
+    # without the memory it is, and once memory_s has passed since the visit it is again
+    assert _visit_then_leave(1500, memory_s=0.0)[1] > 0.9
+    assert _visit_then_leave(3500, memory_s=3000.0)[1] > 0.9
+
+
+def test_remembered_levels_widen_the_range_the_bins_are_cut_from() -> None:
+    scorer, _ = _visit_then_leave(1500, memory_s=3000.0)
+    assert 0 <= scorer._symbol(30.0) <= scorer.levels  # 30 lies inside the bins cut, not beyond them
+    # the window alone (noise around 10) would cut bins a tenth as wide
+    alone, _ = _visit_then_leave(1500, memory_s=0.0)
+    assert scorer.width_ > 3.0 * alone.width_
+
+
+def test_coarse_data_keeps_nothing_behind_the_window_in_memory() -> None:
+    # 5-minute samples (NAB): 5,000 points are 17 days, longer than the 7 days remembered
+    scorer = LevelNoveltyScorer()
+    score_series(scorer, STEP * np.arange(6000), noise(6000))
+    assert not scorer.memory_ and not scorer.remembered_ and scorer.pending_
+
+
+def test_time_stepping_back_closes_the_memory_step() -> None:
+    scorer = LevelNoveltyScorer(memory_step_s=60.0)
+    for t in (100.0, 110.0, 120.0, 105.0, 90.0):  # an hour repeated at a daylight-saving change, say
+        scorer.update(t, 1.0)
+    # 105 is still inside the step begun at 100; 90 is before it
+    assert len(scorer.pending_) == 1 and scorer.step_t_ == 90.0
+
+
+@pytest.mark.parametrize("params", [{"memory_s": -1.0}, {"memory_step_s": 0.0}])
+def test_a_negative_memory_or_an_empty_step_is_refused(params: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="memory needs"):
+        LevelNoveltyScorer(**params)
 
 
 def test_bins_are_recut_when_the_range_grows() -> None:
@@ -132,6 +179,20 @@ def test_recut_symbols_equal_the_per_value_symbols(history: int) -> None:
     for s in scorer.symbols_:
         counts[s] = counts.get(s, 0) + 1
     assert scorer.counts_ == counts
+
+
+def test_remembered_counts_follow_the_recuts() -> None:
+    # 1 s samples whose spread grows while older steps join the memory: every re-cut re-counts them
+    scorer = LevelNoveltyScorer(requant_every=100, history=500, memory_step_s=30.0)
+    x = noise(3000) * np.linspace(1.0, 10.0, 3000)
+    score_series(scorer, np.arange(x.size, dtype=float), x)
+    assert scorer.memory_
+    remembered: dict[int, int] = {}
+    for step in scorer.memory_:
+        for value in step[2]:
+            s = scorer._symbol(value)
+            remembered[s] = remembered.get(s, 0) + 1
+    assert scorer.remembered_ == remembered
 
 
 def _cuts(phase: int = 0) -> list[int]:

@@ -161,3 +161,36 @@ def test_the_recovery_ticks_an_alarm_holds_through_show_the_shortfall_not_the_re
     assert held, "the gate holds the alarm through at least one recovered tick"
     assert all(float(f.evidence["deviation"]) < -0.15 and f.score > 0.5 for f in findings)
     assert all("against expected" in str(f.evidence["now"]) for f in held)
+
+
+def _low_load_engine(n: int, seed: int, scale: float = 1.0) -> list[dict[str, float]]:
+    """An engine at ~1.5 requests/s as the soak replays it: the running count a sample of 1-6 at the
+    scrape and the tick's token rate swinging with it and with prefills arriving mid-tick (lognormal
+    spread 0.45 around the step model)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n):
+        batch = float(1 + rng.poisson(0.6))
+        rate = batch / (0.011 + 0.0004 * batch) * rng.lognormal(0.0, 0.45)
+        rows.append({"engine.requests_running": batch, "engine.generation_tokens_per_second": rate * scale})
+    return rows
+
+
+def test_a_noisy_low_load_engine_is_judged_against_its_own_spread() -> None:
+    # the fixed 15% alone raises findings all day on this healthy engine
+    fixed = SchedulerEfficiencyDetector(noise_z=0.0)
+    assert len({f.since for f in _run(_low_load_engine(6000, seed=11), fixed)}) > 20
+    detector = SchedulerEfficiencyDetector()
+    assert _run(_low_load_engine(6000, seed=11), detector) == []
+    assert detector.limit() > 2 * detector.threshold
+    # a real collapse of that engine (a tenth of its rate) still shows within ticks
+    stalled = _low_load_engine(20, seed=12, scale=0.1)
+    flagged = [i for i, row in enumerate(stalled) if detector.update(_snap(7000.0 + i, row))]
+    assert flagged and flagged[0] <= 10
+    assert detector.update(_snap(7100.0, stalled[-1]))[0].evidence["deviation_limit"] == detector.limit()
+
+
+def test_a_steady_engine_keeps_the_15_percent_threshold() -> None:
+    detector = SchedulerEfficiencyDetector()
+    _run(_healthy(600), detector)
+    assert detector.limit() == detector.threshold

@@ -21,10 +21,31 @@ onto the principal axes of the training window, :math:`V z` (:math:`V` from the 
 :math:`Z`). A state off the window's correlation structure is extreme along a minor axis and isolates
 early (the idea of rotation forests and extended isolation forests, in one linear step).
 
-Streaming: score first, then learn. Points go into a bounded window (``window`` rows); the forest is
-refitted from the window every ``refit_every`` ticks with a fixed ``seed`` (deterministic). The alarm
-threshold is the ``1 - contamination`` quantile of the training window's own scores, so it adapts to how
-tight "normal" is. A finding needs ``k`` of the last ``n`` ticks above it; its evidence names the
+Streaming: score every tick, learn a row every ``learn_every_s`` of data time (10 s). Rows go into a
+bounded window (``window`` rows, so 2048 span 5.7 hours), and one every ``history_every_s`` (10 min)
+into a longer one (``history_rows``, 1024: 7 days); the forest is refitted from both every
+``refit_every`` rows learned, with a fixed ``seed`` (deterministic). The alarm threshold is the
+``1 - contamination`` quantile of the training rows' own scores, so it adapts to how tight "normal" is.
+
+Why rows 10 s apart and a week behind them: a threshold at a quantile of the training scores puts 0.5%
+of normal states above it, and the k-of-n gate removes isolated blips but not a run of similar ticks, so
+the false findings per day follow how often the state leaves what the training rows span. With a row a
+tick the window was the last 34 minutes, and on a healthy replayed day (``bench/soak.py``: the
+calibrated simulator at ~1.5 requests/s with a daily cycle) every change of load beyond those 34
+minutes was "unusual". The week behind keeps last night's trough and yesterday's peak in view.
+
+**Budget.** At most ``max_findings_per_day`` (2) new findings a day, as the general detector's
+per-signal budget: an episode (the k-of-n gate up, until it falls) that finds the budget spent is not
+reported at all, and ``budget_.suppressed_total_`` counts it. The first day, while the week behind is
+still empty, is the one that needs it.
+
+**Scale.** Each feature is standardised by its median and MAD, as before; a feature whose MAD is 0 (most
+of the window at one value: prompt tokens per second and requests waiting at low load are 0 on most
+ticks) takes the mean absolute deviation (x 1.2533, the same scale for a normal distribution) instead, and
+only a feature constant over the whole window falls back to 1% of its magnitude. Before, such a feature's
+scale was 1e-9, so the first prompt after a quiet spell stood 1e12 robust z-scores out and the finding
+named it the most unusual feature; z-scores are also clipped to +-``z_clip`` (20) so no one feature
+swamps the rotation. A finding needs ``k`` of the last ``n`` ticks above it; its evidence names the
 features furthest from the training median in robust z-scores, :math:`(x - \mathrm{med}) /
 (1.4826\,\mathrm{MAD})`.
 
@@ -47,6 +68,7 @@ import numpy.typing as npt
 from detectors.base import Finding, Severity
 from detectors.domain_util import FloatArray, KOfN, LastHit
 from detectors.snapshot import Snapshot
+from detectors.thresholds import AlarmBudget
 
 DEFAULT_FEATURES: tuple[str, ...] = (
     "engine.requests_running",
@@ -147,9 +169,27 @@ class _Fit:
     threshold: float
 
 
-def _embed(rows: FloatArray, median: FloatArray, scale: FloatArray, rotation: FloatArray) -> FloatArray:
-    z = (rows - median) / scale
+def _embed(
+    rows: FloatArray, median: FloatArray, scale: FloatArray, rotation: FloatArray, clip: float
+) -> FloatArray:
+    z = np.clip((rows - median) / scale, -clip, clip)
     return np.asarray(z @ rotation.T, dtype=np.float64)
+
+
+def _within(last: float | None, now: float, step: float) -> bool:
+    """``now`` is less than ``step`` after ``last`` (time that steps back is not within)."""
+    return last is not None and last <= now < last + step
+
+
+def robust_scale(data: FloatArray, median: FloatArray) -> FloatArray:
+    """Per column: 1.4826 x MAD; where that is 0, 1.2533 x the mean absolute deviation from the median;
+    where the column is constant, 1% of its magnitude (1e-9 around 0). Both factors give a normal
+    distribution's standard deviation (the fallback is the modified z-score's, Iglewicz & Hoaglin)."""
+    deviation = np.abs(data - median)
+    mad = np.median(deviation, axis=0) * 1.4826
+    mean_ad = np.mean(deviation, axis=0) * 1.2533
+    constant = np.maximum(np.abs(median) * 0.01, 1e-9)
+    return np.asarray(np.where(mad > 0, mad, np.where(mean_ad > 0, mean_ad, constant)), dtype=np.float64)
 
 
 class MultivariateAnomalyDetector:
@@ -162,7 +202,7 @@ class MultivariateAnomalyDetector:
         features: tuple[str, ...] = DEFAULT_FEATURES,
         window: int = 2048,
         min_fit: int = 256,
-        refit_every: int = 256,
+        refit_every: int = 32,
         n_estimators: int = 100,
         max_samples: int = 256,
         contamination: float = 0.005,
@@ -171,6 +211,11 @@ class MultivariateAnomalyDetector:
         k: int = 3,
         n: int = 5,
         executor: Executor | None = None,
+        learn_every_s: float = 10.0,
+        z_clip: float = 20.0,
+        history_rows: int = 1024,
+        history_every_s: float = 600.0,
+        max_findings_per_day: float = 2.0,
     ) -> None:
         self.features = features
         self.window = window
@@ -183,7 +228,17 @@ class MultivariateAnomalyDetector:
         self.seed = seed
         self.k = k
         self.n = n
+        self.learn_every_s = learn_every_s
+        self.z_clip = z_clip
         self.rows_: deque[FloatArray] = deque(maxlen=window)
+        self.learned_at_: float | None = None
+        self.history_every_s = history_every_s
+        #: a row every ``history_every_s`` (1024 rows 10 min apart: 7 days), trained on with ``rows_``
+        self.history_: deque[FloatArray] = deque(maxlen=history_rows)
+        self.kept_at_: float | None = None
+        self.budget_ = AlarmBudget(max_findings_per_day, burst=max(1.0, max_findings_per_day))
+        #: whether the standing alarm episode was let through by the budget (None: no episode)
+        self.episode_shown_: bool | None = None
         self.forest_: FlatForest | None = None
         self.median_: FloatArray = np.zeros(len(features))
         self.scale_: FloatArray = np.ones(len(features))
@@ -211,21 +266,30 @@ class MultivariateAnomalyDetector:
             score = float(self.forest_.score(self._embed(filled[None, :]))[0])
             hit = score > self.threshold_
             active = self.gate_.push(hit, snapshot.now)
-            if active:
+            if active and self.episode_shown_ is None:  # a new episode: does the budget let it through?
+                self.episode_shown_ = self.budget_.spend(snapshot.now)
+            if active and self.episode_shown_:
                 build = partial(self._finding, filled, present, score, snapshot.now)
                 findings.append(self.shown_.show(self.gate_, hit, build, f"score {score:.2f}"))
-            else:
+            elif not active:
                 self.shown_.clear()
-        self.rows_.append(row)
-        self.since_fit_ += 1
+                self.episode_shown_ = None
         if self.pending_ is not None and self.pending_.done():
             pending, self.pending_ = self.pending_, None
             self._apply(pending.result())
+        if _within(self.learned_at_, snapshot.now, self.learn_every_s):
+            return findings  # scored, not learned: the next row is due learn_every_s after the last
+        self.learned_at_ = snapshot.now
+        self.rows_.append(row)
+        if not _within(self.kept_at_, snapshot.now, self.history_every_s):
+            self.kept_at_ = snapshot.now
+            self.history_.append(row)
+        self.since_fit_ += 1
         due = len(self.rows_) >= self.min_fit and (
             self.forest_ is None or self.since_fit_ >= self.refit_every
         )
         if due and self.pending_ is None:
-            data = np.array(self.rows_)
+            data = np.array([*self.history_, *self.rows_])
             if self.executor is None:
                 self._apply(self._compute(data))
             else:
@@ -249,11 +313,10 @@ class MultivariateAnomalyDetector:
             [float(np.median(c[ok])) if ok.any() else 0.0 for c, ok in zip(data.T, finite.T, strict=True)]
         )
         data = np.where(finite, data, median)
-        mad = np.median(np.abs(data - median), axis=0) * 1.4826
-        scale = np.where(mad > 0, mad, np.maximum(np.abs(median) * 0.01, 1e-9))
-        z = (data - median) / scale
+        scale = robust_scale(data, median)
+        z = np.clip((data - median) / scale, -self.z_clip, self.z_clip)
         rotation = np.linalg.svd(z - z.mean(axis=0), full_matrices=False)[2]
-        embedded = _embed(data, median, scale, rotation)
+        embedded = _embed(data, median, scale, rotation, self.z_clip)
         forest = FlatForest(
             IsolationForest(
                 n_estimators=self.n_estimators,
@@ -266,10 +329,10 @@ class MultivariateAnomalyDetector:
 
     def _embed(self, rows: FloatArray) -> FloatArray:
         """Robustly standardised features projected onto the training window's principal axes."""
-        return _embed(rows, self.median_, self.scale_, self.rotation_)
+        return _embed(rows, self.median_, self.scale_, self.rotation_, self.z_clip)
 
     def _finding(self, row: FloatArray, present: npt.NDArray[np.bool_], score: float, now: float) -> Finding:
-        z = np.where(present, (row - self.median_) / self.scale_, 0.0)
+        z = np.where(present, np.clip((row - self.median_) / self.scale_, -self.z_clip, self.z_clip), 0.0)
         top = np.argsort(-np.abs(z))[:3]
         described = ", ".join(f"{self.features[i]} z={z[i]:+.1f}" for i in top if abs(z[i]) > 0)
         evidence: dict[str, float | str] = {

@@ -23,6 +23,42 @@ from dataclasses import dataclass
 SECONDS_PER_DAY = 86_400.0
 
 
+def refilled(
+    tokens: float, last_t: float | None, t: float, per_day: float, burst: float
+) -> tuple[float, float | None]:
+    """A false-alarm budget's tokens and clock at ``t``: ``per_day / 86400`` tokens a second since
+    ``last_t``, up to ``burst``. Time that repeats or steps back refills nothing."""
+    if last_t is not None and t > last_t:
+        tokens = min(burst, tokens + (t - last_t) * per_day / SECONDS_PER_DAY)
+    if last_t is None or t > last_t:
+        last_t = t
+    return tokens, last_t
+
+
+class AlarmBudget:
+    """The false-alarm budget alone, for a detector that has its own hit and persistence rules: each new
+    alarm asks :meth:`spend`; one that finds no token is suppressed (counted in ``suppressed_total_``)."""
+
+    def __init__(self, per_day: float, burst: float = 1.0) -> None:
+        if per_day < 0 or burst < 1:
+            raise ValueError(f"budget needs per_day >= 0 and burst >= 1, got {per_day}, {burst}")
+        self.per_day = per_day
+        self.burst = burst
+        self.tokens_ = burst
+        self.last_t_: float | None = None
+        self.suppressed_total_ = 0
+
+    def spend(self, t: float) -> bool:
+        """A new alarm at ``t``: True (a token spent) when the budget allows it."""
+        if math.isfinite(t):
+            self.tokens_, self.last_t_ = refilled(self.tokens_, self.last_t_, t, self.per_day, self.burst)
+        if self.tokens_ >= 1.0:
+            self.tokens_ -= 1.0
+            return True
+        self.suppressed_total_ += 1
+        return False
+
+
 @dataclass(frozen=True)
 class AlarmEvent:
     """The outcome of one :meth:`Thresholder.update`.
@@ -70,11 +106,9 @@ class Thresholder:
         self.suppressed_total_ = 0
 
     def _refill(self, t: float) -> None:
-        if self.last_t_ is not None and t > self.last_t_:
-            rate = self.max_alarms_per_day / SECONDS_PER_DAY
-            self.tokens_ = min(self.burst, self.tokens_ + (t - self.last_t_) * rate)
-        if self.last_t_ is None or t > self.last_t_:
-            self.last_t_ = t
+        self.tokens_, self.last_t_ = refilled(
+            self.tokens_, self.last_t_, t, self.max_alarms_per_day, self.burst
+        )
 
     def update(self, t: float, score: float) -> AlarmEvent:
         """Feed the score observed at ``t``; a non-finite score counts as no hit."""

@@ -47,7 +47,9 @@ def test_a_detector_refit_lands_only_after_the_tick_released_it() -> None:
     rng = np.random.default_rng(0)
     with ThreadPoolExecutor(1) as pool:
         executor = AfterTickExecutor(pool)
-        det = MultivariateAnomalyDetector(features=("a", "b"), min_fit=64, refit_every=64, executor=executor)
+        det = MultivariateAnomalyDetector(
+            features=("a", "b"), min_fit=64, refit_every=64, executor=executor, learn_every_s=0.0
+        )
         for i in range(64):
             det.update(Snapshot(float(i), {"a": float(rng.normal()), "b": float(rng.normal())}, {}))
         assert det.pending_ is not None and executor.queued == 1  # asked for in this tick, not started

@@ -81,3 +81,14 @@ def test_push_is_update_without_the_event() -> None:
         raised.append(event.raised)
     assert vars(by_update) == vars(by_push)
     assert sum(raised) > 0 and by_update.suppressed_total_ > 0
+
+
+def test_the_budget_alone_spends_a_token_per_alarm_and_refills_with_time_only() -> None:
+    from detectors.thresholds import AlarmBudget
+
+    budget = AlarmBudget(per_day=1.0)
+    assert budget.spend(1000.0) and not budget.spend(2000.0)
+    assert not budget.spend(500.0)  # time stepped back: nothing refilled
+    assert budget.spend(1000.0 + 86_400.0) and budget.suppressed_total_ == 2
+    with pytest.raises(ValueError, match="budget needs"):
+        AlarmBudget(per_day=-1.0)

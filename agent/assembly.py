@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Executor
 from typing import Any
 
@@ -110,9 +111,12 @@ def normal_route(cfg: Config) -> str:
     return carrying[0] if len(carrying) == 1 else DEFAULT_ROUTE
 
 
-def build_detectors(executor: Executor | None = None) -> list[Detector]:
+def build_detectors(
+    executor: Executor | None = None, slo_s: Mapping[str, float] | None = None
+) -> list[Detector]:
     """Every registered detector that is enabled by default. Detectors with periodic heavy refits (an
-    ``executor`` attribute) get ``executor`` so the refit runs in a worker thread, not in the tick."""
+    ``executor`` attribute) get ``executor`` so the refit runs in a worker thread, not in the tick; those
+    that judge latency against the SLO get ``slo_s`` (:func:`set_detector_slo`)."""
     from detectors import base, registry
 
     if not base.REGISTRY:
@@ -122,14 +126,24 @@ def build_detectors(executor: Executor | None = None) -> list[Detector]:
         for detector in detectors:
             if hasattr(detector, "executor"):
                 detector.executor = executor
+    if slo_s is not None:
+        set_detector_slo(detectors, slo_s)
     return detectors
+
+
+def set_detector_slo(detectors: Iterable[Detector], slo_s: Mapping[str, float]) -> None:
+    """Hand the latency targets (``{"ttft": s, "itl": s}``) to every detector with an ``slo_s``
+    attribute (the tail-latency detector pages only on tails that threaten them); also on a reload."""
+    for detector in detectors:
+        if hasattr(detector, "slo_s"):
+            detector.slo_s = dict(slo_s)
 
 
 def warm_imports() -> None:
     """Import the heavy modules detectors import on first use (a worker thread's job at start-up).
 
     Imported later, on first use, they run in the refit thread while ticks run, and an import holds the
-    GIL for most of its 0.3-0.7 s: the multivariate detector's first forest fit (after 256 ticks)
+    GIL for most of its 0.3-0.7 s: the multivariate detector's first forest fit (after its first 256 rows)
     imported scikit-learn and made the ticks around it the slowest of a 300-tick benchmark (5.0-5.4 ms
     against a 3.4 ms median)."""
     import scipy.stats  # noqa: F401  (detectors/domain_util.py's Theil-Sen slope)

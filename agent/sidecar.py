@@ -24,6 +24,7 @@ from agent.assembly import (
     build_collectors,
     build_detectors,
     build_policies,
+    set_detector_slo,
     warm_imports,
 )
 from agent.audit import Action
@@ -94,7 +95,7 @@ class Sidecar:
         self.cfg = cfg
         self.collectors = list(collectors) if collectors is not None else build_collectors(cfg)
         self.store = Store(cfg.agent.history_points, cfg.agent.max_series)
-        self.exporter = Exporter(slo={"ttft": cfg.policies.ttft_slo_s, "itl": cfg.policies.itl_slo_s})
+        self.exporter = Exporter(slo=_slo(cfg.policies))
         self.knobs = Knobs(cfg, self.exporter.registry)
         self.collectors.extend(self.knobs.collectors)
         #: the gate upstream that is this engine (engine.url and the upstreams need a restart to change)
@@ -134,7 +135,7 @@ class Sidecar:
             interval_s=cfg.agent.interval_s,
             source_timeout_s=cfg.agent.source_timeout_s,
             lead_s=cfg.agent.scrape_lead_s,
-            detectors=build_detectors(self._refits),
+            detectors=build_detectors(self._refits, slo_s=_slo(cfg.policies)),
             policies=build_policies(cfg, self.knobs.gpu)
             + ([self.canary.policy] if self.canary is not None else []),
             act=self._act,
@@ -230,7 +231,8 @@ class Sidecar:
         self._aim(target)
         self.arbiter = arbiter
         self.knobs.actuation.bounds = arbiter.check
-        self.exporter.set_slo({"ttft": p.ttft_slo_s, "itl": p.itl_slo_s})
+        self.exporter.set_slo(_slo(p))
+        set_detector_slo(self.loop.detectors, _slo(p))
         if self.knobs.gate is not None:
             self.knobs.gate.set_slo(p.ttft_slo_s, p.itl_slo_s, priority_targets(p))
         pins = self.knobs.actuation.pins
@@ -628,3 +630,8 @@ async def serve(
         if hangup:
             loop.remove_signal_handler(signal.SIGHUP)
         await sidecar.stop()
+
+
+def _slo(p: PolicyConfig) -> dict[str, float]:
+    """The latency targets as the exporter and the detectors take them."""
+    return {"ttft": p.ttft_slo_s, "itl": p.itl_slo_s}

@@ -822,6 +822,8 @@ async def test_a_reload_retunes_the_running_policies_and_the_knob_follows_the_ne
         assert gate.stats.slo == (1.0, 0.1)
         assert gate.stats.slo_by_priority == {"low": (20.0, 0.1)}  # its ITL is the policies' own
         assert sidecar.exporter.registry.get_sample_value("servepilot_slo_ttft_seconds") == 1.0
+        [tails] = [d for d in sidecar.loop.detectors if d.name == "tail_latency"]
+        assert tails.slo_s == {"ttft": 1.0, "itl": 0.1}  # was 2.0 at start: the reload reaches the detector
         assert sidecar.knobs.actuation.bounds("batch.max_in_flight", 32) is not None  # a new pin: refused
         assert sidecar.knobs.actuation.pins == {}  # one outside the new bounds is dropped, as at a restart
         assert "pin batch.max_in_flight=64 dropped by the reload: " in caplog.text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from detectors.base import Finding, Severity
 from detectors.snapshot import Reading, Snapshot, SourceStatus
@@ -119,3 +120,24 @@ def test_a_finding_held_through_a_normal_tick_shows_the_latest_hit_not_the_norma
     assert held.summary.startswith(
         f"P99 time to first token for prompts le1k is {held.evidence['latency_s']:.3g}s"
     )
+
+
+@pytest.mark.parametrize(("ttft_slo_s", "severity"), [(60.0, Severity.INFO), (1.0, None)])
+def test_an_anomalous_tail_far_inside_its_slo_is_info(ttft_slo_s: float, severity: Severity | None) -> None:
+    # the same 3x tail at ordinary load (about 1 s): far inside a 60 s target, past half of a 1 s one
+    detector = TailLatencyDetector(slo_s={"ttft": ttft_slo_s, "itl": 0.1})
+    _warm(detector)
+    rng = np.random.default_rng(5)
+    findings = [f for i in range(10) for f in detector.update(_snap(1000.0 + i, _state(0.45, 0.0, rng, 3.0)))]
+    ours = [f for f in findings if f.signal == SIGNAL]
+    assert ours and ours[-1].evidence["slo_s"] == ttft_slo_s
+    if severity is Severity.INFO:
+        assert ours[-1].severity is Severity.INFO
+        assert ours[-1].evidence["verdict"] == "anomalous, within SLO"
+        assert "within 50% of its 60s target" in ours[-1].summary
+    else:
+        assert ours[-1].severity in (Severity.WARNING, Severity.CRITICAL)
+        assert ours[-1].evidence["verdict"] == "anomalous"
+    # an e2e tail has no target: its verdicts are unchanged
+    e2e = [f for f in findings if f.signal == "engine.e2e_seconds.p95"]
+    assert all(f.severity is not Severity.INFO for f in e2e if f.evidence["verdict"] == "anomalous")

@@ -19,6 +19,14 @@ the load signal, kept in ``/api/state`` and the finding metrics but below the we
 ``min_severity``. An alarm with no load move near it
 stays a warning: that is what the detector is for. The specific failure modes that also move with the
 load have their own detectors and severities (thermal, leak, fragmentation, stall, tail latency).
+
+**A new baseline settles first.** For its first ``settle_points`` points (3600: an hour at the agent's
+1 s tick) a signal's scorer has seen little of its range, and each widening of it scores as a new level:
+a fresh sidecar beside a healthy engine raised 15 warnings in its first hour (``bench/soak.py``), one per
+signal, none after it that day. An alarm in that hour is info ("while its baseline settles"), unless it
+is far out (a score of at least ``load_threshold``, five bins or more beyond anything seen), which stays
+a warning. The count is the scorer's own (``n_seen``), so baselines restored from ``agent.state_path``
+are settled at once.
 """
 
 from __future__ import annotations
@@ -66,6 +74,7 @@ class GeneralAnomalyDetector:
         load_signals: Iterable[str] = DEFAULT_LOAD_SIGNALS,
         load_threshold: float = 0.99,
         load_window_s: float = 120.0,
+        settle_points: int = 3600,
     ) -> None:
         self.scorer_factory = scorer_factory
         self.thresholder_factory = thresholder_factory
@@ -77,6 +86,7 @@ class GeneralAnomalyDetector:
         self.load_signals = frozenset(load_signals)
         self.load_threshold = load_threshold
         self.load_window_s = load_window_s
+        self.settle_points = settle_points
         self._exclude = re.compile(exclude) if exclude else None
         self._watch_cache: dict[str, bool] = {}
         self._keys: frozenset[str] = frozenset()
@@ -155,7 +165,16 @@ class GeneralAnomalyDetector:
         moved = self.load_moved_
         with_load = moved is not None and now - moved[0] <= self.load_window_s
         severity = Severity.WARNING
-        if (
+        seen = getattr(self.scorers_[name], "n_seen", self.settle_points)
+        if seen < self.settle_points and score < self.load_threshold:
+            evidence["settling_points"] = seen
+            severity = Severity.INFO
+            summary = (
+                f"{name} is unusual (anomaly score {score:.2f}) while its baseline settles "
+                f"({seen} of {self.settle_points} points seen)"
+            )
+            hint = "a new baseline widening to the signal's range; a level far beyond it would be a warning"
+        elif (
             moved is not None
             and with_load
             and (self.load_warning_ is not None or name not in self.load_signals)

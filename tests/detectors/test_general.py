@@ -174,3 +174,26 @@ def test_a_signal_unusual_long_after_the_load_moved_is_a_warning_again() -> None
         seen.extend(det.update(Snapshot(float(i), values, {})))
     late = [f for f in seen if f.signal == "nvml.gpu0.temperature_celsius.mean" and f.since >= 700]
     assert late and late[0].severity.value == "warning"
+
+
+def _one_bin_out(det: GeneralAnomalyDetector, at: int) -> list[object]:
+    """Steady noise in [0, 1], then at point ``at`` a value one bin beyond it (novelty score 0.9)."""
+    rng = np.random.default_rng(4)
+    found: list[object] = []
+    for i in range(at + 1):
+        value = 1.06 if i == at else float(rng.uniform(0.0, 1.0))
+        found = list(det.update(Snapshot(float(i), {"nvml.gpu0.power_watts.mean": value}, {})))
+    return found
+
+
+def test_a_weak_alarm_while_a_new_baseline_settles_is_info_and_a_warning_once_settled() -> None:
+    det = _production()
+    det.settle_points = 1000
+    [early] = _one_bin_out(det, at=600)
+    assert early.score < det.load_threshold  # type: ignore[attr-defined]
+    assert early.severity.value == "info" and early.evidence["settling_points"] == 601  # type: ignore[attr-defined]
+    assert "while its baseline settles (601 of 1000 points seen)" in early.summary  # type: ignore[attr-defined]
+    settled = _production()
+    settled.settle_points = 1000
+    [late] = _one_bin_out(settled, at=1200)
+    assert late.severity.value == "warning" and "settling_points" not in late.evidence  # type: ignore[attr-defined]

@@ -212,6 +212,17 @@ class GpuActuator:
         except GpuControlError as error:
             log.error("GPU actuator: cannot read the GPUs' UUIDs to find the engine's: %s", error)
             return
+        if not any(known.values()):
+            # GPUs with no identity (a simulated backend without UUIDs) cannot be matched to the probe's:
+            # that says nothing about whose they are, so it is a probe that cannot name them, not a miss
+            if self.waiting:
+                log.warning(
+                    "GPU actuator: the GPUs this container sees (%s) have no UUID to match the engine's "
+                    "against, so it drives all of them; name the engine's GPUs in actuators.gpus",
+                    describe_gpus(visible),
+                )
+                self.waiting, self.drives_every_visible_gpu = None, len(visible) > 1
+            return
         indices, missing = indices_of(uuids, known)
         if not indices:
             self.waiting = (

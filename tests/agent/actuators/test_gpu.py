@@ -279,3 +279,16 @@ def test_the_nvml_backend_reads_each_gpu_s_uuid_as_nvml_writes_it(monkeypatch: p
     assert [backend.gpu_uuid(i) for i in (0, 1)] == ["GPU-aa", "GPU-bb"]
     with pytest.raises(GpuControlError, match=r"^gpu2: read UUID: "):
         backend.gpu_uuid(2)
+
+
+def test_gpus_with_no_uuid_cannot_be_matched_so_the_probe_s_names_end_no_drive() -> None:
+    # a simulated GPU without a UUID beside a simulator whose probe names its own: not a miss
+    backend = SimulatedGpuBackend(count=1)
+    actuator = _following(backend)
+    actuator.follow(["GPU-f5c182c2-0829-5e50-8dd0-35435c8696a5"])
+    assert actuator.waiting is None and actuator.indices == [0]
+    assert actuator.current() == 400 and actuator.set(250) == 250
+    several = _following(SimulatedGpuBackend(count=2))
+    assert several.waiting  # several GPUs, none named: waits for the probe
+    several.follow(["GPU-f5c182c2-0829-5e50-8dd0-35435c8696a5"])
+    assert several.waiting is None and several.drives_every_visible_gpu and several.indices == [0, 1]

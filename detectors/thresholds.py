@@ -23,40 +23,44 @@ from dataclasses import dataclass
 SECONDS_PER_DAY = 86_400.0
 
 
-def refilled(
-    tokens: float, last_t: float | None, t: float, per_day: float, burst: float
-) -> tuple[float, float | None]:
-    """A false-alarm budget's tokens and clock at ``t``: ``per_day / 86400`` tokens a second since
-    ``last_t``, up to ``burst``. Time that repeats or steps back refills nothing."""
-    if last_t is not None and t > last_t:
-        tokens = min(burst, tokens + (t - last_t) * per_day / SECONDS_PER_DAY)
-    if last_t is None or t > last_t:
-        last_t = t
-    return tokens, last_t
-
-
 class AlarmBudget:
-    """The false-alarm budget alone, for a detector that has its own hit and persistence rules: each new
-    alarm asks :meth:`spend`; one that finds no token is suppressed (counted in ``suppressed_total_``)."""
+    """The false-alarm budget alone, for a detector with its own hit and persistence rules (and the base
+    of :class:`Thresholder`): the bucket refills ``max_alarms_per_day / 86400`` tokens a second up to
+    ``burst``; each new alarm asks :meth:`spend` for one, and one that finds none is suppressed (counted
+    in ``suppressed_total_``)."""
 
-    def __init__(self, per_day: float, burst: float = 1.0) -> None:
-        if per_day < 0 or burst < 1:
-            raise ValueError(f"budget needs per_day >= 0 and burst >= 1, got {per_day}, {burst}")
-        self.per_day = per_day
+    def __init__(self, max_alarms_per_day: float = 1.0, burst: float = 1.0) -> None:
+        if max_alarms_per_day < 0 or burst < 1:
+            raise ValueError(
+                f"budget needs max_alarms_per_day >= 0 and burst >= 1, got {max_alarms_per_day}, {burst}"
+            )
+        self.max_alarms_per_day = max_alarms_per_day
         self.burst = burst
         self.tokens_ = burst
         self.last_t_: float | None = None
         self.suppressed_total_ = 0
 
-    def spend(self, t: float) -> bool:
-        """A new alarm at ``t``: True (a token spent) when the budget allows it."""
-        if math.isfinite(t):
-            self.tokens_, self.last_t_ = refilled(self.tokens_, self.last_t_, t, self.per_day, self.burst)
+    def _refill(self, t: float) -> None:
+        """Add the tokens earned since the last call; time that repeats or steps back refills nothing."""
+        if self.last_t_ is not None and t > self.last_t_:
+            rate = self.max_alarms_per_day / SECONDS_PER_DAY
+            self.tokens_ = min(self.burst, self.tokens_ + (t - self.last_t_) * rate)
+        if self.last_t_ is None or t > self.last_t_:
+            self.last_t_ = t
+
+    def _take(self) -> bool:
+        """Spend a token if there is one; count the alarm as suppressed if not."""
         if self.tokens_ >= 1.0:
             self.tokens_ -= 1.0
             return True
         self.suppressed_total_ += 1
         return False
+
+    def spend(self, t: float) -> bool:
+        """A new alarm at ``t``: True (a token spent) when the budget allows it."""
+        if math.isfinite(t):
+            self._refill(t)
+        return self._take()
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ class AlarmEvent:
     suppressed: bool = False
 
 
-class Thresholder:
+class Thresholder(AlarmBudget):
     """Threshold + k-of-n persistence + per-signal false-alarm budget (see the module docstring)."""
 
     def __init__(
@@ -89,26 +93,13 @@ class Thresholder:
             raise ValueError(f"threshold must be in [0, 1], got {threshold}")
         if not 1 <= k <= n:
             raise ValueError(f"persistence needs 1 <= k <= n, got k={k}, n={n}")
-        if max_alarms_per_day < 0 or burst < 1:
-            raise ValueError(
-                f"budget needs max_alarms_per_day >= 0 and burst >= 1, got {max_alarms_per_day}, {burst}"
-            )
+        super().__init__(max_alarms_per_day, burst)
         self.threshold = threshold
         self.k = k
         self.n = n
-        self.max_alarms_per_day = max_alarms_per_day
-        self.burst = burst
         self.hits_: deque[bool] = deque(maxlen=n)
-        self.tokens_ = burst
-        self.last_t_: float | None = None
         self.firing_ = False
         self.raised_total_ = 0
-        self.suppressed_total_ = 0
-
-    def _refill(self, t: float) -> None:
-        self.tokens_, self.last_t_ = refilled(
-            self.tokens_, self.last_t_, t, self.max_alarms_per_day, self.burst
-        )
 
     def update(self, t: float, score: float) -> AlarmEvent:
         """Feed the score observed at ``t``; a non-finite score counts as no hit."""
@@ -125,12 +116,8 @@ class Thresholder:
         hits.append(math.isfinite(score) and score >= self.threshold)
         condition = sum(hits) >= self.k
         raised = False
-        if condition and not self.firing_:
-            if self.tokens_ >= 1.0:
-                self.tokens_ -= 1.0
-                raised = True
-                self.raised_total_ += 1
-            else:
-                self.suppressed_total_ += 1
+        if condition and not self.firing_ and self._take():
+            raised = True
+            self.raised_total_ += 1
         self.firing_ = condition
         return raised

@@ -86,9 +86,9 @@ def test_push_is_update_without_the_event() -> None:
 def test_the_budget_alone_spends_a_token_per_alarm_and_refills_with_time_only() -> None:
     from detectors.thresholds import AlarmBudget
 
-    budget = AlarmBudget(per_day=1.0)
+    budget = AlarmBudget(max_alarms_per_day=1.0)
     assert budget.spend(1000.0) and not budget.spend(2000.0)
     assert not budget.spend(500.0)  # time stepped back: nothing refilled
     assert budget.spend(1000.0 + 86_400.0) and budget.suppressed_total_ == 2
     with pytest.raises(ValueError, match="budget needs"):
-        AlarmBudget(per_day=-1.0)
+        AlarmBudget(max_alarms_per_day=-1.0)

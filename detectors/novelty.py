@@ -149,7 +149,7 @@ class LevelNoveltyScorer(ScorerBase):
     def _raw_at(self, s: int) -> float:
         """Novelty of a value in bin ``s`` (bins already cut)."""
         counts, remembered = self.counts_, self.remembered_
-        if s in counts or s in remembered:  # both hold only occupied bins (see _count, _remember)
+        if s in counts or s in remembered:  # both hold only occupied bins (see _count)
             return 0.0
         distance = self.search
         for d in range(1, self.search):
@@ -188,7 +188,7 @@ class LevelNoveltyScorer(ScorerBase):
                 peaks.popleft()
         symbols = self.symbols_
         if len(symbols) == self.history:
-            self._count(symbols[0], -1)
+            _count(self.counts_, symbols[0], -1)
         head = self.head_
         self.values_[head] = x
         self.head_ = head + 1 if head + 1 < self.history else 0
@@ -228,21 +228,8 @@ class LevelNoveltyScorer(ScorerBase):
             self._remember(memory.popleft()[2], -1)
 
     def _remember(self, values: tuple[float, ...], delta: int) -> None:
-        remembered = self.remembered_
         for value in values:
-            s = self._symbol(value)
-            k = remembered.get(s, 0) + delta
-            if k > 0:
-                remembered[s] = k
-            else:
-                remembered.pop(s, None)
-
-    def _count(self, s: int, delta: int) -> None:
-        n = self.counts_.get(s, 0) + delta
-        if n > 0:
-            self.counts_[s] = n
-        else:
-            self.counts_.pop(s, None)
+            _count(self.remembered_, self._symbol(value), delta)
 
     def __getstate__(self) -> dict[str, object]:
         # Plain floats on disk: agent/persist.py's restricted unpickler admits no numpy reconstructor.
@@ -307,6 +294,15 @@ class LevelNoveltyScorer(ScorerBase):
         self.step_levels_ = {}
         for value in levels.values():  # the open step's levels, under the new bins
             self.step_levels_[self._symbol(value)] = value
+
+
+def _count(table: dict[int, int], s: int, delta: int) -> None:
+    """Add ``delta`` to bin ``s``'s count; a bin at 0 leaves ``table``, which holds occupied bins only."""
+    n = table.get(s, 0) + delta
+    if n > 0:
+        table[s] = n
+    else:
+        table.pop(s, None)
 
 
 def staggered_factory() -> Callable[[], LevelNoveltyScorer]:

@@ -198,14 +198,8 @@ class GpuActuator:
             return
         visible = self.backend.gpu_indices()
         if uuids is None:
-            if self.waiting:
-                log.warning(
-                    "GPU actuator: the allocator probe does not name the engine's GPUs (a probe from an "
-                    "older servepilot?), so it drives all the GPUs this container sees (%s); on a node "
-                    "shared with other pods, name the engine's GPUs in actuators.gpus",
-                    describe_gpus(visible),
-                )
-                self.waiting, self.drives_every_visible_gpu = None, len(visible) > 1
+            self._drive_all_seen(visible, "the allocator probe does not name the engine's GPUs (a probe "
+                                 "from an older servepilot?)")  # fmt: skip
             return
         try:
             known = {index: self.backend.gpu_uuid(index) for index in visible}
@@ -215,13 +209,7 @@ class GpuActuator:
         if not any(known.values()):
             # GPUs with no identity (a simulated backend without UUIDs) cannot be matched to the probe's:
             # that says nothing about whose they are, so it is a probe that cannot name them, not a miss
-            if self.waiting:
-                log.warning(
-                    "GPU actuator: the GPUs this container sees (%s) have no UUID to match the engine's "
-                    "against, so it drives all of them; name the engine's GPUs in actuators.gpus",
-                    describe_gpus(visible),
-                )
-                self.waiting, self.drives_every_visible_gpu = None, len(visible) > 1
+            self._drive_all_seen(visible, "the GPUs this container sees have no UUID to match the engine's")
             return
         indices, missing = indices_of(uuids, known)
         if not indices:
@@ -241,6 +229,17 @@ class GpuActuator:
         if indices != self.indices:
             log.info("GPU actuator: drives the engine's %s (named by the probe)", describe_gpus(indices))
             self._retarget(indices)
+
+    def _drive_all_seen(self, visible: list[int], why: str) -> None:
+        """End a wait the probe cannot end by naming GPUs: drive every GPU seen, and say why."""
+        if self.waiting:
+            log.warning(
+                "GPU actuator: %s, so it drives all the GPUs this container sees (%s); on a node shared "
+                "with other pods, name the engine's GPUs in actuators.gpus",
+                why,
+                describe_gpus(visible),
+            )
+            self.waiting, self.drives_every_visible_gpu = None, len(visible) > 1
 
     def _retarget(self, indices: list[int]) -> None:
         """Drive ``indices`` from now on: the dropped GPUs get their defaults back, the added ones the

@@ -14,7 +14,6 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterator
 
 import numpy as np
 
@@ -45,13 +44,9 @@ def detectors() -> list[Detector]:
 
 def snapshots(ticks: int, gpus: int, seed: int = 0) -> list[Snapshot]:
     """One snapshot per second, load from the trace (10-s counts repeated over their bin)."""
-    return list(iter_snapshots(ticks, gpus, seed))
-
-
-def iter_snapshots(ticks: int, gpus: int, seed: int = 0) -> Iterator[Snapshot]:
-    """:func:`snapshots` one at a time (a week of them does not fit in memory at once)."""
     rng = np.random.default_rng(seed)
     counts = load_counts(TRACE)[: ticks // 10 + 1]
+    out = []
     for i in range(ticks):
         running = min(256.0, counts[i // 10] / 10.0 * 4.0)
         util = min(1.0, 0.15 + running / 200.0)
@@ -92,7 +87,10 @@ def iter_snapshots(ticks: int, gpus: int, seed: int = 0) -> Iterator[Snapshot]:
                 f"{p}.power_watts.mean": 100 + 500 * util,
                 f"{p}.throttle_reasons": 0.0,
             }
-        yield Snapshot.from_readings(float(i), {"bench": Reading("bench", float(i), SourceStatus.OK, values)})
+        out.append(
+            Snapshot.from_readings(float(i), {"bench": Reading("bench", float(i), SourceStatus.OK, values)})
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -294,6 +294,22 @@ class StateCollector(PromCollector):
         for name, count in sorted(state.stats.detector_errors.items()):
             errors.add_metric([name], count)
         yield errors
+        raised = CounterMetricFamily(
+            "servepilot_findings_raised",
+            "Findings raised: a new episode, or one escalated to a higher severity (agent/tally.py).",
+            labels=["detector", "severity"],
+        )
+        for (detector, severity), count in sorted(state.stats.findings_raised.items()):
+            raised.add_metric([detector, severity], count)
+        yield raised
+        suppressed = CounterMetricFamily(
+            "servepilot_findings_suppressed",
+            "Alarms a detector's alarm budget dropped instead of raising them.",
+            labels=["detector"],
+        )
+        for detector, count in sorted(state.stats.findings_suppressed.items()):
+            suppressed.add_metric([detector], count)
+        yield suppressed
 
 
 class Exporter:

@@ -29,6 +29,7 @@ from typing import Any
 from agent.collectors.base import Collector
 from agent.state import AgentState, TickStats
 from agent.store import Store
+from agent.tally import FindingTally, suppressed_by_detector
 from detectors.base import Detector, Finding
 from detectors.snapshot import Reading, Snapshot, SourceStatus
 from policies.base import Policy, Proposal
@@ -80,6 +81,7 @@ class Loop:
         self._detector_errors: dict[str, int] = {}
         self._policy_errors: dict[str, int] = {}
         self._overruns = 0
+        self._tally = FindingTally(d.name for d in self.detectors)
 
     def policy_state(self, name: str) -> Any:
         """The state the policy ``name`` returned on the last tick (``None`` before it ran)."""
@@ -186,6 +188,7 @@ class Loop:
                 findings = await self.enrich(findings, snapshot)
             except Exception:
                 log.exception("adding evidence to findings failed")
+        self._tally.observe(findings)
         finished = time.perf_counter()
         knobs = self.state.knobs
         if self.act is not None:
@@ -209,6 +212,8 @@ class Loop:
                 overruns=self._overruns,
                 detector_errors=dict(self._detector_errors),
                 policy_errors=dict(self._policy_errors),
+                findings_raised=self._tally.counts(),
+                findings_suppressed=suppressed_by_detector(self.detectors),
             ),
         )
         for listener in self._listeners:

@@ -24,6 +24,10 @@ class TickStats:
     overruns: int = 0
     detector_errors: Mapping[str, int] = field(default_factory=dict)
     policy_errors: Mapping[str, int] = field(default_factory=dict)
+    #: findings raised so far, by (detector, severity) (:class:`agent.tally.FindingTally`)
+    findings_raised: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    #: alarms dropped by a detector's alarm budget so far, by detector
+    findings_suppressed: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

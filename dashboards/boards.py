@@ -305,6 +305,27 @@ def overview() -> dashboard.Dashboard:
         )
         .with_panel(tab("Active findings", q("servepilot_finding_score{@POD}")))
         .with_panel(
+            ts(
+                "Findings raised and suppressed per hour, by detector",
+                "short",
+                q(
+                    "sum by (detector, severity) (increase(servepilot_findings_raised_total"
+                    '{@POD, severity=~"warning|critical"}[1h]))',
+                    "{{detector}} {{severity}}",
+                ),
+                q(
+                    "sum by (detector) (increase(servepilot_findings_suppressed_total{@POD}[1h]))",
+                    "{{detector}} suppressed",
+                    "B",
+                ),
+                desc="Warning and critical findings are what the webhooks send (webhooks.min_severity). On a "
+                "healthy engine a detector raises a few a day; a detector that raises many, or whose alarm "
+                "budget suppresses many, is either seeing a standing problem or needs tuning "
+                "(docs/detectors.md).",
+                w=24,
+            )
+        )
+        .with_panel(
             tab(
                 "Versions (pods per servepilot version, Python and event loop)",
                 q("count by (version, python_version, event_loop) (servepilot_build_info{@POD})"),

@@ -56,6 +56,8 @@ AGENT: list[Series] = _agent(
     "servepilot_allocator_reserved_bytes",
     "servepilot_finding_active",
     "servepilot_finding_score",
+    "servepilot_findings_raised_total",
+    "servepilot_findings_suppressed_total",
     "servepilot_knob_value",
     "servepilot_tick_duration_seconds_bucket",
     "servepilot_build_info",

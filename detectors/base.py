@@ -56,7 +56,10 @@ class Finding:
 
 
 class Detector(Protocol):
-    """A streaming detector fed one snapshot per tick."""
+    """A streaming detector fed one snapshot per tick.
+
+    A detector with an alarm budget also has ``suppressed_total() -> int``, the alarms its budget has
+    dropped so far (exported as ``servepilot_findings_suppressed_total``; see :mod:`agent.tally`)."""
 
     name: str
 

@@ -100,6 +100,10 @@ class GeneralAnomalyDetector:
         #: the load signal whose warning reported the current load change (one per change)
         self.load_warning_: str | None = None
 
+    def suppressed_total(self) -> int:
+        """Alarms the per-signal budgets dropped so far (``servepilot_findings_suppressed_total``)."""
+        return sum(t.suppressed_total_ for t in self.thresholders_.values())
+
     def _watched(self, name: str) -> bool:
         known = self._watch_cache.get(name)
         if known is None:

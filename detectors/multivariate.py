@@ -253,6 +253,10 @@ class MultivariateAnomalyDetector:
         self.executor = executor
         self.pending_: Future[_Fit] | None = None
 
+    def suppressed_total(self) -> int:
+        """Episodes the daily budget dropped so far (``servepilot_findings_suppressed_total``)."""
+        return self.budget_.suppressed_total_
+
     def update(self, snapshot: Snapshot) -> list[Finding]:
         """Score the state vector with the current forest, then add it to the window (refit when due)."""
         row = np.array([v if (v := snapshot.get(f)) is not None else math.nan for f in self.features])

@@ -269,7 +269,8 @@ class GateStats:
                 itl_win.add(now, gap)
 
     def values(self, now: float) -> dict[str, float]:
-        """``gate.<bucket>.{ttft,itl,e2e}_seconds.{p50,p95,p99}``, ``gate.<bucket>.requests_per_second``
+        """``gate.<bucket>.{ttft,itl,e2e}_seconds.{p50,p95,p99}``, ``gate.<bucket>.itl_seconds.mean``,
+        ``gate.<bucket>.requests_per_second``
         and ``gate.rejected_per_second`` over the window (shorter while the gate is young)."""
         span = max(1e-9, min(self.window_s, now - self._start)) if now > self._start else self.window_s
         out: dict[str, float] = {}
@@ -282,6 +283,8 @@ class GateStats:
                 pct = np.percentile(win.values(), [q for _, q in QUANTILES])
                 for (qname, _), value in zip(QUANTILES, pct, strict=True):
                     out[f"gate.{bucket}.{kind}_seconds.{qname}"] = float(value)
+                if kind == "itl":  # the statistic the ITL target is of (the tail detector judges by it)
+                    out[f"gate.{bucket}.itl_seconds.mean"] = float(np.mean(win.values()))
         self._rejected.trim(now)
         out["gate.rejected_per_second"] = len(self._rejected.items) / span
         return out

@@ -134,7 +134,7 @@ def test_an_anomalous_tail_far_inside_its_slo_is_info(ttft_slo_s: float, severit
     if severity is Severity.INFO:
         assert ours[-1].severity is Severity.INFO
         assert ours[-1].evidence["verdict"] == "anomalous, within SLO"
-        assert "but under 50% of its 60s target" in ours[-1].summary
+        assert "but it is under 50% of the 60s target" in ours[-1].summary
     else:
         assert ours[-1].severity in (Severity.WARNING, Severity.CRITICAL)
         assert ours[-1].evidence["verdict"] == "anomalous"
@@ -143,19 +143,25 @@ def test_an_anomalous_tail_far_inside_its_slo_is_info(ttft_slo_s: float, severit
     assert all(f.severity is not Severity.INFO for f in e2e if f.evidence["verdict"] == "anomalous")
 
 
-def _tail_at(detector: TailLatencyDetector, signal: str, scale: float, ratio: float) -> list[Finding]:
+def _tail_at(
+    detector: TailLatencyDetector, signal: str, scale: float, ratio: float, mean_s: float | None = None
+) -> list[Finding]:
     """Warm ``signal`` on a load-driven tail around ``scale`` s, then hold it at ``ratio`` x ``scale`` at
-    ordinary load (about 3x what the load predicts); the findings on ``signal``."""
+    ordinary load (about 3x what the load predicts), with the window's mean gap ``mean_s`` when given; the
+    findings on ``signal``."""
     rng = np.random.default_rng(0)
 
     def values(util: float, waiting: float, factor: float) -> dict[str, float]:
         latency = scale * math.exp(1.5 * (util - 0.45)) * (1 + waiting) ** 0.8 * rng.lognormal(0, 0.05)
-        return {
+        out = {
             "nvml.gpu0.utilization_ratio.mean": util,
             "engine.requests_waiting": waiting,
             "engine.requests_running": 20 + 40 * util,
             signal: latency * factor,
         }
+        if mean_s is not None:
+            out[signal.rsplit(".", 1)[0] + ".mean"] = mean_s
+        return out
 
     for i in range(800):
         detector.update(_snap(float(i), values(0.3 + 0.3 * (0.5 + 0.5 * math.sin(i / 50)), 0.0, 1.0)))
@@ -164,24 +170,33 @@ def _tail_at(detector: TailLatencyDetector, signal: str, scale: float, ratio: fl
 
 
 @pytest.mark.parametrize(
-    ("signal", "ratio_of_target", "verdict"),
+    ("signal", "ratio_of_target", "mean_of_target", "verdict"),
     [
-        # ITL's target is a mean: a P95 tail of the gaps at 70% of it is inside (the real coding week's
-        # long prompts lift healthy ITL P95s to 55-78% of a 100 ms target); past the target it is not
-        ("engine.itl_seconds.p95", 0.7, "anomalous, within SLO"),
-        ("engine.itl_seconds.p95", 1.3, "anomalous"),
         # TTFT's target is a P99, the signal's own statistic: past half of it is worth a warning
-        ("engine.ttft_seconds.p99", 0.7, "anomalous"),
-        ("engine.ttft_seconds.p99", 0.4, "anomalous, within SLO"),
+        ("engine.ttft_seconds.p99", 0.7, None, "anomalous"),
+        ("engine.ttft_seconds.p99", 0.4, None, "anomalous, within SLO"),
+        # ITL's target is a per-request mean: judged by the window's mean gap. On the real coding week's
+        # weekend nights a prefill stall or two made the P99 of a few gaps 101-130 ms against 100 ms
+        ("engine.itl_seconds.p99", 1.3, 0.15, "anomalous, within SLO"),
+        ("gate.le4k.itl_seconds.p95", 1.3, 0.15, "anomalous, within SLO"),
+        ("engine.itl_seconds.p99", 1.3, 0.6, "anomalous"),  # the mean itself on its way to a miss
+        # no mean in the snapshot: a tail under the whole target of the mean is inside it, one past it not
+        ("engine.itl_seconds.p95", 0.7, None, "anomalous, within SLO"),
+        ("engine.itl_seconds.p95", 1.3, None, "anomalous"),
     ],
 )
-def test_the_share_of_the_target_that_is_within_slo_follows_what_the_target_is_of(
-    signal: str, ratio_of_target: float, verdict: str
+def test_an_anomalous_tail_is_judged_by_the_statistic_its_target_is_of(
+    signal: str, ratio_of_target: float, mean_of_target: float | None, verdict: str
 ) -> None:
     target = {"ttft": 2.0, "itl": 0.1}
-    kind = signal.split(".")[1].removesuffix("_seconds")
-    ours = _tail_at(TailLatencyDetector(slo_s=target), signal, target[kind] * ratio_of_target / 3, 3.0)
+    kind = signal.split(".")[-2].removesuffix("_seconds")
+    mean_s = None if mean_of_target is None else mean_of_target * target[kind]
+    detector = TailLatencyDetector(slo_s=target)
+    ours = _tail_at(detector, signal, target[kind] * ratio_of_target / 3, 3.0, mean_s)
     assert ours and ours[-1].evidence["verdict"] == verdict
     info = verdict == "anomalous, within SLO"
     assert (ours[-1].severity is Severity.INFO) is info
     assert ("target" in ours[-1].summary) is info
+    if mean_s is not None:
+        assert ours[-1].evidence["itl_mean_s"] == mean_s
+        assert ("the mean gap" in ours[-1].summary) is info

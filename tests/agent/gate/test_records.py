@@ -77,6 +77,15 @@ def test_each_sequences_own_gaps_count_as_inter_token_latency() -> None:
     assert registry.get_sample_value("servepilot_gate_ttft_seconds_count", {"bucket": "le256"}) == 2
 
 
+def test_the_window_mean_of_the_gaps_is_a_signal_the_statistic_of_the_itl_target() -> None:
+    stats = GateStats(CollectorRegistry(), LengthBuckets(), window_s=60, start=0.0)
+    stats.record(_record(10, ttft=0.1, itl_s=[0.01] * 9 + [0.5]), now=1.0)
+    values = stats.values(1.0)
+    assert values["gate.le256.itl_seconds.mean"] == pytest.approx(0.059)
+    assert values["gate.le256.itl_seconds.p99"] > 0.4  # the one stall is the tail, not the mean
+    assert "gate.le256.ttft_seconds.mean" not in values
+
+
 def test_a_batch_is_bucketed_by_the_length_of_one_of_its_prompts() -> None:
     """Sixteen 200-token prompts in one request are short prompts (le256), not a 3,200-token one."""
     registry = CollectorRegistry()

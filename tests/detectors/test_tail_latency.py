@@ -196,7 +196,12 @@ def test_an_anomalous_tail_is_judged_by_the_statistic_its_target_is_of(
     assert ours and ours[-1].evidence["verdict"] == verdict
     info = verdict == "anomalous, within SLO"
     assert (ours[-1].severity is Severity.INFO) is info
-    assert ("target" in ours[-1].summary) is info
+    judged = mean_s if mean_s is not None else target[kind] * ratio_of_target
+    if not info:  # by what it does to the SLO: a warning under the target, critical past it (z is ~40 here)
+        past = judged >= target[kind]
+        assert ours[-1].severity is (Severity.CRITICAL if past else Severity.WARNING)
+        assert ("past the" in ours[-1].summary) is past
+    assert ("under" in ours[-1].summary) is info
     if mean_s is not None:
         assert ours[-1].evidence["itl_mean_s"] == mean_s
-        assert ("the mean gap" in ours[-1].summary) is info
+        assert "the mean gap" in ours[-1].summary

@@ -10,12 +10,13 @@ differs is the target: not a learned no-load latency but the operator's SLO, wit
     thrash  = p > preempt_max and preemptions > 0    (sustained, and still going on this tick)
 
     thrash                       ->  L = min(L, running) * md             KV cache thrashes: back off
-    g_itl < 1                    ->  L = L * max(md, g_itl)              ITL over target: shrink
+    g_itl < 1, decode share >= 5%
+                                 ->  L = L * max(md, g_itl)              ITL over target: shrink
     behind the gate, the engine queues > s of its admits for engine_queue_ticks, KV below kv_target
                                  ->  L = running + R + s                 its own cap binds: queue here
                                      (s = max(2, ceil(sqrt(running))), only when it cuts >= max(2, 10%))
     L binds and
-      g_itl > ai_margin and kv_usage < kv_target and no preemption this tick
+      (g_itl > ai_margin or decode share < 5%) and kv_usage < kv_target and no preemption this tick
       (and behind the gate, the engine's queue smoothed over engine_queue_tau_s <= its own slack)
                                  ->  L = max(L + max(1, sqrt(L)),        room to grow: additive increase,
                                              L * min(2, sqrt(g_itl / ai_margin)))  or faster far below target;
@@ -33,6 +34,14 @@ still lost 0.3 points. So usage near full or a preemption only stops growth; the
 preemptions keep coming: the rate smoothed over ``preempt_tau_s`` above ``preempt_max`` (2/s, 60 in
 30 s) and still preempting this tick, the recompute storm that sinks an engine default (1.6/s on
 average over the whole trace, in bursts, at ``max_num_seqs`` 64 with 1024-token chunks: 52%).
+
+**Prefill-bound steps.** When the decode share of a step's tokens (``policies/steps.py``: generated over
+prompt plus generated tokens/s) is under 5%, the steps' length is the prompt chunks', and a smaller batch
+cannot shorten them: it only queues requests. Then the ITL rule does not cut, and a binding limit grows on
+its queue though ITL is over target (a few more decodes per step add little to a step that carries a
+2,048-token chunk). On the Azure 2024 coding week's weekday peak (code prompts, 1% decode), the ITL rule had
+cut the limit from 256 to 8-20 and the queue grew to 895 requests, while no batch from 32 to 256 changed
+the share of requests meeting the ITL target (40-44%): that is the token budget's to fix.
 
 When ITL and TTFT are both at risk the engine is overloaded and shrinking would only move the violation
 from ITL to TTFT (prefill-bound steps do not get faster with fewer sequences): the controller holds.
@@ -78,13 +87,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from detectors.base import Finding
 from detectors.snapshot import Snapshot
 from policies import knobs
 from policies.arbiter import PRIORITY
 from policies.base import Proposal
+from policies.steps import DECODE_SHARE_MIN, TokenMix
 from policies.windows import smoothed
 
 
@@ -98,6 +108,8 @@ class AutoState:
     engine_queued: int = 0
     #: The engine's own queue, smoothed over ``engine_queue_tau_s``.
     engine_queue: float = 0.0
+    #: The engine's prompt and generated tokens/s, smoothed: the decode share of a step's tokens.
+    mix: TokenMix = field(default_factory=TokenMix)
 
 
 @dataclass(frozen=True)
@@ -117,6 +129,7 @@ class AutoBatch:
     preempt_max: float = 2.0
     engine_queue_ticks: int = 5
     engine_queue_tau_s: float = 10.0
+    decode_share_min: float = DECODE_SHARE_MIN
     name: str = "batch_auto"
 
     def __post_init__(self) -> None:
@@ -146,6 +159,9 @@ class AutoBatch:
         rate = smoothed(previous, at, now, preempt, self.preempt_tau_s)
         itl = snapshot.get(knobs.ITL_MEAN)
         g_itl = self.headroom * self.itl_slo_s / itl if itl else math.inf
+        # the decode share of a step's tokens is what a smaller batch can take off it (policies/steps.py)
+        mix = (state.mix if state is not None else TokenMix()).update(snapshot, now)
+        prefill_bound = mix.prefill_bound(self.decode_share_min)
         reserved = snapshot.get(knobs.GATE_RESERVED) or 0.0
         binds = waiting > 0 and running >= limit - reserved - 1
         ttft = snapshot.get(knobs.TTFT_P99) or 0.0
@@ -172,7 +188,7 @@ class AutoBatch:
             why = (
                 f"KV cache thrashing ({rate:.2g} preemptions/s over {self.preempt_tau_s:g} s, usage {kv:.0%})"
             )
-        elif g_itl < 1.0 and not ttft_risk:
+        elif g_itl < 1.0 and not ttft_risk and not prefill_bound:
             new = min(limit, max(running, 1.0)) * max(self.md, g_itl)
             why = f"ITL {itl:.3f}s above target {self.headroom * self.itl_slo_s:.3f}s"
         elif engine_binds:
@@ -183,7 +199,7 @@ class AutoBatch:
             )
         elif (
             binds
-            and g_itl > self.ai_margin
+            and (g_itl > self.ai_margin or prefill_bound)
             and kv < self.kv_target
             and preempt <= 0
             # behind the gate, not while the engine holds more than a slack queued (by its own count of
@@ -194,6 +210,11 @@ class AutoBatch:
             # outgrows the additive step: the operating point is reached in a few ticks, not dozens
             new = max(limit + max(1.0, math.sqrt(limit)), limit * min(2.0, math.sqrt(g_itl / self.ai_margin)))
             why = f"{waiting:.0f} queued, ITL {itl or 0:.3f}s and KV {kv:.0%} leave room"
+            if g_itl <= self.ai_margin:
+                why = (
+                    f"{waiting:.0f} queued, KV {kv:.0%}: ITL {itl or 0:.3f}s is the prompt chunks' "
+                    f"({mix.decode_share:.1%} of a step's tokens are decodes), not the batch's"
+                )
             holds = running * self.kv_target / kv + reserved if kv > 0 else math.inf
             if holds < new:  # no further than the cache holds at kv_target with the sequences' footprint now
                 new = max(limit + 1.0, holds)
@@ -204,10 +225,10 @@ class AutoBatch:
             new = limit
             why = f"limit {limit:g} outside the policy's bounds [{self.lower:g}, {self.upper:g}]"
         else:
-            return AutoState(limit, rate, now, queued, engine_queue), []
+            return AutoState(limit, rate, now, queued, engine_queue, mix), []
         new = min(self.upper, max(self.lower, new))
         proposal = Proposal(self.name, knobs.BATCH, round(new), why, PRIORITY["throughput"])
-        return AutoState(new, rate, now, queued, engine_queue), [proposal]
+        return AutoState(new, rate, now, queued, engine_queue, mix), [proposal]
 
 
 def _slack(running: float) -> float:

@@ -27,8 +27,12 @@ decoding meets the inter-token SLO (window mean ITL <= ``itl_slo_s``) and the 5x
 ``error_max``: then the misses are late first tokens, requests that waited for a busy engine (in the
 queue or behind other prompts' prefill, also while a queue drains), and every level makes that worse:
 L1 halves the batch (less capacity, a longer queue), L2's fp8 weight-only kernels prefill slower on an
-A100. The batch and token budget controllers own that case. Faults still trip: a latency spike slows
-decode past the SLO, a 5xx storm and a leak have their own trips, and so does a preemption storm.
+A100. The batch and token budget controllers own that case. Nor while the steps are prefill-bound: under
+5% of a step's tokens are decodes (``policies/steps.py``), so the inter-token misses are prompt chunks
+stalling decodes, which L1 cannot shorten and L2 lengthens on an A100; on the Azure 2024 coding week's
+weekday peak the breaker went to L3 that way and the queue grew from ~150 to 7,000 requests. Only a
+smaller token budget helps there. Faults still trip: a latency spike slows decode past the SLO, a 5xx
+storm and a leak have their own trips, and so does a preemption storm.
 
 **Healthy** when none holds and ``b(5 m) < 1`` (within budget). Short windows only count outcomes of the
 current *generation* (since the last level change), so stale outcomes from before a change never push
@@ -39,7 +43,7 @@ freezes the machine until ``release``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from detectors.base import Finding
@@ -47,6 +51,7 @@ from detectors.snapshot import Snapshot
 from policies import knobs
 from policies.arbiter import PRIORITY
 from policies.base import Proposal
+from policies.steps import TokenMix
 from policies.windows import Buckets, rolling_sum, smoothed
 
 LEVELS = ("L0 normal", "L1 smaller batch", "L2 fp8 upstream", "L3 small model")
@@ -80,6 +85,8 @@ class BreakerState:
     #: Preemptions/s smoothed over ``preempt_tau_s`` and when it was last updated.
     preempt_rate: float = 0.0
     at: float | None = None
+    #: The engine's prompt and generated tokens/s, smoothed: are the steps prefill-bound?
+    mix: TokenMix = field(default_factory=TokenMix)
 
 
 @dataclass(frozen=True)
@@ -186,7 +193,7 @@ class Breaker:
         b2, b5, b30, b1h = burns
         # Burning still, in the last two minutes: a burn that stopped must not push the level further;
         # and not merely queueing at full capacity, which no level relieves.
-        burning = b2 >= 1.0 and not self._queueing(snapshot)
+        burning = b2 >= 1.0 and not self._queueing(snapshot) and not self._prefill_bound(snapshot, state)
         if burning and b1h >= 14.4 and b5 >= 14.4:
             return f"fast burn: {b5:.1f}x over 5 m and {b1h:.1f}x over 1 h (>= 14.4x)"
         if burning and b30 >= 6.0 and (b6h := self._burn_6h(state)) >= 6.0:
@@ -215,6 +222,14 @@ class Breaker:
         errors_ok = requests <= 0 or errors / requests < self.error_max
         return itl is not None and itl <= self.itl_slo_s and errors_ok
 
+    def _prefill_bound(self, snapshot: Snapshot, state: BreakerState) -> bool:
+        """The steps are the prompt chunks' (policies/steps.py), errors rare: no level shortens them."""
+        if self.itl_slo_s is None or not state.mix.prefill_bound():
+            return False
+        requests = snapshot.get(knobs.GATE_REQUESTS) or 0.0
+        errors = snapshot.get(knobs.GATE_ERRORS) or 0.0
+        return requests <= 0 or errors / requests < self.error_max
+
     # -- the policy ---------------------------------------------------------------------------------
     def decide(
         self, snapshot: Snapshot, findings: Sequence[Finding], state: BreakerState | None, now: float
@@ -237,6 +252,7 @@ class Breaker:
             buckets=rolling_sum(state.buckets, now, BUCKET_S, 6 * 3600.0, requests - bad, bad),
             preempt_rate=smoothed(state.preempt_rate, state.at, now, preempt, self.preempt_tau_s),
             at=now,
+            mix=state.mix.update(snapshot, now),
         )
         if state.forced is None:
             state = self._step(snapshot, state, now)

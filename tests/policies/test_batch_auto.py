@@ -277,3 +277,50 @@ def test_a_limit_outside_the_bounds_is_brought_back_where_it_would_otherwise_hol
 def test_rejects_a_zero_slo():
     with pytest.raises(ValueError, match="SLO"):
         AutoBatch(0.0, 0.1)
+
+
+def _run(policy: AutoBatch, values: dict[str, float], ticks: int) -> tuple[AutoState | None, list[float]]:
+    """Tick once a second on the same signals; the limit each proposal asks for."""
+    state: AutoState | None = None
+    limits = []
+    for t in range(ticks):
+        snapshot = make_snapshot(
+            float(t), **{**values, "gate__limit": state.limit if state else values["gate__limit"]}
+        )
+        state, proposals = policy.decide(snapshot, [], state, float(t))
+        limits += [float(p.value) for p in proposals]
+    return state, limits
+
+
+#: The Azure 2024 coding week's weekday peak on an engine with a 2,048-token budget: ITL over target because
+#: each step carries a prompt chunk (1.5% of a step's tokens are decodes), a queue waiting for the batch.
+PREFILL_BOUND = {
+    "gate__limit": 256,
+    "engine__requests_running": 26,
+    "engine__requests_waiting": 30,
+    "engine__requests_finished_per_second": 8.0,  # a 4-s wait for the queue: no TTFT risk
+    "engine__kv_cache_usage_ratio": 0.3,
+    "engine__itl_seconds__mean": 0.13,
+    "engine__prompt_tokens_per_second": 16000.0,
+    "engine__generation_tokens_per_second": 250.0,
+}
+
+
+def test_itl_of_prefill_bound_steps_does_not_cut_the_batch():
+    """Cutting it (to 8-20 on that peak) only queued requests: 895 waiting, no better ITL."""
+    state, limits = _run(POLICY, PREFILL_BOUND, 120)
+    assert limits == [] and state is not None and state.limit == 256
+    assert state.mix.decode_share == pytest.approx(250 / 16250, rel=0.01)
+    # the same ITL with decodes making up a third of the steps: the batch is the lever, it is cut
+    decode_bound = {**PREFILL_BOUND, "engine__prompt_tokens_per_second": 500.0}
+    _, limits = _run(POLICY, decode_bound, 120)
+    assert limits and limits[-1] < 26
+
+
+def test_a_binding_limit_grows_on_its_queue_while_the_steps_are_prefill_bound():
+    bound = {**PREFILL_BOUND, "gate__limit": 24, "engine__requests_running": 24}
+    state, limits = _run(POLICY, bound, 60)
+    assert limits and limits[0] > 24
+    _, [proposal] = POLICY.decide(make_snapshot(100.0, **bound), [], state, 100.0)
+    assert "prompt chunks" in proposal.reason and "1.5% of a step's tokens are decodes" in proposal.reason
+    assert _decide(**bound) == [29]  # on the first tick too: its rates are taken as they are

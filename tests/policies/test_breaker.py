@@ -274,3 +274,27 @@ def test_a_burst_of_preemptions_is_no_storm():
 
     assert _levels(BREAKER, burst, 600.0) == []
     assert _levels(BREAKER, storm, 600.0) == [1, 2]
+
+
+def _prefill_bound(t: float) -> dict[str, float]:
+    """Code prompts at a weekday peak: ITL over the SLO because every step carries a 2,048-token chunk
+    (16,000 prompt tokens/s against 250 generated: 1.5% of a step's tokens are decodes)."""
+    return {
+        **_latency_spike(t),
+        "engine__itl_seconds__mean": 0.13,
+        "engine__prompt_tokens_per_second": 16000.0,
+        "engine__generation_tokens_per_second": 250.0,
+    }
+
+
+def test_a_burn_from_prefill_bound_steps_does_not_trip():
+    """L1 cannot shorten a step made of a prompt chunk and L2 lengthens it on an A100 (policies/steps.py)."""
+    assert _levels(QUEUE_AWARE, _prefill_bound, 2000.0) == []
+
+    # the same ITL with decodes making the steps (chat: a third of the tokens): a fault, it escalates
+    def decode_bound(t: float) -> dict[str, float]:
+        return {**_prefill_bound(t), "engine__prompt_tokens_per_second": 500.0}
+
+    assert _levels(QUEUE_AWARE, decode_bound, 2000.0) == [1, 2, 3]
+    # errors still trip
+    assert _levels(QUEUE_AWARE, lambda t: {**_prefill_bound(t), "gate__errors": 3.0}, 500.0) == [1, 2]

@@ -272,7 +272,7 @@ def soak(
             touch_arrays(replay)
             replay.run()
             agent.audited(replay.actions)
-            if agent.ticks % 3600:  # the run's end, between two hourly samples
+            if samples and agent.now - samples[-1].hour * 3600.0 >= 60.0:  # the end, past the last sample
                 sample(agent.now)
             evicted = agent.webhook_registry.get_sample_value(
                 "servepilot_webhook_deliveries_total", {"sink": "alertmanager", "outcome": "evicted"}

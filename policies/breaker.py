@@ -192,8 +192,8 @@ class Breaker:
     ) -> str | None:
         b2, b5, b30, b1h = burns
         # Burning still, in the last two minutes: a burn that stopped must not push the level further;
-        # and not merely queueing at full capacity, which no level relieves.
-        burning = b2 >= 1.0 and not self._queueing(snapshot) and not self._prefill_bound(snapshot, state)
+        # and not one no level relieves (queueing at full capacity, prefill-bound steps).
+        burning = b2 >= 1.0 and not self._no_level_helps(snapshot, state)
         if burning and b1h >= 14.4 and b5 >= 14.4:
             return f"fast burn: {b5:.1f}x over 5 m and {b1h:.1f}x over 1 h (>= 14.4x)"
         if burning and b30 >= 6.0 and (b6h := self._burn_6h(state)) >= 6.0:
@@ -212,23 +212,17 @@ class Breaker:
             return f"memory {used / total:.1%} of the GPU (>= {self.memory_max:.0%}): OOM risk"
         return None
 
-    def _queueing(self, snapshot: Snapshot) -> bool:
-        """Decode meets the ITL SLO and errors are rare: the misses are first tokens that waited."""
+    def _no_level_helps(self, snapshot: Snapshot, state: BreakerState) -> bool:
+        """Errors are rare and the misses are ones no level relieves: decode meets the ITL SLO (first
+        tokens that waited for a busy engine), or the steps are the prompt chunks' (policies/steps.py)."""
         if self.itl_slo_s is None:
             return False
-        itl = snapshot.get(knobs.ITL_MEAN)
         requests = snapshot.get(knobs.GATE_REQUESTS) or 0.0
         errors = snapshot.get(knobs.GATE_ERRORS) or 0.0
-        errors_ok = requests <= 0 or errors / requests < self.error_max
-        return itl is not None and itl <= self.itl_slo_s and errors_ok
-
-    def _prefill_bound(self, snapshot: Snapshot, state: BreakerState) -> bool:
-        """The steps are the prompt chunks' (policies/steps.py), errors rare: no level shortens them."""
-        if self.itl_slo_s is None or not state.mix.prefill_bound():
+        if requests > 0 and errors / requests >= self.error_max:
             return False
-        requests = snapshot.get(knobs.GATE_REQUESTS) or 0.0
-        errors = snapshot.get(knobs.GATE_ERRORS) or 0.0
-        return requests <= 0 or errors / requests < self.error_max
+        itl = snapshot.get(knobs.ITL_MEAN)
+        return (itl is not None and itl <= self.itl_slo_s) or state.mix.prefill_bound()
 
     # -- the policy ---------------------------------------------------------------------------------
     def decide(

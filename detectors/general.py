@@ -20,6 +20,13 @@ the load signal, kept in ``/api/state`` and the finding metrics but below the we
 stays a warning: that is what the detector is for. The specific failure modes that also move with the
 load have their own detectors and severities (thermal, leak, fragmentation, stall, tail latency).
 
+**One signal, one judge.** Latency tails (``engine.*_seconds.p90/p95/p99``) are not watched here: the
+tail latency detector models each against utilisation and the queue and judges it against its SLO, so a
+load-blind novelty alarm on the same tail said the same thing worse. On the Azure 2024 coding week
+(``bench/soak.py --week``) 9 of this detector's 30 warnings were TTFT and ITL tails at the weekday peaks,
+each also judged there. The window means (``engine.ttft_seconds.mean``, ``itl_seconds.mean``) are still
+watched: no other detector does.
+
 **A new baseline settles first.** For its first ``settle_points`` points (3600: an hour at the agent's
 1 s tick) a signal's scorer has seen little of its range, and each widening of it scores as a new level:
 a fresh sidecar beside a healthy engine raised 15 warnings in its first hour (``bench/soak.py``), one per
@@ -51,9 +58,12 @@ DEFAULT_LOAD_SIGNALS = (
     "engine.prompt_tokens_per_second",
     "engine.generation_tokens_per_second",
 )
+#: Signals not watched: redundant views (max, last, p50), counters and static values, per-process and
+#: per-device series, and latency tails (``_seconds.p90/p95/p99``), which the tail latency detector judges
+#: against the load and the SLO (one signal, one judge: module docstring).
 DEFAULT_EXCLUDE = (
     r"(\.(max|last|p50|samples)$)|(_total$)|(energy_joules$)|(\.throttle)|(process_used_bytes)"
-    r"|(^probe\.device)|(memory_total_bytes$)|(power_limit_watts$)|(_info$)"
+    r"|(^probe\.device)|(memory_total_bytes$)|(power_limit_watts$)|(_info$)|(_seconds\.p9[059]$)"
 )
 
 

@@ -55,10 +55,12 @@ def test_counters_and_redundant_views_are_not_watched_by_default() -> None:
             nvml__gpu0__utilization_ratio__max=1.0,
             nvml__gpu0__utilization_ratio__mean=0.5,
             probe__ooms_total=0.0,
-            engine__ttft_seconds__p99=0.2,
+            engine__ttft_seconds__p99=0.2,  # the tail latency detector's (one signal, one judge)
+            engine__itl_seconds__p95=0.02,
+            engine__ttft_seconds__mean=0.1,
         )
     )
-    assert set(det.scorers_) == {"nvml.gpu0.utilization_ratio.mean", "engine.ttft_seconds.p99"}
+    assert set(det.scorers_) == {"nvml.gpu0.utilization_ratio.mean", "engine.ttft_seconds.mean"}
 
 
 def test_signals_outside_the_prefixes_are_ignored() -> None:

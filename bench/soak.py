@@ -22,6 +22,7 @@ fault, so each is a false alarm; warning and critical ones are what the webhooks
     .venv/bin/python bench/soak.py                 # 24 h, ~1.5 req/s mean (prints a table and a verdict)
     .venv/bin/python bench/soak.py --hours 2 --warmup-hours 0.5 --json
     .venv/bin/python bench/soak.py --week --hours 72   # the real Azure 2024 coding week's first 3 days
+    .venv/bin/python bench/soak.py --week --hours 168 --no-token-budget   # as beside a released engine
 
 ``--week`` replays the Azure LLM 2024 coding week (10-s counts, from ``--traces``) instead of the synthetic
 day, with the 2023 code trace's token lengths, at ``--rate-scale`` of its real rate: 0.1 by default, which
@@ -219,14 +220,16 @@ def soak(
     model: str,
     week: tuple[Path, float] | None = None,
     findings_log: IO[str] | None = None,
+    token_budget: bool = True,
 ) -> dict[str, Any]:
     """``week``: (traces folder, rate scale) to replay the real week instead of the synthetic day;
-    ``findings_log``: where to write each raised finding (a JSON line each)."""
+    ``findings_log``: where to write each raised finding (a JSON line each); ``token_budget``: whether the
+    engine's token budget is a knob (the simulator's is; a released vLLM or SGLang cannot change it)."""
     batch, tokens = vllm_defaults(gpu)
     core = make_core(gpu, model, max_num_seqs=batch, max_num_batched_tokens=tokens)
     policies = build_set("auto", ttft_slo_s=10.0, itl_slo_s=0.1, initial_batch=float(batch),
                          batch_bounds=(8.0, float(max(512, batch))),
-                         initial_token_budget=float(tokens))  # fmt: skip
+                         initial_token_budget=float(tokens) if token_budget else None)  # fmt: skip
     slo = Slo(10.0, 0.1)
     detectors = build_detectors(slo_s={"ttft": slo.ttft_s, "itl": slo.itl_s})
     brain = Brain(policies, default_arbiter(), detectors=detectors)
@@ -325,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--week", action="store_true", help="replay the Azure 2024 coding week instead")
     parser.add_argument("--rate-scale", type=float, default=0.1, help="the week's rate scale (--week)")
     parser.add_argument("--traces", type=Path, default=TRACES, help="folder of the traces (--week)")
+    parser.add_argument(
+        "--no-token-budget", action="store_true", help="no token budget knob, as with a released engine"
+    )
     parser.add_argument("--gpu", default="a100-80g")
     parser.add_argument("--model", default="llama-2-7b")
     parser.add_argument("--seed", type=int, default=0)
@@ -336,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     week = (args.traces, args.rate_scale) if args.week else None
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(args.findings.open("w", encoding="utf-8")) if args.findings else None
-        result = soak(args.hours, args.warmup_hours, args.rate, args.seed, args.gpu, args.model, week, log)
+        run = (args.hours, args.warmup_hours, args.rate, args.seed, args.gpu, args.model)
+        result = soak(*run, week=week, findings_log=log, token_budget=not args.no_token_budget)
     if args.json:
         print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=2))
     else:

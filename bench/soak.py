@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -69,8 +70,10 @@ from agent.store import Store
 from agent.tally import FindingTally
 from agent.webhooks.dispatcher import WebhookDispatcher
 from agent.webhooks.sinks import AlertmanagerSink
+from detectors.base import Finding
 from detectors.snapshot import Snapshot
 from policies.arbiter import Decision
+from policies.base import Proposal
 from policies.registry import build_set, default_arbiter
 from simulator.engine import make_core
 
@@ -187,10 +190,25 @@ class Agent:
         #: each raised finding as a JSON line (``--findings``), to see when and why; written as it comes,
         #: so the harness holds none of them in memory
         self.log = findings_log
+        #: the harness's own per-tick work (trimming, samples), after the agent's
+        self.after_tick: Callable[[Snapshot], None] | None = None
 
-    def on_tick(self, snapshot: Snapshot) -> None:
+    def control(self, snapshot: Snapshot, actual: dict[str, float | str]) -> list[Decision]:
+        """The replay's controller: the brain thinks once (detectors, policies, arbiter), then the agent's
+        other parts take what it found, as the live loop's listeners do. Until 2026-12-05 the harness
+        thought a second time for its findings, so every detector saw each tick twice and each policy
+        decided twice per tick; the token budget controller's first decision set its dwell, and the one
+        that counted never acted."""
+        decisions = self.brain.control(snapshot, actual)
+        self.on_tick(snapshot, self.brain.findings, self.brain.proposals)
+        if self.after_tick is not None:
+            self.after_tick(snapshot)
+        return decisions
+
+    def on_tick(
+        self, snapshot: Snapshot, findings: tuple[Finding, ...], proposals: tuple[Proposal, ...]
+    ) -> None:
         self.store.append(snapshot)
-        findings, proposals = self.brain.loop.think(snapshot)
         self.ticks += 1
         self.now = snapshot.now
         self.findings = len(findings)
@@ -249,8 +267,7 @@ def soak(
             agent = Agent(Path(workdir), brain, findings_log)
             replay: Replay
 
-            def on_tick(snapshot: Snapshot) -> None:
-                agent.on_tick(snapshot)
+            def after_tick(snapshot: Snapshot) -> None:
                 if agent.ticks % 600 == 0:  # trim the harness's own records (not the agent's)
                     agent.audited(replay.actions)
                     del replay.timeline[:], replay.actions[:]
@@ -271,7 +288,8 @@ def soak(
             # the engine's quantiles over the live sidecar's window (engine.quantile_window_s), so the
             # detectors see the tails they would see live
             window_s = EngineConfig().quantile_window_s
-            replay = Replay(core, workload, slo, controller=brain, on_tick=on_tick, window_s=window_s)
+            agent.after_tick = after_tick
+            replay = Replay(core, workload, slo, controller=agent, window_s=window_s)
             touch_arrays(replay)
             replay.run()
             agent.audited(replay.actions)

@@ -16,10 +16,10 @@ from agent.config import PolicyConfig
 from agent.itl_steering import AUDIT_KNOB, steered_itl
 from agent.loop import Loop
 from agent.store import Store
-from detectors.base import Detector
+from detectors.base import Detector, Finding
 from detectors.snapshot import Snapshot
 from policies.arbiter import Arbiter, ArbiterState, Decision
-from policies.base import Policy
+from policies.base import Policy, Proposal
 from policies.registry import retune
 
 
@@ -58,10 +58,15 @@ class Brain:
         self.arbiter = arbiter
         self.state: ArbiterState | None = None
         self.steering = steering
+        #: the last tick's findings and proposals, for a harness that feeds the agent's other parts
+        #: (bench/soak.py); thinking again to get them would feed every detector the tick twice
+        self.findings: tuple[Finding, ...] = ()
+        self.proposals: tuple[Proposal, ...] = ()
 
     def control(self, snapshot: Snapshot, actual: dict[str, float | str]) -> list[Decision]:
         steered = self._steer(snapshot.now) if self.steering is not None else None
-        _findings, proposals = self.loop.think(snapshot)
+        self.findings, self.proposals = self.loop.think(snapshot)
+        proposals = self.proposals
         self.state, decisions = self.arbiter.decide(proposals, actual, self.state, snapshot.now)
         return decisions if steered is None else [steered, *decisions]
 

@@ -23,9 +23,9 @@ load have their own detectors and severities (thermal, leak, fragmentation, stal
 **One signal, one judge.** Latency tails (``engine.*_seconds.p90/p95/p99``) are not watched here: the
 tail latency detector models each against utilisation and the queue and judges it against its SLO, so a
 load-blind novelty alarm on the same tail said the same thing worse. On the Azure 2024 coding week
-(``bench/soak.py --week``) 9 of this detector's 30 warnings were TTFT and ITL tails at the weekday peaks,
-each also judged there. The window means (``engine.ttft_seconds.mean``, ``itl_seconds.mean``) are still
-watched: no other detector does.
+(``bench/soak.py --week``, counted before f1405c6 fed each tick once) 9 of this detector's 30 warnings
+were TTFT and ITL tails at the weekday peaks, each also judged there. The window means
+(``engine.ttft_seconds.mean``, ``itl_seconds.mean``) are still watched: no other detector does.
 
 **A new baseline settles first.** For its first ``settle_points`` points (3600: an hour at the agent's
 1 s tick) a signal's scorer has seen little of its range, and each widening of it scores as a new level:

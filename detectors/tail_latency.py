@@ -45,15 +45,15 @@ the findings and on ``/api/state``, below the webhooks' default severity. The st
   (``bench/soak.py``, ~1.5 requests/s) raised 169 warning and critical findings for tails of 15-30 ms
   against a 100 ms target; judged by the tail against the whole target, the real Azure 2024 coding week
   with the 2023 code trace's long prompts (``bench/soak.py --week``) still raised 44 in a week, nearly all
-  P99s of 101-130 ms on weekend nights with one or two requests running. Without a mean in the snapshot,
-  the tail is judged against the whole target: a tail under the target of the mean leaves nearly every
-  request's mean under it too.
+  P99s of 101-130 ms on weekend nights with one or two requests running (both counted before f1405c6
+  fed the soak's detectors each tick once). Without a mean in the snapshot, the tail is judged against
+  the whole target: a tail under the target of the mean leaves nearly every request's mean under it too.
 
 Past the share, the severity says what the tail does to the SLO, not how surprising it is: a warning while
 the statistic is under the target, critical once it is past it (a miss is happening). On the coding week
-(``bench/soak.py --week``) the weekday peaks held TTFT P99s of 5-6.5 s, 8-19 residual sigmas over what the
-load predicts: 18 of its 19 criticals by z were tails under the 10 s target; the two P99s of 18-19 s (one a
-warning by z) are the criticals now.
+(``bench/soak.py --week``, before f1405c6) the weekday peaks held TTFT P99s of 5-6.5 s, 8-19 residual
+sigmas over what the load predicts: 18 of its 19 criticals by z were tails under the 10 s target; the two
+P99s of 18-19 s (one a warning by z) are the criticals now.
 An e2e tail (no target) and every tail without a known target keep the z-based warning and critical.
 """
 

@@ -66,8 +66,7 @@ class Brain:
     def control(self, snapshot: Snapshot, actual: dict[str, float | str]) -> list[Decision]:
         steered = self._steer(snapshot.now) if self.steering is not None else None
         self.findings, self.proposals = self.loop.think(snapshot)
-        proposals = self.proposals
-        self.state, decisions = self.arbiter.decide(proposals, actual, self.state, snapshot.now)
+        self.state, decisions = self.arbiter.decide(self.proposals, actual, self.state, snapshot.now)
         return decisions if steered is None else [steered, *decisions]
 
     def _steer(self, now: float) -> Decision | None:

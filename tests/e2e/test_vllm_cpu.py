@@ -45,6 +45,8 @@ from tests.engines.fixture import running
 MAPPINGS = load_mappings()
 EJECT_S = 8.0
 """The stall test's ``gate.eject_stalled_s`` (see there)."""
+SLICE_S = 0.2
+"""How long the stall test lets vLLM's engine core run at a time while the four long answers start."""
 
 
 @pytest.fixture(scope="module")
@@ -606,36 +608,68 @@ async def test_a_stopped_engine_core_is_a_stall_while_health_answers(
             f"the requests sent: {answers()}"
         )
 
+    def run_a_slice() -> None:
+        """SIGCONT, :data:`SLICE_S`, SIGSTOP, timed in a thread: this test's event loop, busy relaying
+        vLLM's answers, came back from an ``asyncio.sleep(0.2)`` so late with two CPU-bound processes
+        beside it that the core had finished all four long answers in that one slice."""
+        os.kill(core, signal.SIGCONT)
+        time.sleep(SLICE_S)
+        os.kill(core, signal.SIGSTOP)
+
+    async def run_until_started(while_: asyncio.Future[Any]) -> None:
+        """A slice of core time (:func:`run_a_slice`), and again, until the gate holds the four long
+        requests at vLLM, each with a byte of its answer (a slice is ~5% of the core time they take; a
+        slice and a second of relaying, well inside ``EJECT_S`` of silence); fails with what it saw once
+        one ended first."""
+        for _ in range(40):
+            await asyncio.to_thread(run_a_slice)
+            for _ in range(20):  # the API server relays what the core made before the stop
+                if gate_holds() == 4 and gate_unstarted() == 0:
+                    return
+                if gate_holds() < 4 or while_.done():
+                    raise AssertionError(
+                        f"a long answer ended before all four started: the gate holds {gate_holds()} at "
+                        f"vLLM, {gate_unstarted()} with no byte yet; the requests sent: {answers()}"
+                    )
+                await asyncio.sleep(0.05)
+        raise AssertionError(f"vLLM made no first tokens in 40 slices; the requests sent: {answers()}")
+
+    async def gate_back() -> None:
+        """Until vLLM is in the gate's split again (a missed try may have left it out for its hold)."""
+        for _ in range(int((EJECT_S + 10.0) / 0.05)):
+            if primary.healthy:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"vLLM never came back into the gate's split: {primary.last_error!r}")
+
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
-            # four long answers fill max_num_seqs and run; two short ones wait behind them. Started in that
-            # order, whatever the machine's speed: the stop must find both kinds at the engine. That is
-            # the set-up, not what is tested, so it has three tries: on 2 shared cores the moment can be
-            # over before the gate sees it (2026-12-02: vLLM created the short ones 7 s after the long
-            # ones, whose answers took 6.3 s: their first bytes came so late that the short ones were sent
-            # when they were all but over). Each failed try is printed, never hidden.
+            # four long answers fill max_num_seqs and run; two short ones wait behind them: the stop must find
+            # both kinds at the engine. The four are sent to a stopped engine core, which then runs in
+            # slices until each has sent a byte, a state that holds still while it is stopped; the short
+            # ones are sent then. Sent to a running core, the API server (which shares 2 cores with it)
+            # handed them over seconds apart: in CI (2026-12-05) one long answer never overlapped the
+            # other three in three tries, and on 2026-12-02 the short ones came when the long ones were
+            # all but over. Sent all six to the stopped core, with two CPU-bound processes beside it the
+            # short ones reached it before two of the long ones. That is the set-up, not what is tested,
+            # so it has three tries, each printed.
             for attempt in range(1, 4):
                 await tick_until(lambda s: engine_holds(s, 0, 0), "idle")  # the detector's first reading
+                await gate_back()
+                os.kill(core, signal.SIGSTOP)
                 running = asyncio.ensure_future(
                     stream_many(session, via_gate, [completion(f"stall {i}", 1800) for i in range(4)])
                 )
                 sent.append(running)
                 try:
-                    # the four are running once each has sent a byte, seen from the gate, not from a
-                    # scrape: on a fast machine the 1800-token answers were over 6.2 s after they
-                    # started, and the scrapes of tick_until (up to 5 s each on this engine) left too
-                    # little of them for the short ones
-                    await gate_sees(4, 0, "the four long answers never all started", running)
+                    await gate_sees(4, 4, "the four long requests never reached vLLM", running)
+                    await run_until_started(running)
+                    stopped_at = gate.clock()
                     waiting = asyncio.ensure_future(
                         stream_many(session, via_gate, [completion(f"wait {i}", 16) for i in range(2)])
                     )
                     sent.append(waiting)
-                    # the short ones are seen queued behind the four from the gate (held, no byte yet),
-                    # not from a scrape: in CI a scrape that waited 5 s on a paused vLLM covered the whole
-                    # moment, and the 1800-token answers were over 8.5 s after they started
-                    await gate_sees(6, 2, "the short requests never queued behind the long ones", running)
-                    os.kill(core, signal.SIGSTOP)
-                    stopped_at = gate.clock()
+                    await gate_sees(6, 2, "the short requests never reached vLLM", running)
                     # a step that was running ends, and the API server hands out what the engine core had
                     # sent before the stop; only then is nothing moving. On 2 shared cores that took more
                     # than the 0.5 s this waited before: counters moved at a later (virtual) tick and the

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 COMMANDS: tuple[str, ...] = (
     "agent.commands.run",
     "agent.commands.check",
+    "agent.commands.admin",
     "agent.commands.demo",
     "agent.commands.sim",
     "agent.commands.gate",

@@ -150,6 +150,19 @@ def test_token_files_live_in_the_mounted_secret(engine: str) -> None:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_servepilot_admin_in_the_container_finds_the_admin_routes_on_loopback(engine: str) -> None:
+    """The runbooks' ``kubectl exec POD -c servepilot -- servepilot admin -c <the args' config> ...``: the
+    config it is given is the one the sidecar runs with, and it points at the loopback admin listener."""
+    from agent.commands.admin import admin_url
+
+    args = _container(engine, "servepilot")["args"]
+    config_path = args[args.index("--config") + 1]
+    mounted = _mounts(engine, "servepilot")
+    assert any(config_path.startswith(path.rstrip("/") + "/") for path in mounted.values()), config_path
+    assert admin_url(_config(engine)) == "http://127.0.0.1:9402"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_state_files_live_on_the_writable_volume(engine: str) -> None:
     cfg = _config(engine)
     state_dir = Path(_mounts(engine, "servepilot")["state"])

@@ -1,0 +1,250 @@
+"""``servepilot admin``: the override routes from the command line, with the sidecar config's address and
+token, against the real routes (agent/admin.py) on loopback."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from agent.admin import add_admin_routes
+from agent.audit import AuditLog
+from agent.cli import UsageError, build_parser, main
+from agent.commands.admin import admin_url, call_for, parse_value, target_for
+from agent.config import AuditConfig, Config
+from agent.modes import Actuation
+from policies.registry import default_arbiter
+
+TOKEN = "s3cret-token-0123456789"
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["admin", *argv])
+
+
+@pytest.mark.parametrize(
+    ("argv", "method", "path", "body"),
+    [
+        (["state"], "GET", "/api/admin/state", None),
+        (["pause"], "POST", "/api/admin/pause", None),
+        (["resume"], "POST", "/api/admin/resume", None),
+        (["reload"], "POST", "/api/admin/reload", None),
+        (
+            ["pin", "batch.max_in_flight", "32"],
+            "POST",
+            "/api/admin/pin",
+            {"knob": "batch.max_in_flight", "value": 32},
+        ),
+        (
+            ["pin", "route.upstream", "fp8"],
+            "POST",
+            "/api/admin/pin",
+            {"knob": "route.upstream", "value": "fp8"},
+        ),
+        (["unpin", "gpu.sm_clock_mhz"], "DELETE", "/api/admin/pin/gpu.sm_clock_mhz", None),
+        (["unpin", "a/b"], "DELETE", "/api/admin/pin/a%2Fb", None),
+        (["breaker", "2"], "POST", "/api/admin/breaker", {"level": 2}),
+        (["breaker", "release"], "POST", "/api/admin/breaker", {"level": None}),
+        (["canary"], "GET", "/api/admin/canary", None),
+        (["canary", "start"], "POST", "/api/admin/canary", None),
+        (["canary", "abort"], "DELETE", "/api/admin/canary", None),
+        (["actions", "--limit", "5"], "GET", "/api/actions?limit=5", None),
+    ],
+)
+def test_each_action_is_its_route(argv: list[str], method: str, path: str, body: object) -> None:
+    request = call_for(_args(*argv))
+    assert (request.method, request.path, request.body) == (method, path, body)
+
+
+@pytest.mark.parametrize("argv", [["breaker", "high"], ["actions", "--limit", "0"]])
+def test_values_no_route_takes_are_usage_errors(argv: list[str]) -> None:
+    with pytest.raises(UsageError):
+        call_for(_args(*argv))
+
+
+def test_a_pin_value_is_a_number_or_boolean_where_it_reads_as_one() -> None:
+    assert parse_value("32") == 32 and isinstance(parse_value("32"), int)
+    assert parse_value("0.5") == 0.5
+    assert parse_value("true") is True
+    assert parse_value("fp8") == "fp8"
+    assert parse_value('"32"') == '"32"'  # a JSON string is taken as typed, quotes and all
+    assert parse_value("[1]") == "[1]"
+    assert parse_value("NaN") == "NaN" and parse_value("Infinity") == "Infinity"
+
+
+def test_the_url_follows_the_config() -> None:
+    assert admin_url(Config()) == "http://127.0.0.1:9402"  # its own loopback listener by default
+    wildcard = Config.model_validate({"agent": {"admin_listen_host": "0.0.0.0", "admin_listen_port": 9500}})
+    assert admin_url(wildcard) == "http://127.0.0.1:9500"
+    v6 = Config.model_validate({"agent": {"admin_listen_host": "::1", "admin_listen_port": 9500}})
+    assert admin_url(v6) == "http://[::1]:9500"
+    mounted = Config.model_validate(
+        {"agent": {"admin_listen_port": None, "tls_cert_file": "c.pem", "tls_key_file": "k.pem"}}
+    )
+    assert admin_url(mounted) == "https://127.0.0.1:9400"  # on the agent API, with its TLS
+
+
+def test_where_and_which_token_are_said_or_it_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="--config FILE"):
+        target_for(_args("pause"), {})
+    with pytest.raises(UsageError, match="admin_token_file"):
+        target_for(_args("--url", "http://127.0.0.1:1", "pause"), {})
+    short = tmp_path / "short"
+    short.write_text("abc\n")
+    with pytest.raises(UsageError, match="shorter than 16"):
+        target_for(_args("--url", "http://127.0.0.1:1", "--token-file", str(short), "pause"), {})
+    with pytest.raises(UsageError, match="--cacert"):
+        target_for(
+            _args("--url", "https://127.0.0.1:1", "--cacert", str(tmp_path / "none.pem"), "actions"), {}
+        )
+    # the audit log's recent actions are open, as on the route
+    assert target_for(_args("--url", "http://127.0.0.1:1/", "actions"), {}).url == "http://127.0.0.1:1"
+
+
+@pytest.fixture
+async def sidecar(tmp_path: Path) -> AsyncIterator[tuple[Path, Actuation]]:
+    """The real admin routes on loopback and a sidecar config that names their port and token file."""
+    audit = AuditLog(AuditConfig(path=None), CollectorRegistry())
+    actuation = Actuation("act", audit)
+    limit = {"value": 64}
+
+    async def read() -> int:
+        return limit["value"]
+
+    async def write(value: int) -> int:
+        limit["value"] = value
+        return value
+
+    actuation.bind("batch.max_in_flight", read, write)
+    actuation.bounds = default_arbiter((8.0, 512.0)).check
+    app = web.Application()
+    add_admin_routes(app, actuation, audit, TOKEN)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    config = tmp_path / "config.yaml"
+    port = runner.addresses[0][1]
+    config.write_text(f"agent:\n  admin_listen_port: {port}\nactuators:\n  admin_token_file: {token}\n")
+    yield config, actuation
+    await runner.cleanup()
+
+
+async def _cli(*argv: str) -> int:
+    """``servepilot admin ...`` as the shell runs it (its own event loop, in a thread)."""
+    return await asyncio.to_thread(main, ["admin", *argv])
+
+
+async def test_pause_pin_and_state_through_the_configs_address_and_token(
+    sidecar: tuple[Path, Actuation], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, actuation = sidecar
+    assert await _cli("--config", str(config), "pause") == 0
+    assert actuation.paused and json.loads(capsys.readouterr().out)["paused"] is True
+    assert await _cli("-c", str(config), "pin", "batch.max_in_flight", "32") == 0
+    assert actuation.pins == {"batch.max_in_flight": 32}
+    capsys.readouterr()
+    assert await _cli("-c", str(config), "state") == 0
+    state = json.loads(capsys.readouterr().out)
+    assert state["pins"] == {"batch.max_in_flight": 32} and state["paused"] is True
+    assert await _cli("-c", str(config), "unpin", "batch.max_in_flight") == 0
+    assert await _cli("-c", str(config), "resume") == 0
+    assert actuation.pins == {} and not actuation.paused
+
+
+async def test_a_refusal_is_exit_1_with_the_agents_reason_on_one_line(
+    sidecar: tuple[Path, Actuation], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config, actuation = sidecar
+    assert await _cli("-c", str(config), "pin", "batch.max_in_flight", "100000") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("servepilot admin: 400 ") and "512" in err and err.count("\n") == 1
+    assert actuation.pins == {}
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not-the-token-0123456789")
+    assert await _cli("-c", str(config), "--token-file", str(wrong), "pause") == 1
+    assert "401 missing or wrong bearer token" in capsys.readouterr().err
+    assert not actuation.paused
+    assert await _cli("-c", str(config), "canary", "start") == 1  # this agent runs no canary
+    assert "404 the precision canary is disabled: set canary.enabled" in capsys.readouterr().err
+
+
+async def test_a_sidecar_that_is_not_there_is_exit_1_naming_the_address(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert await _cli("--url", f"http://127.0.0.1:{port}", "actions") == 1
+    assert f"cannot reach the sidecar at http://127.0.0.1:{port}" in capsys.readouterr().err
+
+
+async def test_bad_input_is_exit_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert await _cli("pause") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("servepilot admin: ") and err.count("\n") == 1
+
+
+async def test_a_sidecar_serving_admin_on_its_tls_api_listener(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real sidecar with admin on its API listener over TLS (``admin_listen_port: null``): the command
+    finds it at https on the API port, verifies it with ``--cacert`` and refuses it without."""
+    import trustme
+    import yaml
+
+    from agent import config as agent_config
+    from agent.engines.launcher import free_port
+    from agent.sidecar import Sidecar
+    from detectors.snapshot import Reading, SourceStatus
+
+    class Idle:
+        name = "engine"
+
+        async def collect(self, now: float) -> Reading:
+            return Reading("engine", now, SourceStatus.OK, {"engine.requests_running": 0.0})
+
+        async def close(self) -> None:
+            pass
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    (tmp_path / "token").write_text(TOKEN)
+    doc = {
+        "agent": {
+            "listen_port": free_port(),
+            "admin_listen_port": None,
+            "tls_cert_file": str(tmp_path / "cert.pem"),
+            "tls_key_file": str(tmp_path / "key.pem"),
+        },
+        "actuators": {"admin_token_file": str(tmp_path / "token")},
+        "audit": {"path": str(tmp_path / "audit.jsonl")},
+        "forecast": {"enabled": False},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    sidecar = Sidecar(agent_config.load(path, {}), collectors=[Idle()])
+    await sidecar.start()
+    try:
+        assert await _cli("-c", str(path), "--cacert", str(tmp_path / "ca.pem"), "pause") == 0
+        assert sidecar.knobs.actuation.paused
+        assert json.loads(capsys.readouterr().out)["paused"] is True
+        assert await _cli("-c", str(path), "--insecure", "resume") == 0
+        assert not sidecar.knobs.actuation.paused
+        capsys.readouterr()
+        assert await _cli("-c", str(path), "state") == 1  # the test CA is not among the system's
+        assert "certificate verify failed" in capsys.readouterr().err
+    finally:
+        await sidecar.stop()

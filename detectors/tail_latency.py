@@ -19,6 +19,12 @@ tick is scored before it is learned:
 * reference latency :math:`L_\text{ref} = \exp(\hat w^\top \bar x)` at the typical load :math:`\bar x`
   (an exponentially weighted mean of the features).
 
+The queue is the one in front of what the signal times. The engine's tails start at the engine, so their
+:math:`q` is ``engine.requests_waiting``; the gate's (``gate.<bucket>.*``) start when the request
+reached the gate, so theirs adds the gate's own queue (``gate.queue_depth``). When the gate's in-flight
+limit binds, requests wait in the gate and the engine's queue reads 0: with the engine's alone, a gate
+TTFT tail that followed its queue read as "not explained by load".
+
 Verdicts, each needing ``k`` of the last ``n`` ticks:
 
 * **anomalous tail** (warning; critical beyond twice ``z_threshold``): :math:`z > z_\text{thr}` and
@@ -144,13 +150,25 @@ class TailLatencyDetector:
         util = mean_of(snapshot, util_names)
         waiting = snapshot.get("engine.requests_waiting")
         running = snapshot.get("engine.requests_running")
-        x = [1.0, util or 0.0, math.log1p(max(0.0, waiting or 0.0)), math.log1p(max(0.0, running or 0.0))]
+        gate_queue = snapshot.get("gate.queue_depth")
+        x_engine = [
+            1.0,
+            util or 0.0,
+            math.log1p(max(0.0, waiting or 0.0)),
+            math.log1p(max(0.0, running or 0.0)),
+        ]
+        # the gate's clock starts at the gate: its requests wait in its queue, then in the engine's
+        x_gate = x_engine
+        if gate_queue is not None:
+            x_gate = [*x_engine]
+            x_gate[2] = math.log1p(max(0.0, waiting or 0.0) + max(0.0, gate_queue))
         findings: list[Finding] = []
         values = snapshot.values
         for name, match in tails:
             latency = values[name]
             if latency <= 0:
                 continue
+            x = x_engine if match.group("bucket") is None else x_gate
             model = self.models_.get(name)
             if model is None:
                 model = self.models_[name] = _Model(self.forgetting, self.k, self.n, self.reference_alpha)
@@ -172,6 +190,7 @@ class TailLatencyDetector:
                     "z": z,
                     "gpu_utilization_ratio": util if util is not None else "absent",
                     "requests_waiting": waiting if waiting is not None else "absent",
+                    "gate_queue_depth": gate_queue if gate_queue is not None else "absent",
                     "requests_running": running if running is not None else "absent",
                     "bucket": match.group("bucket") or "all",
                     "at": snapshot.now,

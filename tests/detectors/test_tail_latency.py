@@ -56,6 +56,32 @@ def test_high_tail_under_heavy_load_is_load_driven() -> None:
     assert ours[-1].evidence["bucket"] == "le1k"
 
 
+def test_a_gate_tail_that_follows_the_gates_queue_is_load_driven() -> None:
+    """The gate's in-flight limit binds: requests wait in the gate, the engine's queue reads 0, and the
+    gate's TTFT follows the gate's queue. Judged against the engine's queue alone, a tail of a 20-deep
+    gate queue read as "not explained by load"; the engine-wide tail, timed from the engine, follows
+    utilisation only, and is judged against the engine's queue (0)."""
+    detector = TailLatencyDetector()
+    rng = np.random.default_rng(0)
+
+    def at_the_gate(util: float, queued: float) -> dict[str, float]:
+        values = _state(util, queued, rng)
+        values["gate.queue_depth"], values["engine.requests_waiting"] = queued, 0.0
+        values["engine.ttft_seconds.p99"] = 0.2 * math.exp(1.5 * util) * rng.lognormal(0, 0.05)
+        values["engine.e2e_seconds.p95"] = 5 * values["engine.ttft_seconds.p99"]
+        return values
+
+    for i in range(800):
+        util = 0.3 + 0.3 * (0.5 + 0.5 * math.sin(i / 50))
+        found = detector.update(_snap(float(i), at_the_gate(util, float(rng.poisson(0.5)))))
+        assert all(f.evidence["verdict"] == "load-driven" for f in found), [f.summary for f in found]
+    findings = [f for i in range(10) for f in detector.update(_snap(1000.0 + i, at_the_gate(0.95, 20.0)))]
+    ours = [f for f in findings if f.signal == SIGNAL]
+    assert ours and ours[-1].evidence["verdict"] == "load-driven", [f.summary for f in ours]
+    assert ours[-1].evidence["gate_queue_depth"] == 20.0 and ours[-1].severity is Severity.INFO
+    assert all(f.evidence["verdict"] == "load-driven" for f in findings)  # the engine's, of utilisation
+
+
 def test_high_tail_at_ordinary_load_is_anomalous() -> None:
     detector = TailLatencyDetector()
     _warm(detector)

@@ -16,10 +16,12 @@ import contextlib
 import hashlib
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -190,8 +192,17 @@ def command(
 class RunningEngine:
     """A started server: ``url``, ``log_path``, ``wait_ready()``, ``stop()``; a context manager too."""
 
-    def __init__(self, spec: EngineSpec, proc: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+    def __init__(
+        self,
+        spec: EngineSpec,
+        proc: subprocess.Popen[bytes],
+        port: int,
+        log_path: Path,
+        scratch: Path | None = None,
+    ) -> None:
         self.spec, self.proc, self.port, self.log_path = spec, proc, port, log_path
+        #: a folder of the server's own (vLLM's IPC sockets), removed once it has stopped
+        self.scratch = scratch
         self.url = f"http://127.0.0.1:{port}"
         self.started_at = time.monotonic()
         self.ready_s: float | None = None
@@ -222,17 +233,19 @@ class RunningEngine:
             time.sleep(0.25)
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM the server's process group (vLLM runs its engine core in a child), SIGKILL after grace."""
-        if self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
+        """SIGTERM the server's process group (vLLM runs its engine core in a child), SIGKILL after grace;
+        then remove its scratch folder."""
+        if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
     def __enter__(self) -> RunningEngine:
         return self
@@ -271,16 +284,27 @@ def start(
     log_path = log_dir / f"{name}-{port}.log"
     env = {**os.environ, **env_add, **opts.extra_env}
     env.pop("PYTHONPATH", None)  # the engine's venv must not see the project's packages
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
-    return RunningEngine(spec, proc, port, log_path)
+    scratch = None
+    if name == "vllm" and "VLLM_RPC_BASE_PATH" not in opts.extra_env:
+        # vLLM names a socket for its engine core's queues in the temp folder at each start and leaves
+        # it there when stopped: a test session left 455 in /tmp. A folder of its own goes with it.
+        scratch = Path(tempfile.mkdtemp(prefix=f"vllm-ipc-{port}-"))
+        env["VLLM_RPC_BASE_PATH"] = str(scratch)
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+    except BaseException:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return RunningEngine(spec, proc, port, log_path, scratch)
 
 
 if __name__ == "__main__":  # a quick manual check: python -m agent.engines.launcher llamacpp

@@ -64,6 +64,12 @@ async def _scrape(session: aiohttp.ClientSession, engine: RunningEngine) -> str:
 # --- real scrapes parse and map -----------------------------------------------------------------------
 
 
+def test_vllms_ipc_sockets_live_in_the_engines_own_folder(engine: RunningEngine) -> None:
+    """Not in /tmp, where vLLM leaves them when it stops; the folder goes with the engine (unit test)."""
+    assert engine.scratch is not None and engine.scratch.name.startswith(f"vllm-ipc-{engine.port}-")
+    assert any(path.is_socket() for path in engine.scratch.iterdir())
+
+
 async def test_live_scrapes_parse_and_map_to_the_canonical_signals(engine: RunningEngine) -> None:
     async with aiohttp.ClientSession() as session:
         before_text = await _scrape(session, engine)

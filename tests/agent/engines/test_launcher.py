@@ -81,3 +81,21 @@ def test_a_free_port_is_outside_the_ephemeral_range_and_skips_one_in_use() -> No
         taken.listen()
         # the same draws: the first is the port now listened on, so another is returned
         assert launcher.free_port(rng=random.Random(7)) != taken.getsockname()[1]
+
+
+def test_stopping_a_server_removes_its_scratch_folder_whether_it_ran_or_had_exited(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from agent.engines.launcher import RunningEngine
+
+    for code in ("import time; time.sleep(60)", "pass"):
+        scratch = tmp_path / "ipc"
+        scratch.mkdir()
+        (scratch / "socket-left-behind").write_text("")
+        proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+        if code == "pass":
+            proc.wait(timeout=30)
+        engine = RunningEngine(ENGINES["vllm"], proc, 1, tmp_path / "log", scratch)
+        engine.stop(grace_s=5.0)
+        assert proc.returncode is not None and not scratch.exists()

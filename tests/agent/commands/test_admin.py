@@ -6,22 +6,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
-from prometheus_client import CollectorRegistry
 
-from agent.admin import add_admin_routes
 from agent.audit import AuditLog
 from agent.cli import UsageError, build_parser, main
 from agent.commands.admin import admin_url, call_for, parse_value, target_for
-from agent.config import AuditConfig, Config
+from agent.config import Config
 from agent.modes import Actuation
-from policies.registry import default_arbiter
-
-TOKEN = "s3cret-token-0123456789"
+from tests.agent.test_admin import TOKEN, admin  # noqa: F401 - the routes on loopback, a fixture
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -108,33 +102,16 @@ def test_where_and_which_token_are_said_or_it_is_a_usage_error(tmp_path: Path) -
 
 
 @pytest.fixture
-async def sidecar(tmp_path: Path) -> AsyncIterator[tuple[Path, Actuation]]:
-    """The real admin routes on loopback and a sidecar config that names their port and token file."""
-    audit = AuditLog(AuditConfig(path=None), CollectorRegistry())
-    actuation = Actuation("act", audit)
-    limit = {"value": 64}
-
-    async def read() -> int:
-        return limit["value"]
-
-    async def write(value: int) -> int:
-        limit["value"] = value
-        return value
-
-    actuation.bind("batch.max_in_flight", read, write)
-    actuation.bounds = default_arbiter((8.0, 512.0)).check
-    app = web.Application()
-    add_admin_routes(app, actuation, audit, TOKEN)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
+def sidecar(admin: tuple[str, Actuation, AuditLog], tmp_path: Path) -> tuple[Path, Actuation]:  # noqa: F811
+    """The real admin routes on loopback (tests/agent/test_admin.py) and a sidecar config that names
+    their port and token file."""
+    url, actuation, _ = admin
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
     config = tmp_path / "config.yaml"
-    port = runner.addresses[0][1]
+    port = int(url.rsplit(":", 1)[1])
     config.write_text(f"agent:\n  admin_listen_port: {port}\nactuators:\n  admin_token_file: {token}\n")
-    yield config, actuation
-    await runner.cleanup()
+    return config, actuation
 
 
 async def _cli(*argv: str) -> int:

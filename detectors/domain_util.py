@@ -186,6 +186,25 @@ class KOfN:
         return self.since_ if self.since_ is not None else default
 
 
+class WindowMax:
+    """The largest value pushed over the last ``window_s`` (the newest included), in O(1) amortised time
+    per push: a deque of the values not yet surpassed, oldest and largest first."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._kept: deque[tuple[float, float]] = deque()
+
+    def push(self, now: float, value: float) -> float:
+        """Add ``value`` at ``now``; the window's maximum."""
+        kept = self._kept
+        while kept and kept[-1][1] <= value:
+            kept.pop()
+        kept.append((now, value))
+        while kept[0][0] <= now - self.window_s:
+            kept.popleft()
+        return kept[0][1]
+
+
 class LastHit:
     """What a :class:`KOfN` alarm shows on a check it holds through: its last positive check's finding.
 

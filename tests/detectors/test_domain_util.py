@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from detectors.base import Finding, Severity
-from detectors.domain_util import KOfN, LastHit, PerNameSet, RecursiveLeastSquares
+from detectors.domain_util import KOfN, LastHit, PerNameSet, RecursiveLeastSquares, WindowMax
 from detectors.snapshot import Reading, Snapshot, SourceStatus
 
 
@@ -103,3 +103,13 @@ def test_last_hit_shows_the_last_positive_check_while_the_gate_holds() -> None:
         assert held.summary == f"value 0.70 (alarm held: 3 of the last 5 checks; now {now})"
     assert seen[5:] == [None, None]  # 2 of 5, then 1: the alarm is down and the last hit forgotten
     assert shown.finding is None
+
+
+def test_window_max_is_the_largest_value_of_the_window_by_brute_force() -> None:
+    rng = np.random.default_rng(3)
+    window = WindowMax(10.0)
+    times = np.cumsum(rng.uniform(0.1, 3.0, 500))
+    values = rng.poisson(2.0, 500).astype(float)
+    for i, (now, value) in enumerate(zip(times, values, strict=True)):
+        inside = [v for t, v in zip(times[: i + 1], values[: i + 1], strict=True) if t > now - 10.0]
+        assert window.push(float(now), float(value)) == max(inside)

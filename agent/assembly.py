@@ -112,11 +112,14 @@ def normal_route(cfg: Config) -> str:
 
 
 def build_detectors(
-    executor: Executor | None = None, slo_s: Mapping[str, float] | None = None
+    executor: Executor | None = None,
+    slo_s: Mapping[str, float] | None = None,
+    windows_s: tuple[float, float] | None = None,
 ) -> list[Detector]:
     """Every registered detector that is enabled by default. Detectors with periodic heavy refits (an
     ``executor`` attribute) get ``executor`` so the refit runs in a worker thread, not in the tick; those
-    that judge latency against the SLO get ``slo_s`` (:func:`set_detector_slo`)."""
+    that judge latency against the SLO get ``slo_s`` (:func:`set_detector_slo`); those that model latency
+    quantiles get the windows (engine, gate) the quantiles are of (``windows_s``: ``set_windows``)."""
     from detectors import base, registry
 
     if not base.REGISTRY:
@@ -128,6 +131,10 @@ def build_detectors(
                 detector.executor = executor
     if slo_s is not None:
         set_detector_slo(detectors, slo_s)
+    if windows_s is not None:
+        for detector in detectors:
+            if hasattr(detector, "set_windows"):
+                detector.set_windows(*windows_s)
     return detectors
 
 

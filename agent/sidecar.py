@@ -135,7 +135,11 @@ class Sidecar:
             interval_s=cfg.agent.interval_s,
             source_timeout_s=cfg.agent.source_timeout_s,
             lead_s=cfg.agent.scrape_lead_s,
-            detectors=build_detectors(self._refits, slo_s=_slo(cfg.policies)),
+            detectors=build_detectors(
+                self._refits,
+                slo_s=_slo(cfg.policies),
+                windows_s=(cfg.engine.quantile_window_s, cfg.gate.stats_window_s),
+            ),
             policies=build_policies(cfg, self.knobs.gpu)
             + ([self.canary.policy] if self.canary is not None else []),
             act=self._act,

@@ -992,3 +992,20 @@ async def test_a_reload_moves_the_webhook_to_a_new_receiver_with_a_rotated_secre
         ("firing", "eu-2"),
         ("resolved", "eu-1"),
     ]
+
+
+def test_the_tail_detector_takes_the_windows_the_quantiles_are_of(tmp_path: Path) -> None:
+    """Its queue feature is the deepest queue of each tail's window: the engine's quantiles are of
+    ``engine.quantile_window_s``, the gate's of ``gate.stats_window_s``."""
+    cfg = config.build(
+        {
+            "agent": {"listen_port": _free_port(), "admin_listen_port": _free_port()},
+            "audit": {"path": str(tmp_path / "audit.jsonl")},
+            "forecast": {"enabled": False},
+            "engine": {"quantile_window_s": 30.0},
+            "gate": {"stats_window_s": 90.0},
+        }
+    )
+    sidecar = Sidecar(cfg, collectors=[OneValue()])
+    [tails] = [d for d in sidecar.loop.detectors if d.name == "tail_latency"]
+    assert (tails.window_s, tails.gate_window_s) == (30.0, 90.0)

@@ -249,7 +249,10 @@ def soak(
                          batch_bounds=(8.0, float(max(512, batch))),
                          initial_token_budget=float(tokens) if token_budget else None)  # fmt: skip
     slo = Slo(10.0, 0.1)
-    detectors = build_detectors(slo_s={"ttft": slo.ttft_s, "itl": slo.itl_s})
+    # the engine's quantiles over the live sidecar's window (engine.quantile_window_s), so the detectors
+    # see the tails they would see live, and the tail detector's queue window is the same
+    window_s = EngineConfig().quantile_window_s
+    detectors = build_detectors(slo_s={"ttft": slo.ttft_s, "itl": slo.itl_s}, windows_s=(window_s, window_s))
     brain = Brain(policies, default_arbiter(), detectors=detectors)
     samples: list[Sample] = []
     started = time.perf_counter()
@@ -285,9 +288,6 @@ def soak(
                       f"fds {s.open_files:3d}  tasks {s.tasks}  series {s.series}",
                       flush=True)  # fmt: skip
 
-            # the engine's quantiles over the live sidecar's window (engine.quantile_window_s), so the
-            # detectors see the tails they would see live
-            window_s = EngineConfig().quantile_window_s
             agent.after_tick = after_tick
             replay = Replay(core, workload, slo, controller=agent, window_s=window_s)
             touch_arrays(replay)

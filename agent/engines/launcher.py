@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -144,6 +145,10 @@ class LaunchOptions:
 
     ``scheduling_policy`` (vLLM only): ``fcfs``, its default, or ``priority``, which ranks its queue by the
     requests' ``priority`` (lower first), then arrival, and preempts the lowest-ranked first.
+
+    ``speculative_ngram`` (vLLM only): draft this many tokens per step by n-gram prompt lookup
+    (``--speculative-config`` method ``ngram``, matching 1-3 tokens), which the CPU backend runs; vLLM then
+    serves its ``vllm:spec_decode_*`` counters. 0 (the default) drafts nothing.
     """
 
     parallel: int = 4
@@ -152,6 +157,7 @@ class LaunchOptions:
     dev_mode: bool = True
     embeddings: bool = False
     scheduling_policy: str = "fcfs"
+    speculative_ngram: int = 0
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -186,6 +192,12 @@ def command(
     argv += ["--max-num-seqs", str(opts.parallel), "--served-model-name", SERVED_MODEL]
     if opts.scheduling_policy != "fcfs":
         argv += ["--scheduling-policy", opts.scheduling_policy]
+    if opts.speculative_ngram > 0:
+        ngram = {"method": "ngram", "num_speculative_tokens": opts.speculative_ngram}
+        argv += [
+            "--speculative-config",
+            json.dumps({**ngram, "prompt_lookup_min": 1, "prompt_lookup_max": 3}),
+        ]
     return argv, env
 
 

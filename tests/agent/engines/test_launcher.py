@@ -67,6 +67,16 @@ def test_vllm_runs_its_default_scheduling_unless_priority_is_asked_for() -> None
     assert ranked[ranked.index("--scheduling-policy") + 1] == "priority"
 
 
+def test_vllm_drafts_by_ngram_lookup_only_when_asked() -> None:
+    import json
+
+    default, _ = command(ENGINES["vllm"], Path("/m"), 8124, LaunchOptions())
+    assert "--speculative-config" not in default
+    drafting, _ = command(ENGINES["vllm"], Path("/m"), 8124, LaunchOptions(speculative_ngram=3))
+    config = json.loads(drafting[drafting.index("--speculative-config") + 1])
+    assert config["method"] == "ngram" and config["num_speculative_tokens"] == 3
+
+
 def test_a_free_port_is_outside_the_ephemeral_range_and_skips_one_in_use() -> None:
     """Port 0's ports are the ones outgoing connections take too; one taken between the pick and the
     server's bind failed a CI run with "address already in use"."""

@@ -14,6 +14,7 @@ and the new name (vLLM V1 during deprecation) reads the new one.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,9 @@ from agent.config import EngineConfig
 from detectors.snapshot import Reading, SourceStatus
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a /metrics page is ~100 kB; anything near this is not one
+MAX_SPLIT = 32
+"""Label values one ``by`` signal is split into (vLLM's draft positions: num_speculative_tokens)."""
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9_-]{1,32}")
 _PERCENTILES = {0.5: "p50", 0.95: "p95", 0.99: "p99"}
 Series = Counter | Gauge | Histogram
 
@@ -99,6 +103,30 @@ def _find(spec: SignalSpec, expo: Exposition) -> tuple[int, Sequence[Series]] | 
     return None
 
 
+def _split(spec: SignalSpec, series: Sequence[Series], errors: list[str]) -> dict[str, list[Series]]:
+    """The series of a ``by`` signal grouped as ``<name>.<by><value>``. A series without the label, with
+    a value that cannot be part of a signal name, or past :data:`MAX_SPLIT` values is left out, said once
+    in ``errors``: a label that explodes must not grow the snapshot without bound."""
+    by = spec.by or ""
+    groups: dict[str, list[Series]] = {}
+    skipped: list[str] = []
+    for one in series:
+        value = dict(one.labels).get(by)
+        name = f"{spec.name}.{by}{value}"
+        if value is None or not _LABEL_VALUE.fullmatch(value):
+            skipped.append(repr(value))
+        elif name in groups or len(groups) < MAX_SPLIT:
+            groups.setdefault(name, []).append(one)
+        else:
+            skipped.append(repr(value))
+    if skipped:
+        errors.append(
+            f"{spec.aliases[0]}: {len(skipped)} series left out of the split by {by!r} (first {skipped[0]}; "
+            f"at most {MAX_SPLIT} values of [A-Za-z0-9_-])"
+        )
+    return groups
+
+
 def parse(text: str, mapping: MetricMapping, now: float) -> Scrape:
     """Map one ``/metrics`` body through ``mapping``. Pure; never raises on bad text."""
     expo = parse_exposition(text, now, mapping.wanted)
@@ -116,13 +144,16 @@ def parse(text: str, mapping: MetricMapping, now: float) -> Scrape:
         if spec.type == "histogram":
             histograms[spec.name] = _merge(spec.name, [h for h in series if isinstance(h, Histogram)], errors)
         else:
-            values = [s.value * spec.scale for s in series if not isinstance(s, Histogram)]
-            if spec.valid is not None:
-                values = [v for v in values if spec.valid[0] <= v <= spec.valid[1]]
-            if not values:
-                continue
             target = counters if spec.type == "counter" else gauges
-            target[spec.name] = _aggregate(values, spec.aggregate)
+            groups = _split(spec, series, errors) if spec.by else {spec.name: list(series)}
+            for name, group in groups.items():
+                values = [s.value * spec.scale for s in group if not isinstance(s, Histogram)]
+                if spec.valid is not None:
+                    values = [v for v in values if spec.valid[0] <= v <= spec.valid[1]]
+                if values:
+                    target[name] = _aggregate(values, spec.aggregate)
+            if not any(name in target for name in groups):
+                continue
         if rank:
             legacy.append(spec.aliases[rank])
         if mapping.model_label:

@@ -7,6 +7,7 @@ raised at start-up rather than discovered as a silently missing signal.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,6 +21,7 @@ SignalType = Literal["gauge", "counter", "histogram", "ratio", "window_mean"]
 Aggregate = Literal["sum", "mean", "max"]
 _TYPES = ("gauge", "counter", "histogram", "ratio", "window_mean")
 _AGGREGATES = ("sum", "mean", "max")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,9 @@ class SignalSpec:
     numerator: tuple[str, ...] = ()
     denominator: tuple[str, ...] = ()
     of: str | None = None
+    by: str | None = None
+    """A label to split on: one signal per label value, ``<name>.<by><value>`` (e.g. vLLM's accepted
+    draft tokens ``.position0``, ``.position1``, ...), instead of one aggregate."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +66,9 @@ def _strings(value: Any, where: str) -> tuple[str, ...]:
 def _signal(name: str, raw: Any, where: str) -> SignalSpec:
     if not isinstance(raw, dict):
         raise ValueError(f"{where} must be a mapping, got {raw!r}")
-    unknown = set(raw) - {"type", "aliases", "aggregate", "scale", "valid", "numerator", "denominator", "of"}
+    unknown = set(raw) - {
+        "type", "aliases", "aggregate", "scale", "valid", "numerator", "denominator", "of", "by"
+    }  # fmt: skip
     if unknown:
         raise ValueError(f"{where} has unknown keys {sorted(unknown)}")
     kind = raw.get("type")
@@ -80,8 +87,18 @@ def _signal(name: str, raw: Any, where: str) -> SignalSpec:
         ):
             raise ValueError(f"{where}.valid must be [low, high], got {valid!r}")
         valid = (float(valid[0]), float(valid[1]))
+    by = raw.get("by")
+    if by is not None and (kind not in ("gauge", "counter") or not isinstance(by, str)):
+        raise ValueError(f"{where}.by splits a gauge or counter by a label name, got {by!r} on a {kind}")
+    if by is not None and not _LABEL_NAME.fullmatch(by):
+        raise ValueError(f"{where}.by must be a label name, got {by!r}")
     spec = SignalSpec(
-        name, cast(SignalType, kind), aggregate=cast(Aggregate, aggregate), scale=float(scale), valid=valid
+        name,
+        cast(SignalType, kind),
+        aggregate=cast(Aggregate, aggregate),
+        scale=float(scale),
+        valid=valid,
+        by=by,
     )
     if kind in ("gauge", "counter", "histogram"):
         return replace(spec, aliases=_strings(raw.get("aliases"), f"{where}.aliases"))
@@ -101,10 +118,15 @@ def _check_references(engine: str, signals: tuple[SignalSpec, ...]) -> None:
     by_name = {s.name: s for s in signals}
     for spec in signals:
         for ref in (*spec.numerator, *spec.denominator):
-            if by_name.get(ref) is None or by_name[ref].type != "counter":
-                raise ValueError(f"engines.{engine}.signals.{spec.name}: {ref!r} is not a counter signal")
-        if spec.of is not None and (by_name.get(spec.of) is None or by_name[spec.of].type != "gauge"):
-            raise ValueError(f"engines.{engine}.signals.{spec.name}.of: {spec.of!r} is not a gauge signal")
+            if by_name.get(ref) is None or by_name[ref].type != "counter" or by_name[ref].by is not None:
+                raise ValueError(
+                    f"engines.{engine}.signals.{spec.name}: {ref!r} is not a counter signal without 'by'"
+                )
+        of = by_name.get(spec.of) if spec.of is not None else None
+        if spec.of is not None and (of is None or of.type != "gauge" or of.by is not None):
+            raise ValueError(
+                f"engines.{engine}.signals.{spec.name}.of: {spec.of!r} is not a gauge signal without 'by'"
+            )
 
 
 def parse_mappings(data: Any) -> dict[str, MetricMapping]:

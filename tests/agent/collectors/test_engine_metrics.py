@@ -75,6 +75,20 @@ def test_a_ratio_over_a_gauge_is_rejected() -> None:
         parse_mappings({"engines": {"x": {"prefixes": ["x_"], "signals": signals}}})
 
 
+def test_a_split_needs_a_label_name_on_a_gauge_or_counter_and_no_ratio_reads_one() -> None:
+    def table(signals: dict[str, object]) -> dict[str, object]:
+        return {"engines": {"x": {"prefixes": ["x_"], "signals": signals}}}
+
+    with pytest.raises(ValueError, match=r"^engines\.x\.signals\.h\.by splits a gauge or counter"):
+        parse_mappings(table({"h": {"type": "histogram", "aliases": ["x_h"], "by": "le"}}))
+    with pytest.raises(ValueError, match=r"^engines\.x\.signals\.c\.by must be a label name"):
+        parse_mappings(table({"c": {"type": "counter", "aliases": ["x_c"], "by": "a-b"}}))
+    split = {"type": "counter", "aliases": ["x_c"], "by": "position"}
+    ratio = {"type": "ratio", "numerator": ["c"], "denominator": ["c"]}
+    with pytest.raises(ValueError, match="'c' is not a counter signal without 'by'"):
+        parse_mappings(table({"c": split, "r": ratio}))
+
+
 @pytest.mark.parametrize(
     ("relative", "engine"),
     [
@@ -142,6 +156,53 @@ def test_label_sets_sum_for_counts_and_average_for_ratios() -> None:
     assert scrape.gauges["requests_running"] == 8.0
     assert scrape.gauges["kv_cache_usage_ratio"] == pytest.approx(0.4)
     assert scrape.histograms["e2e_seconds"].counts == (4.0, 5.0)
+
+
+def test_a_split_signal_is_one_value_per_label_value_and_an_exploding_label_is_capped() -> None:
+    from agent.collectors.engine_metrics import MAX_SPLIT
+
+    name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    lines = [f"# TYPE {name} counter"]
+    lines += [f'{name}{{engine="{e}",position="{p}"}} {10 * p + e + 1}' for e in (0, 1) for p in range(3)]
+    lines += [f'{name}{{engine="0",position="a b"}} 5', f'{name}{{engine="0"}} 5']
+    scrape = parse("\n".join(lines) + "\n", MAPPINGS["vllm"], now=1.0)
+    split = {k: v for k, v in scrape.counters.items() if k.startswith("spec_accepted_by_position")}
+    prefix = "spec_accepted_by_position_per_second.position"
+    assert split == {f"{prefix}0": 3.0, f"{prefix}1": 23.0, f"{prefix}2": 43.0}  # summed over engines
+    assert scrape.errors == (f"{name}: 2 series left out of the split by 'position' (first 'a b'; at most "
+                             f"{MAX_SPLIT} values of [A-Za-z0-9_-])",)  # fmt: skip
+    many = [f"# TYPE {name} counter"] + [f'{name}{{position="{p}"}} 1' for p in range(MAX_SPLIT + 5)]
+    capped = parse("\n".join(many) + "\n", MAPPINGS["vllm"], now=1.0)
+    assert sum(k.startswith("spec_accepted_by_position") for k in capped.counters) == MAX_SPLIT
+    assert "5 series left out" in capped.errors[0]
+
+
+def test_real_ngram_speculation_maps_to_drafts_acceptance_and_acceptance_by_position() -> None:
+    """vLLM 0.32 (CPU) drafting 3 tokens by n-gram lookup (scripts/capture_vllm_specdec.py): 16 greedy
+    completions, whose repetitive text the drafts mostly match, then 16 sampled ones, which they do not."""
+    folder = "vllm-0.32-cpu/vllm-0.32.0-cpu-ngram3-metrics_"
+    greedy = parse(_read(folder + "greedy.prom"), MAPPINGS["vllm"], now=0.0)
+    assert greedy.errors == () and greedy.legacy_names == ()
+    counters = greedy.counters
+    by_position = [counters[f"spec_accepted_by_position_per_second.position{k}"] for k in range(3)]
+    assert sum(by_position) == counters["spec_accepted_tokens_per_second"]  # every accepted token has a place
+    assert by_position == sorted(
+        by_position, reverse=True
+    )  # a later token is accepted only after the earlier
+    # a lookup may find fewer than 3 tokens to draft: drafts are at most 3 tokens long, 2.7 on average here
+    assert (
+        counters["spec_drafts_per_second"]
+        < counters["spec_draft_tokens_per_second"]
+        <= 3 * counters["spec_drafts_per_second"]
+    )
+    values = _derive([folder + "greedy.prom", folder + "sampled.prom"], "vllm")
+    assert values["engine.spec_acceptance_ratio"] < 0.05  # sampled text has no n-grams to look up
+    assert values["engine.spec_drafts_per_second"] > 10
+    first = (
+        values["engine.spec_accepted_by_position_per_second.position0"]
+        / values["engine.spec_drafts_per_second"]
+    )
+    assert 0 < first < 0.1
 
 
 def test_values_outside_the_valid_range_are_dropped() -> None:

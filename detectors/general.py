@@ -58,12 +58,13 @@ DEFAULT_LOAD_SIGNALS = (
     "engine.prompt_tokens_per_second",
     "engine.generation_tokens_per_second",
 )
-#: Signals not watched: redundant views (max, last, p50), counters and static values, per-process and
-#: per-device series, and latency tails (``_seconds.p90/p95/p99``), which the tail latency detector judges
-#: against the load and the SLO (one signal, one judge: module docstring).
+#: Signals not watched: redundant views (max, last, p50), counters and static values, per-process,
+#: per-device and per-draft-position series, and latency tails (``_seconds.p90/p95/p99``), which the
+#: tail latency detector judges against the load and the SLO (one signal, one judge: module docstring).
 DEFAULT_EXCLUDE = (
     r"(\.(max|last|p50|samples)$)|(_total$)|(energy_joules$)|(\.throttle)|(process_used_bytes)"
-    r"|(^probe\.device)|(memory_total_bytes$)|(power_limit_watts$)|(_info$)|(_seconds\.p9[059]$)"
+    r"|(^probe\.device)|(\.position\d+$)|(memory_total_bytes$)|(power_limit_watts$)|(_info$)"
+    r"|(_seconds\.p9[059]$)"
 )
 
 

@@ -21,6 +21,23 @@ SGLang: the accept length). One step costs :math:`1 + K c` target-forward equiva
 draft's cost relative to the target (``draft_cost_ratio``), so the expected speedup is
 :math:`S = E / (1 + K c)`. When :math:`S < 1` for ``k`` of ``n`` ticks the finding is critical:
 speculation now costs more than it saves.
+
+**Which draft length pays best?** vLLM also counts the accepted tokens per draft position
+(``engine.spec_accepted_by_position_per_second.position<j>``). Acceptance is a prefix: position ``j`` is
+accepted only when every earlier one was, so :math:`p_j` = accepted at ``j`` / drafts is the share of
+drafts with ``j + 1`` tokens or more accepted, and cutting the draft to :math:`K'` tokens keeps those
+of the positions before :math:`K'` unchanged. The speedup a draft of :math:`K'` tokens would give is then
+measured, not modelled:
+
+.. math:: S(K') = \frac{1 + \sum_{j<K'} p_j}{1 + c \min(K', L)}
+
+with :math:`L` the mean draft length now (a lookup may draft fewer than ``K`` tokens; :math:`\min(K', L)`
+is at least the mean of the cut drafts, so a shorter draft is never made to look cheaper than it is).
+Rates are smoothed with a half-life of ``length_half_life_s``. When a shorter draft :math:`1 \le K' < K`
+gives at least ``length_gain`` (3%) more than the current one for ``k`` of ``n`` ticks, an ``info``
+finding advises it ("num_speculative_tokens 5 -> 3: expected speedup 1.72x -> 1.81x"); :math:`K' = 0`
+is the critical finding above. A longer draft cannot be judged from these counters (positions past
+``K`` are not drafted), so it is never advised.
 """
 
 from __future__ import annotations
@@ -46,6 +63,22 @@ def expected_tokens_per_step(acceptance: float, draft_tokens: float) -> float:
     return float((1.0 - a ** (draft_tokens + 1.0)) / (1.0 - a))
 
 
+POSITION_PREFIX = "engine.spec_accepted_by_position_per_second.position"
+
+
+def speedup_by_draft_length(
+    accepted_share: list[float], mean_draft_tokens: float, draft_cost_ratio: float
+) -> list[float]:
+    """:math:`S(K')` for :math:`K' = 0 .. K` (module docstring): ``accepted_share[j]`` is the share of
+    drafts whose token ``j`` was accepted, ``mean_draft_tokens`` the mean tokens drafted per draft."""
+    speedups = [1.0]
+    tokens = 1.0
+    for length, share in enumerate(accepted_share, start=1):
+        tokens += max(0.0, share)
+        speedups.append(tokens / (1.0 + draft_cost_ratio * min(float(length), mean_draft_tokens)))
+    return speedups
+
+
 class SpecDecodeDetector:
     """Flags a drop in speculative-decoding acceptance and a speedup that fell below 1."""
 
@@ -59,6 +92,8 @@ class SpecDecodeDetector:
         warmup: int = 30,
         k: int = 3,
         n: int = 5,
+        length_half_life_s: float = 300.0,
+        length_gain: float = 0.03,
     ) -> None:
         self.drop = drop
         self.draft_cost_ratio = draft_cost_ratio
@@ -73,6 +108,13 @@ class SpecDecodeDetector:
         self.pay_gate_ = KOfN(k, n)
         self.drop_shown_ = LastHit()
         self.pay_shown_ = LastHit()
+        self.length_half_life_s = length_half_life_s
+        self.length_gain = length_gain
+        #: smoothed rates: drafts, draft tokens, then accepted tokens by position (``_by_length``)
+        self.rates_: list[float] = []
+        self.rates_t_: float = -math.inf
+        self.length_gate_ = KOfN(k, n)
+        self.length_shown_ = LastHit()
 
     def _observe(self, snapshot: Snapshot) -> tuple[float, float, float] | None:
         """(acceptance ratio, tokens per step E, draft tokens per step K) this tick, or None."""
@@ -114,6 +156,7 @@ class SpecDecodeDetector:
             w = 1.0 - 2.0 ** (-(now - self.t_) / self.half_life_s)
             self.baseline_ = baseline + w * (ratio - baseline)
         self.t_ = max(self.t_, now)
+        advice = self._by_length(snapshot)
         evidence: dict[str, float | str] = {
             "acceptance_ratio": ratio,
             "baseline": baseline,
@@ -132,7 +175,57 @@ class SpecDecodeDetector:
                 shown.append(last.show(gate, gate_hit, partial(build, now, evidence), measured))
             else:
                 last.clear()
-        return shown[:1]
+        return shown[:1] + advice
+
+    def _positions(self, snapshot: Snapshot) -> list[float] | None:
+        """Accepted tokens per second at positions 0, 1, ... (vLLM), or None without a complete run."""
+        accepted: list[float] = []
+        while (value := _finite(snapshot.get(f"{POSITION_PREFIX}{len(accepted)}"))) is not None:
+            accepted.append(value)
+        return accepted or None
+
+    def _by_length(self, snapshot: Snapshot) -> list[Finding]:
+        """The draft-length advice (module docstring) on a tick with drafting; [] while it does not pay
+        to cut, or without per-position counters."""
+        get = snapshot.get
+        positions = self._positions(snapshot)
+        drafts, draft_tokens = (
+            _finite(get("engine.spec_drafts_per_second")),
+            _finite(get("engine.spec_draft_tokens_per_second")),
+        )
+        if positions is None or not drafts or not draft_tokens:
+            return []
+        now, rates = snapshot.now, [drafts, draft_tokens, *positions]
+        if len(rates) != len(self.rates_) or now <= self.rates_t_:
+            self.rates_ = rates  # the first tick, or the draft length changed: start over
+        else:
+            w = 1.0 - 2.0 ** (-(now - self.rates_t_) / self.length_half_life_s)
+            self.rates_ = [old + w * (new - old) for old, new in zip(self.rates_, rates, strict=True)]
+        self.rates_t_ = now
+        drafts, draft_tokens, *accepted = self.rates_
+        speedups = speedup_by_draft_length(
+            [a / drafts for a in accepted], draft_tokens / drafts, self.draft_cost_ratio
+        )
+        current = len(accepted)
+        best = max(range(1, current + 1), key=lambda length: speedups[length])
+        gain = speedups[best] / speedups[current] - 1.0
+        # a cut that still does not pay is no advice: "turn it off" is the critical finding's
+        hit = best < current and gain >= self.length_gain and speedups[best] > 1.0
+        measured = f"{current} tokens {speedups[current]:.2f}x, {best} tokens {speedups[best]:.2f}x"
+        if not self.length_gate_.push(hit, now):
+            self.length_shown_.clear()
+            return []
+        evidence: dict[str, float | str] = {
+            "draft_tokens": current,
+            "best_draft_tokens": best,
+            "expected_speedup": speedups[current],
+            "best_expected_speedup": speedups[best],
+            "mean_draft_tokens": draft_tokens / drafts,
+            **{f"accepted_share_position{j}": a / drafts for j, a in enumerate(accepted)},
+        }
+        cut = accepted[best] / drafts if best < current else 0.0  # what a cut would lose (a held alarm: none)
+        build = partial(self._shorter, now, evidence, cut)
+        return [self.length_shown_.show(self.length_gate_, hit, build, measured)]
 
     def _not_paying(self, now: float, evidence: dict[str, float | str]) -> Finding:
         speedup, ratio = float(evidence["expected_speedup"]), float(evidence["acceptance_ratio"])
@@ -145,6 +238,20 @@ class SpecDecodeDetector:
             self.pay_gate_.since(now), evidence,
             "turn speculation off or shorten the draft (num_speculative_tokens); check whether the "
             "traffic mix changed away from what the draft model was trained on",
+        )  # fmt: skip
+
+    def _shorter(self, now: float, evidence: dict[str, float | str], first_cut: float) -> Finding:
+        current, best = int(evidence["draft_tokens"]), int(evidence["best_draft_tokens"])
+        speedup, better = float(evidence["expected_speedup"]), float(evidence["best_expected_speedup"])
+        return Finding(
+            self.name, "engine.spec_accepted_by_position_per_second", Severity.INFO,
+            min(1.0, better / speedup - 1.0),
+            f"drafts of {best} tokens instead of {current} would raise the expected speedup from "
+            f"{speedup:.2f}x to {better:.2f}x (token {best + 1} of a draft is accepted in {first_cut:.0%} "
+            f"of drafts)",
+            self.length_gate_.since(now), evidence,
+            f"set num_speculative_tokens to {best}; the draft cost ratio assumed is "
+            f"{self.draft_cost_ratio:g} target forwards per draft token",
         )  # fmt: skip
 
     def _dropping(self, now: float, evidence: dict[str, float | str]) -> Finding:

@@ -58,6 +58,7 @@ def test_counters_and_redundant_views_are_not_watched_by_default() -> None:
             engine__ttft_seconds__p99=0.2,  # the tail latency detector's (one signal, one judge)
             engine__itl_seconds__p95=0.02,
             engine__ttft_seconds__mean=0.1,
+            engine__spec_accepted_by_position_per_second__position0=80.0,  # the spec_decode detector's
         )
     )
     assert set(det.scorers_) == {"nvml.gpu0.utilization_ratio.mean", "engine.ttft_seconds.mean"}

@@ -8,7 +8,12 @@ import pytest
 from detectors.base import Finding, Severity
 from detectors.registry import register_defaults
 from detectors.snapshot import Reading, Snapshot, SourceStatus
-from detectors.specdec import SpecDecodeDetector, expected_tokens_per_step
+from detectors.specdec import (
+    POSITION_PREFIX,
+    SpecDecodeDetector,
+    expected_tokens_per_step,
+    speedup_by_draft_length,
+)
 
 
 def _vllm(now: float, acceptance: float, k: int = 4, drafts: float = 100.0) -> Snapshot:
@@ -90,3 +95,69 @@ def test_registered_by_default() -> None:
 
     register_defaults()
     assert REGISTRY["spec_decode"].default_enabled and REGISTRY["spec_decode"].factory().name == "spec_decode"
+
+
+# --- which draft length pays best -------------------------------------------------------------------
+
+
+def _by_position(now: float, shares: list[float], mean_tokens: float | None = None) -> Snapshot:
+    """vLLM counters of 100 drafts a second of ``len(shares)`` tokens (``mean_tokens`` drafted on
+    average), ``shares[j]`` of which had token ``j`` accepted."""
+    drafts = 100.0
+    values = {
+        "engine.spec_drafts_per_second": drafts,
+        "engine.spec_draft_tokens_per_second": drafts * (mean_tokens or len(shares)),
+        "engine.spec_accepted_tokens_per_second": drafts * sum(shares),
+        **{f"{POSITION_PREFIX}{j}": drafts * share for j, share in enumerate(shares)},
+    }
+    return Snapshot.from_readings(now, {"e": Reading("e", now, SourceStatus.OK, values)})
+
+
+def _advice(detector: SpecDecodeDetector, shares: list[float], ticks: int = 40) -> list[Finding]:
+    findings: list[Finding] = []
+    for i in range(ticks):
+        findings = detector.update(_by_position(float(i), shares))
+    return [f for f in findings if f.signal == "engine.spec_accepted_by_position_per_second"]
+
+
+def test_the_speedup_of_each_draft_length_is_the_accepted_prefix_over_its_cost() -> None:
+    speedups = speedup_by_draft_length([0.6, 0.15, 0.05], 3.0, 0.1)
+    assert speedups == pytest.approx([1.0, 1.6 / 1.1, 1.75 / 1.2, 1.8 / 1.3])
+    # drafts of 2.5 tokens on average: a cut to 3 costs what the drafts cost now, not 3 tokens
+    assert speedup_by_draft_length([0.6, 0.15, 0.05], 2.5, 0.1)[3] == pytest.approx(1.8 / 1.25)
+
+
+def test_a_draft_whose_last_tokens_are_rarely_accepted_is_advised_shorter() -> None:
+    advice = _advice(SpecDecodeDetector(warmup=5), [0.6, 0.15, 0.05])
+    assert len(advice) == 1 and advice[0].severity is Severity.INFO
+    assert advice[0].evidence["best_draft_tokens"] == 2 and advice[0].evidence["draft_tokens"] == 3
+    assert advice[0].summary == (
+        "drafts of 2 tokens instead of 3 would raise the expected speedup from 1.38x to 1.46x "
+        "(token 3 of a draft is accepted in 5% of drafts)"
+    )
+    assert advice[0].hint.startswith("set num_speculative_tokens to 2;")
+
+
+@pytest.mark.parametrize(
+    "shares",
+    [
+        pytest.param([0.882, 0.748, 0.653], id="greedy n-gram drafts on vLLM (the fixture): all 3 pay"),
+        pytest.param([0.6, 0.5, 0.4, 0.35], id="a slowly falling acceptance"),
+        pytest.param([0.059, 0.001, 0.001], id="no cut pays: the critical finding says turn it off"),
+    ],
+)
+def test_no_shorter_draft_is_advised_when_none_pays_better(shares: list[float]) -> None:
+    assert _advice(SpecDecodeDetector(warmup=5), shares) == []
+
+
+def test_the_advice_needs_k_of_n_ticks_and_clears_when_the_tail_pays_again() -> None:
+    detector = SpecDecodeDetector(warmup=5, length_half_life_s=1.0)
+    assert _advice(detector, [0.6, 0.15, 0.05])
+    for i in range(40, 60):
+        findings = detector.update(_by_position(float(i), [0.6, 0.5, 0.45]))
+    assert findings == [] and detector.length_shown_.finding is None
+
+
+def test_without_per_position_counters_there_is_no_advice() -> None:
+    detector = SpecDecodeDetector(warmup=5)
+    assert not any(f for i in range(40) for f in detector.update(_vllm(float(i), 0.2, k=3)))

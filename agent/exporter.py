@@ -78,6 +78,11 @@ RULES: tuple[Rule, ...] = (
         "servepilot_engine_{metric}_mean",
         "Mean of the engine's histogram over the agent's quantile window.",
     ),
+    _rule(
+        r"^engine\.(?P<metric>\w+)\.position(?P<position>\d+)$",
+        "servepilot_engine_{metric}",
+        "Engine signal per speculative draft position (0 = the first drafted token).",
+    ),
     _rule(r"^engine\.(?P<metric>\w+)$", "servepilot_engine_{metric}", "Engine signal derived by the agent."),
     _rule(
         r"^probe\.device(?P<device>\d+)\.(?P<metric>\w+)$",

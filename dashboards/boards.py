@@ -118,6 +118,23 @@ def overview() -> dashboard.Dashboard:
                 desc="The in-flight limit servepilot sets against what the engine runs.",
             )
         )
+        .with_panel(
+            ts(
+                "Speculative decoding",
+                "percentunit",
+                q("servepilot_engine_spec_acceptance_ratio{@POD}", "{{pod}} accepted / drafted tokens"),
+                q(
+                    "servepilot_engine_spec_accepted_by_position_per_second{@POD}\n"
+                    "/ ignoring (position) group_left servepilot_engine_spec_drafts_per_second{@POD}",
+                    "{{pod}} drafts with token {{position}} accepted",
+                    "B",
+                ),
+                desc="Empty unless the engine drafts. The share of drafts whose token at each position "
+                "(0 = the first drafted) was accepted: a position accepted in few drafts costs more than "
+                "it saves, and the spec_decode detector advises a shorter draft (docs/levers.md).",
+                w=24,
+            )
+        )
         .with_row(dashboard.Row("Latency vs SLO"))
         .with_panel(
             ts(

@@ -3,7 +3,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.exporter import Exporter, translate
+from agent.exporter import Exporter, Translation, translate
 from agent.state import AgentState, TickStats
 from detectors.base import Finding, Severity
 from detectors.snapshot import Reading, Snapshot, SourceStatus
@@ -26,6 +26,12 @@ def test_translation_rules_map_flat_names_to_labelled_families() -> None:
     assert translate("engine.ttft_seconds.p99").labels == (("quantile", "0.99"),)
     assert translate("engine.ttft_seconds.mean").name == "servepilot_engine_ttft_seconds_mean"
     assert translate("engine.requests_running").name == "servepilot_engine_requests_running"
+    by_position = translate("engine.spec_accepted_by_position_per_second.position2")
+    assert by_position == Translation(
+        "servepilot_engine_spec_accepted_by_position_per_second",
+        "Engine signal per speculative draft position (0 = the first drafted token).",
+        (("position", "2"),),
+    )
     assert translate("probe.device1.reserved_bytes").labels == (("device", "1"),)
     assert translate("probe.reserved_bytes").labels == (("device", "all"),)
     assert translate("weird.name-x").name == "servepilot_weird_name_x"  # type: ignore[union-attr]

@@ -1,12 +1,13 @@
 """The golden ``/metrics`` of the agent: what families (and label names) it really exports.
 
 Produced by running the real control loop, collectors and exporter against loopback servers that
-replay real captures (vLLM 0.32 CPU scrapes, an allocator-probe scrape) and the in-process fake NVML
-backend, with the webhook dispatcher, the admission gate, engine control, the audit log and the config
-reloader attached to the agent's registry, the breaker policy in the loop, the configured SLO targets
-and a live forecaster restored from a seeded state (see :mod:`tests.dashboards.forecast_seed`), as the
-sidecar wires them. The result is a sorted list of ``sample_name{label,...}`` lines, independent of
-values, so it only changes when the agent's exported surface changes. Regenerate with::
+replay real captures (vLLM 0.32 CPU scrapes, with and without speculative decoding, an allocator-probe
+scrape) and the in-process fake NVML backend, with the webhook dispatcher, the admission gate, engine
+control, the audit log and the config reloader attached to the agent's registry, the breaker policy in
+the loop, the configured SLO targets and a live forecaster restored from a seeded state (see
+:mod:`tests.dashboards.forecast_seed`), as the sidecar wires them. The result is a sorted list of
+``sample_name{label,...}`` lines, independent of values, so it only changes when the agent's exported
+surface changes. Regenerate with::
 
     SERVEPILOT_UPDATE_GOLDEN=1 .venv/bin/pytest tests/dashboards/test_series.py
 """
@@ -45,9 +46,11 @@ from tests.dashboards.forecast_seed import write_forecast_state
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 GOLDEN = Path(__file__).resolve().parent / "golden" / "agent_metrics.txt"
+NGRAM_SCRAPES = ("ngram3-metrics_greedy", "ngram3-metrics_sampled")
 ENGINE_SCRAPES = [
-    FIXTURES / "expo" / "vllm-0.32-cpu" / f"vllm-0.32.0-cpu-metrics_{state}.prom"
-    for state in ("idle", "busy", "after", "after")
+    FIXTURES / "expo" / "vllm-0.32-cpu" / f"vllm-0.32.0-cpu-{state}.prom"
+    # then a second vLLM drafting by n-gram lookup (a restart, to the collector): the spec-decode series
+    for state in ("metrics_idle", "metrics_busy", "metrics_after", "metrics_after", *NGRAM_SCRAPES)
 ]
 PROBE_SCRAPE = FIXTURES / "probe" / "probe_tp2.prom"
 _SUFFIXES = {

@@ -27,6 +27,13 @@ load-blind novelty alarm on the same tail said the same thing worse. On the Azur
 were TTFT and ITL tails at the weekday peaks, each also judged there. The window means
 (``engine.ttft_seconds.mean``, ``itl_seconds.mean``) are still watched: no other detector does.
 
+**A new low of a signal where low is good is good news.** The latency means, the GPU temperature and
+the preemption rate (:data:`DEFAULT_BENIGN_LOW`) are a problem when they rise; a level below anything
+recently seen is a quiet night or a faster engine. On the Azure 2024 coding week two of the first
+week's warnings were such lows (a TTFT mean of 34 ms, a GPU at 41 C). An alarm on one of these signals
+below its usual level (an EWMA with a one-hour half-life, ``benign_low_half_life_s``) is ``info``
+("unusually low"); above it, it is judged as any other.
+
 **A new baseline settles first.** For its first ``settle_points`` points (3600: an hour at the agent's
 1 s tick) a signal's scorer has seen little of its range, and each widening of it scores as a new level:
 a fresh sidecar beside a healthy engine raised 15 warnings in its first hour (``bench/soak.py``), one per
@@ -58,6 +65,8 @@ DEFAULT_LOAD_SIGNALS = (
     "engine.prompt_tokens_per_second",
     "engine.generation_tokens_per_second",
 )
+#: Signals for which only a rise can be a fault: a new low of one is info (module docstring).
+DEFAULT_BENIGN_LOW = r"(_seconds\.mean$)|(temperature_celsius\.mean$)|(preemptions_per_second$)"
 #: Signals not watched: redundant views (max, last, p50), counters and static values, per-process,
 #: per-device and per-draft-position series, and latency tails (``_seconds.p90/p95/p99``), which the
 #: tail latency detector judges against the load and the SLO (one signal, one judge: module docstring).
@@ -86,6 +95,8 @@ class GeneralAnomalyDetector:
         load_threshold: float = 0.99,
         load_window_s: float = 120.0,
         settle_points: int = 3600,
+        benign_low: str | None = DEFAULT_BENIGN_LOW,
+        benign_low_half_life_s: float = 3600.0,
     ) -> None:
         self.scorer_factory = scorer_factory
         self.thresholder_factory = thresholder_factory
@@ -99,9 +110,15 @@ class GeneralAnomalyDetector:
         self.load_window_s = load_window_s
         self.settle_points = settle_points
         self._exclude = re.compile(exclude) if exclude else None
+        self.benign_low = benign_low
+        self.benign_low_half_life_s = benign_low_half_life_s
+        self._benign_low = re.compile(benign_low) if benign_low else None
+        #: the usual level (EWMA) and its time of each watched benign-low signal
+        self.levels_: dict[str, tuple[float, float]] = {}
         self._watch_cache: dict[str, bool] = {}
         self._keys: frozenset[str] = frozenset()
         self._order: list[str] = []
+        self._low_order: list[str] = []
         self.active_: dict[str, Finding] = {}
         self.scorers_: dict[str, StreamingScorer] = {}
         self.thresholders_: dict[str, Thresholder] = {}
@@ -134,7 +151,19 @@ class GeneralAnomalyDetector:
         if keys != self._keys:
             self._keys = frozenset(keys)
             self._order = [name for name in sorted(keys) if self._watched(name)]
+            pattern = self._benign_low
+            self._low_order = [n for n in self._order if pattern and pattern.search(n)]
         return self._order
+
+    def _usual(self, name: str, value: float, now: float) -> float:
+        """The usual level of a benign-low signal before this value, then learn it."""
+        seen = self.levels_.get(name)
+        if seen is None or now <= seen[0]:
+            self.levels_[name] = (now, value)
+            return value if seen is None else seen[1]
+        w = 1.0 - 2.0 ** (-(now - seen[0]) / self.benign_low_half_life_s)
+        self.levels_[name] = (now, seen[1] + w * (value - seen[1]))
+        return seen[1]
 
     def update(self, snapshot: Snapshot) -> list[Finding]:
         """Score every watched signal in ``snapshot`` at ``snapshot.now``, then learn.
@@ -164,8 +193,9 @@ class GeneralAnomalyDetector:
                     self.load_warning_ = None
                 else:
                     self.load_moved_ = (now, moved[1])  # the same change goes on
+        usual = {name: self._usual(name, values[name], now) for name in self._low_order}
         for name, score in raised:
-            self.active_[name] = self._finding(name, values[name], score, now)
+            self.active_[name] = self._finding(name, values[name], score, now, usual.get(name))
         for name, finding in list(self.active_.items()):
             if snapshot.now - finding.since > self.hold_s:
                 del self.active_[name]
@@ -173,15 +203,26 @@ class GeneralAnomalyDetector:
                 findings.append(finding)
         return findings
 
-    def _finding(self, name: str, value: float, score: float, now: float) -> Finding:
+    def _finding(
+        self, name: str, value: float, score: float, now: float, usual: float | None = None
+    ) -> Finding:
         """The finding of an alarm raised at ``now``: a warning, unless the load moved within
-        ``load_window_s`` and its one warning was already given (module docstring)."""
+        ``load_window_s`` and its one warning was already given, or it is a benign signal's new low
+        (module docstring). ``usual``: a benign-low signal's usual level."""
         evidence: dict[str, float | str] = {"value": value, "score": score}
         moved = self.load_moved_
         with_load = moved is not None and now - moved[0] <= self.load_window_s
         severity = Severity.WARNING
         seen = getattr(self.scorers_[name], "n_seen", self.settle_points)
-        if seen < self.settle_points and score < self.load_threshold:
+        if usual is not None and value < usual:
+            evidence["usual"] = usual
+            severity = Severity.INFO
+            summary = (
+                f"{name} is unusually low (anomaly score {score:.2f}): {value:.4g} against a usual "
+                f"{usual:.4g}"
+            )
+            hint = "lower is better for this signal: a quiet spell or a faster engine, not a fault"
+        elif seen < self.settle_points and score < self.load_threshold:
             evidence["settling_points"] = seen
             severity = Severity.INFO
             summary = (

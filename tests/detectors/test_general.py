@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from detectors.base import Finding, Severity
 from detectors.ensemble import EnsembleScorer
 from detectors.general import GeneralAnomalyDetector
 from detectors.snapshot import Snapshot
@@ -200,3 +202,38 @@ def test_a_weak_alarm_while_a_new_baseline_settles_is_info_and_a_warning_once_se
     settled.settle_points = 1000
     [late] = _one_bin_out(settled, at=1200)
     assert late.severity.value == "warning" and "settling_points" not in late.evidence  # type: ignore[attr-defined]
+
+
+def _alarms(det: GeneralAnomalyDetector, series: np.ndarray, name: str) -> list[Finding]:
+    key = name.replace(".", "__")
+    findings = [f for i, v in enumerate(series) for f in det.update(snap(i * 5.0, **{key: float(v)}))]
+    return list({(f.signal, f.since): f for f in findings}.values())
+
+
+def test_a_new_low_of_a_latency_mean_or_temperature_is_info_and_a_new_high_a_warning() -> None:
+    for name, usual in (("engine.ttft_seconds.mean", 0.2), ("nvml.gpu0.temperature_celsius.mean", 60.0)):
+        base = np.random.default_rng(0).normal(usual, usual * 0.02, 1500)
+        low, high = base.copy(), base.copy()
+        low[1400], high[1400] = usual * 0.2, usual * 5
+        (fell,) = [f for f in _alarms(detector(settle_points=0), low, name) if f.since == 1400 * 5.0]
+        assert fell.severity is Severity.INFO and fell.evidence["usual"] == pytest.approx(usual, rel=0.02)
+        assert fell.summary.startswith(f"{name} is unusually low (anomaly score ")
+        (rose,) = [f for f in _alarms(detector(settle_points=0), high, name) if f.since == 1400 * 5.0]
+        assert rose.severity is Severity.WARNING and "usual" not in rose.evidence
+
+
+def test_a_new_low_of_another_signal_is_still_a_warning() -> None:
+    base = np.random.default_rng(0).normal(0.5, 0.01, 1500)
+    base[1400] = 0.1
+    (fell,) = [
+        f
+        for f in _alarms(detector(settle_points=0), base, "engine.kv_cache_usage_ratio")
+        if f.since == 1400 * 5.0
+    ]
+    assert fell.severity is Severity.WARNING
+    (kept,) = [
+        f
+        for f in _alarms(detector(settle_points=0, benign_low=None), base, "engine.kv_cache_usage_ratio")
+        if f.since == 1400 * 5.0
+    ]
+    assert kept.severity is Severity.WARNING

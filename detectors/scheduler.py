@@ -30,6 +30,15 @@ fixed 15% raised 371 findings in 6 healthy hours, 64 of them critical; with the 
 there, so a shortfall must pass 78%), none. Guarded learning follows the same limit, so the model learns
 the whole healthy spread rather than its upper edge.
 
+**Speculative decoding.** A drafting engine emits, per sequence and step, one token of its own and the
+draft tokens the step accepted, so its token rate follows the acceptance, which the traffic sets, not the
+scheduler: on vLLM drafting 3 tokens by n-gram lookup, greedy traffic made 3.0 tokens per step and
+sampled traffic 1.06 (``tests/fixtures/expo/vllm-0.32-cpu/*ngram3*``), a 65% "shortfall" of a healthy
+scheduler. So :math:`T` here is the rate the batch makes without the accepted draft tokens,
+``generation_tokens_per_second - spec_accepted_tokens_per_second`` (vLLM), or the rate over
+``spec_accept_length`` (SGLang: tokens per verify step), which is :math:`B` tokens per step at any
+acceptance. The acceptance itself is the ``spec_decode`` detector's to judge (one signal, one judge).
+
 The diagnosis checks, in this order, and names the first that holds (all are kept as evidence):
 
 1. **request-length mix shift** — mean prompt length (``gate.prompt_tokens_mean``, else prompt tokens per
@@ -147,7 +156,7 @@ class SchedulerEfficiencyDetector:
 
     def update(self, snapshot: Snapshot) -> list[Finding]:
         """Score this tick's throughput against the learned relation, diagnose a shortfall, then learn."""
-        throughput = snapshot.get("engine.generation_tokens_per_second")
+        throughput = _one_token_per_step(snapshot, snapshot.get("engine.generation_tokens_per_second"))
         batch = snapshot.get("engine.batch_size_mean")
         if batch is None:
             batch = snapshot.get("engine.requests_running")
@@ -203,6 +212,9 @@ class SchedulerEfficiencyDetector:
             "deviation": deviation,
             "deviation_limit": limit,
         }
+        drafting = _drafting(snapshot)
+        if drafting:
+            evidence["spec_decode"] = drafting
         causes = [
             ("request-length mix shift", self._mix_shift(prompt_len, evidence)),
             ("fragmentation", self._fragmentation(snapshot, evidence)),
@@ -225,8 +237,9 @@ class SchedulerEfficiencyDetector:
             severity=Severity.CRITICAL if deviation < -2 * self.threshold else Severity.WARNING,
             score=-deviation / (2 * self.threshold),
             summary=(
-                f"throughput {throughput:.0f} tok/s is {-deviation:.0%} below the {expected:.0f} tok/s "
-                f"a batch of {batch:.1f} should give; most likely cause: {cause}"
+                f"throughput {throughput:.0f} tok/s{' (without accepted draft tokens)' if drafting else ''} "
+                f"is {-deviation:.0%} below the {expected:.0f} tok/s a batch of {batch:.1f} should give; "
+                f"most likely cause: {cause}"
             ),
             since=self.gate_.since(snapshot.now),
             evidence=evidence,
@@ -272,6 +285,31 @@ class SchedulerEfficiencyDetector:
         starved = waiting is not None and waiting > 0 and (usage is None or usage < 0.9)
         slow_queue = queue_p95 is not None and base is not None and base > 0 and queue_p95 > 2 * base
         return starved or slow_queue
+
+
+def _drafting(snapshot: Snapshot) -> str:
+    """How the token rate is corrected for speculative decoding (module docstring): "" when it is not."""
+    accepted = snapshot.get("engine.spec_accepted_tokens_per_second")
+    if accepted is not None and math.isfinite(accepted) and accepted > 0:
+        return "accepted draft tokens subtracted"
+    length = snapshot.get("engine.spec_accept_length")
+    if length is not None and math.isfinite(length) and length > 1:
+        return "divided by the accept length"
+    return ""
+
+
+def _one_token_per_step(snapshot: Snapshot, tokens: float | None) -> float | None:
+    """The generation rate without accepted draft tokens: one token per sequence per step, whatever the
+    acceptance (module docstring, "Speculative decoding"). ``None`` when nothing is left (a tick whose
+    counters were read mid-step) or no rate."""
+    if tokens is None:
+        return None
+    how = _drafting(snapshot)
+    if how.startswith("accepted"):
+        tokens -= snapshot.get("engine.spec_accepted_tokens_per_second") or 0.0
+    elif how:
+        tokens /= snapshot.get("engine.spec_accept_length") or 1.0
+    return tokens if tokens > 0 else None
 
 
 def _prompt_length(snapshot: Snapshot) -> float | None:

@@ -194,3 +194,37 @@ def test_a_steady_engine_keeps_the_15_percent_threshold() -> None:
     detector = SchedulerEfficiencyDetector()
     _run(_healthy(600), detector)
     assert detector.limit() == detector.threshold
+
+
+def _drafting(rows: list[dict[str, float]], tokens_per_step: float, sglang: bool = False) -> None:
+    """The rows' engine drafting: each step emits ``tokens_per_step`` tokens per sequence, not one."""
+    for row in rows:
+        tokens = row["engine.generation_tokens_per_second"] * tokens_per_step
+        row["engine.generation_tokens_per_second"] = tokens
+        if sglang:
+            row["engine.spec_accept_length"] = tokens_per_step
+        else:
+            row["engine.spec_accepted_tokens_per_second"] = tokens * (1 - 1 / tokens_per_step)
+
+
+def test_acceptance_falling_on_a_drafting_engine_is_not_a_scheduler_shortfall() -> None:
+    """vLLM's n-gram drafts made 3.0 tokens per step on greedy traffic and 1.06 on sampled traffic (the
+    ngram3 fixtures): the token rate falls by 65% with the scheduler as healthy as before."""
+    for sglang in (False, True):
+        healthy, sampled = _healthy(600), _healthy(60, seed=1)
+        _drafting(healthy, 3.0, sglang)
+        _drafting(sampled, 1.06, sglang)
+        assert _run(healthy + sampled, SchedulerEfficiencyDetector()) == [], sglang
+    # the same token rates read without the drafting counters: the shortfall the correction takes away
+    for row in healthy + sampled:
+        row.pop("engine.spec_accept_length")
+    assert _run(healthy + sampled, SchedulerEfficiencyDetector())
+
+
+def test_a_slower_step_on_a_drafting_engine_is_still_found() -> None:
+    healthy, slow = _healthy(600), _degraded()
+    _drafting(healthy, 3.0)
+    _drafting(slow, 3.0)
+    findings = _run(healthy + slow, SchedulerEfficiencyDetector())
+    assert findings and findings[-1].evidence["spec_decode"] == "accepted draft tokens subtracted"
+    assert " tok/s (without accepted draft tokens) is " in findings[-1].summary

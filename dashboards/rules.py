@@ -322,6 +322,17 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
             "for 15 minutes; large allocations may fail although memory looks available.",
         ),
         _alert(
+            "ServepilotSpecDecodeNotPaying",
+            f'max by ({BY}) (servepilot_finding_active{{detector="spec_decode", severity="critical"}}) == 1',
+            p.for_(900),
+            "warning",
+            "speculative decoding in {{ $labels.pod }} costs more than it saves",
+            "For 15 minutes the engine's draft tokens have been accepted too rarely to pay for drafting and "
+            "verifying them (the spec_decode finding's expected speedup is below 1): the pod makes fewer "
+            "tokens per GPU-second than it would with speculation off. The traffic has likely moved away "
+            "from what the draft predicts (sampling, another language or task).",
+        ),
+        _alert(
             "ServepilotForecastAboveCapacity",
             f'max by ({BY}) (servepilot_forecast_requests_per_second{{quantile="0.9"}})\n'
             f"> on ({BY}) max by ({BY}) (servepilot_forecast_capacity_requests_per_second)",

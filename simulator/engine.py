@@ -28,6 +28,7 @@ from simulator.power import (
     ThermalModel,
 )
 from simulator.scheduler import Policy, Request, Schedule, Scheduler
+from simulator.specdec import SpecDecodeConfig, SpecDecoder
 from simulator.stats import EngineStats
 from simulator.steptime import StepCost, StepTimeModel
 
@@ -103,8 +104,11 @@ class EngineCore:
         block_size: int = BLOCK_SIZE,
         start: float = 0.0,
         scheduling_policy: Policy = "fcfs",
+        spec: SpecDecodeConfig | None = None,
     ) -> None:
         self.gpu = gpu
+        #: speculative decoding (simulator/specdec.py); None drafts nothing
+        self.spec = SpecDecoder(spec) if spec is not None and spec.draft_tokens > 0 else None
         self.model = model
         if max_num_batched_tokens is not None:
             settings = replace(settings, max_num_batched_tokens=max_num_batched_tokens)
@@ -314,7 +318,7 @@ class EngineCore:
         self.stats.iteration_tokens.observe(sched.num_tokens)
         self._apply(sched, start + duration, result)
         quiet = not sched.preempted and sched.waiting_blocked and not (result.finished and self.num_waiting)
-        if max_steps > 1 and quiet:
+        if max_steps > 1 and quiet and self.spec is None:  # drafts: every step draws its acceptances
             self._fast_forward(result, max_steps - 1, until)
         return result
 
@@ -337,10 +341,20 @@ class EngineCore:
             context += req.computed
             pairs += n * (req.computed + (n + 1) * 0.5)
         new_tokens, seqs = sched.num_tokens, len(sched.items)
+        spec = self.spec
+        drafting = 0
+        if spec is not None:  # each decoding sequence's draft tokens are verified in this forward pass
+            for req, _ in sched.items:
+                if _drafts(req):
+                    drafting += 1
+                    pairs += spec.k * (req.computed + (spec.k + 1) * 0.5)
+            new_tokens += spec.k * drafting
         cost = self.steptime.cost(new_tokens, seqs, context, pairs, clock)
         capped_clock, extra = self._clock_for(cost, clock)
         if extra:
             cost = self.steptime.cost(new_tokens, seqs, context, pairs, capped_clock)
+        if drafting and spec is not None and spec.cost_factor() != 1.0:
+            cost = replace(cost, duration_s=cost.duration_s * spec.cost_factor())
         return capped_clock, reasons | extra, cost
 
     def _apply(self, sched: Schedule, end: float, result: StepResult) -> None:
@@ -348,7 +362,9 @@ class EngineCore:
         done: list[Request] = []
         gaps: list[float] = []
         tokens = result.tokens
+        accepted = self._accepted(sched) if self.spec is not None else None
         for req, n in sched.items:
+            drafted = accepted is not None and _drafts(req)
             req.computed += n
             if req.computed < req.prompt + req.output:
                 continue  # mid-prefill chunk: no token yet
@@ -357,17 +373,45 @@ class EngineCore:
                 stats.ttft.observe(end - req.arrival)
                 stats.prompt_tokens += req.prompt
             else:
-                gaps.append(end - req.last_token)
-            req.output += 1
+                gaps.append(end - req.last_token)  # one gap per step, as vLLM observes it
+            emitted = 1
+            if drafted and accepted:
+                emitted += self._keep_drafts(req, accepted.pop())
+            req.output += emitted
             req.last_token = end
-            tokens[req.rid] = 1  # the step's first iteration: each request appears once
+            tokens[req.rid] = emitted  # the step's first iteration: each request appears once
             if req.output >= req.max_tokens:
                 done.append(req)
-        stats.generation_tokens += len(tokens)
+        stats.generation_tokens += sum(tokens.values()) if accepted is not None else len(tokens)
         if gaps:
             stats.itl.observe_list(gaps)
         if done:
             self._finish(done, end, result)
+
+    def _accepted(self, sched: Schedule) -> list[int]:
+        """This step's leading accepted draft tokens, one per decoding sequence (popped from the end)."""
+        assert self.spec is not None
+        acceptance = self.faults.spec_acceptance
+        if acceptance is None:
+            acceptance = self.spec.config.acceptance
+        return self.spec.draw(sum(1 for req, _ in sched.items if _drafts(req)), acceptance)
+
+    def _keep_drafts(self, req: Request, accepted: int) -> int:
+        """Keep up to ``accepted`` verified draft tokens of ``req``: no more than its answer has left, and
+        only as far as KV blocks hold them (its own, or free ones of the pool); counted as one draft."""
+        assert self.spec is not None
+        keep = min(accepted, req.max_tokens - req.output - 1)
+        if keep > 0:
+            pool, bs = self.scheduler.pool, self.block_size
+            need = blocks_for(req.computed + keep, bs) - req.blocks
+            if need > 0 and not pool.allocate(need):
+                keep = max(0, min(keep, req.blocks * bs - req.computed))
+            elif need > 0:
+                req.blocks += need
+        keep = max(0, keep)
+        req.computed += keep
+        self.spec.count(keep)
+        return keep
 
     def _finish(self, done: list[Request], end: float, result: StepResult) -> None:
         stats = self.stats
@@ -479,6 +523,12 @@ class EngineCore:
     def with_settings(self, **changes: object) -> EngineSettings:
         """The current settings with ``changes`` applied (a convenience for callers and tests)."""
         return replace(self.settings, **changes)  # type: ignore[arg-type]
+
+
+def _drafts(req: Request) -> bool:
+    """Whether ``req``'s next step carries draft tokens: a decode after its first token (a prefill, or
+    the recompute of a preempted request, drafts nothing)."""
+    return req.output > 0 and req.decoding
 
 
 def make_core(

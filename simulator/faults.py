@@ -24,6 +24,7 @@ _BOUNDS: dict[str, tuple[float, float]] = {
     "fragmentation_ratio": (0.0, 0.9),
     "latency_factor": (1.0, 100.0),
     "ambient_c": (-20.0, 80.0),
+    "spec_acceptance": (0.0, 1.0),
 }
 ERROR_STATUSES = (500, 503)
 
@@ -49,7 +50,9 @@ class FaultSwitches:
     The live server honours it; a replay does not (its workload loop would never end). ``stalled_gpu``
     is what the simulated NVML reads meanwhile: ``busy`` (the default: a collective's spin kernels keep
     the GPU busy at its top clock, near idle power, as a real NCCL hang reads) or ``idle`` (the host
-    side is stuck and launches nothing).
+    side is stuck and launches nothing). ``spec_acceptance`` overrides a drafting engine's per-token
+    acceptance (traffic its drafts no longer predict: sampling, another language); ``null`` restores
+    the configured one.
     """
 
     metrics_delay_s: float = 0.0
@@ -62,6 +65,7 @@ class FaultSwitches:
     ambient_c: float | None = None
     stalled: bool = False
     stalled_gpu: str = "busy"
+    spec_acceptance: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -80,7 +84,7 @@ class FaultSwitches:
 
 
 def _check(name: str, raw: Any) -> Any:
-    if name == "ambient_c" and raw is None:
+    if name in ("ambient_c", "spec_acceptance") and raw is None:
         return None
     if name == "stalled":
         if not isinstance(raw, bool):

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from simulator.engine import EngineCore
+from simulator.specdec import SpecDecoder
 from simulator.stats import Histogram
 from simulator.telemetry import memory_state
 
@@ -78,6 +79,8 @@ class VllmCollector(Collector):
         for reason, count in stats.request_success.items():
             success.add_metric([*self.labels.values(), reason], count)
         yield success
+        if core.spec is not None:
+            yield from self._spec(core.spec)
         for name, doc, hist in (
             (
                 "vllm:request_prompt_tokens",
@@ -135,6 +138,22 @@ class VllmCollector(Collector):
         ):
             yield self._histogram(name, doc, hist)
         yield self._cache_config()
+
+    def _spec(self, spec: SpecDecoder) -> Iterator[Metric]:
+        """vLLM V1's speculative-decoding counters (served only when the engine drafts)."""
+        yield self._counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", spec.drafts)
+        yield self._counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", spec.draft_tokens)
+        yield self._counter(
+            "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", spec.accepted
+        )
+        per_position = CounterMetricFamily(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            labels=[*self.labels, "position"],
+        )
+        for position, count in enumerate(spec.accepted_per_position):
+            per_position.add_metric([*self.labels.values(), str(position)], count)
+        yield per_position
 
     def _cache_config(self) -> GaugeMetricFamily:
         core = self.core

@@ -46,10 +46,12 @@ class _Simulator:
         from simulator.engine import make_core
         from simulator.faults import FaultError
         from simulator.server import SimServer
+        from simulator.specdec import SpecDecodeConfig
 
         try:
             # vLLM's priority policy: the gate passes each request's class (demo.ENGINE_PRIORITY)
-            core = make_core(args.gpu, args.model, scheduling_policy="priority")
+            spec = SpecDecodeConfig(args.spec_tokens)
+            core = make_core(args.gpu, args.model, scheduling_policy="priority", spec=spec)
             core.set_faults(core.faults.updated(faults), core.time)
         except (ValueError, KeyError, FaultError) as error:
             raise UsageError(str(error).strip("'\"")) from None
@@ -75,7 +77,7 @@ async def _real_engine(args: argparse.Namespace) -> tuple[Any, dict[str, int]]:
     from agent.engines.launcher import EngineError
 
     try:
-        engine = RealEngine(args.engine)
+        engine = RealEngine(args.engine, spec_tokens=args.spec_tokens)
         await engine.start("127.0.0.1", args.engine_port)
     except EngineError as error:
         raise UsageError(str(error)) from None

@@ -85,6 +85,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "what the gate shed of it",
     )
     parser.add_argument(
+        "--spec-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="speculative decoding: the engine drafts N tokens per step (simulator: accepted 0.7 each, "
+        "change it with --fault spec_acceptance=0.05 or POST /sim/faults; vLLM: n-gram lookup); the "
+        "spec_decode detector judges the acceptance (default 0: no drafting)",
+    )
+    parser.add_argument(
         "--no-view", action="store_true", help="print a status line every 5 s instead of the live view"
     )
     parser.set_defaults(func=run)
@@ -191,6 +200,10 @@ def run(args: argparse.Namespace) -> int:
     ):
         if value < 0 or (name != "--duration" and value == 0):
             raise UsageError(f"{name} must be positive, got {value:g}")
+    if not 0 <= args.spec_tokens <= 16:
+        raise UsageError(f"--spec-tokens must be in [0, 16], got {args.spec_tokens}")
+    if args.spec_tokens and args.engine == "llamacpp":
+        raise UsageError("--spec-tokens needs --engine sim or vllm (the demo's llama.cpp has no draft model)")
     faults: dict[str, float] = {}
     for item in args.fault:
         key, sep, raw = item.partition("=")

@@ -23,19 +23,21 @@ READY_TIMEOUT_S = {"llamacpp": 120.0, "vllm": 900.0}
 ENGINE_PRIORITY = {"vllm": "vllm", "sim": "vllm"}
 
 
-def launch_options(name: str) -> LaunchOptions:
+def launch_options(name: str, spec_tokens: int = 0) -> LaunchOptions:
     """How the demo starts engine ``name``: the launcher's defaults, with priority scheduling on where
-    the engine has it (:data:`ENGINE_PRIORITY`)."""
-    return LaunchOptions(scheduling_policy="priority") if name in ENGINE_PRIORITY else LaunchOptions()
+    the engine has it (:data:`ENGINE_PRIORITY`), and vLLM drafting ``spec_tokens`` by n-gram lookup."""
+    policy = "priority" if name in ENGINE_PRIORITY else "fcfs"
+    return LaunchOptions(scheduling_policy=policy, speculative_ngram=spec_tokens if name == "vllm" else 0)
 
 
 class RealEngine:
     """A real engine on ``127.0.0.1:<port>`` for the demo's lifetime."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, spec_tokens: int = 0) -> None:
         if name not in ENGINES:
             raise EngineError(f"--engine must be one of sim, {', '.join(ENGINES)}; got {name!r}")
         self.name = name
+        self.spec_tokens = spec_tokens
         self.model_name = SERVED_MODEL
         self.description = f"{name} {ENGINES[name].version} (CPU, tiny random-weight model)"
         self._engine: RunningEngine | None = None
@@ -46,7 +48,7 @@ class RealEngine:
             raise EngineError("real engines have no API key and open CORS: they bind to 127.0.0.1 only")
 
         def launch() -> RunningEngine:
-            engine = start(self.name, port=port, opts=launch_options(self.name))
+            engine = start(self.name, port=port, opts=launch_options(self.name, self.spec_tokens))
             engine.wait_ready(READY_TIMEOUT_S[self.name])
             return engine
 

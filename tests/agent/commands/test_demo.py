@@ -16,6 +16,11 @@ from agent.commands.demo import DEFAULT_PRIORITY_MIX, demo_config, parse_priorit
         (["--mode", "act", "--initial-batch", "0"], "--initial-batch must be positive, got 0"),
         (["--rate-scale", "0"], "--rate-scale must be positive, got 0"),
         (["--fault", "leak"], "--fault must look like NAME=NUMBER, got 'leak'"),
+        (["--spec-tokens", "17"], "--spec-tokens must be in [0, 16], got 17"),
+        (
+            ["--engine", "llamacpp", "--spec-tokens", "3"],
+            "--spec-tokens needs --engine sim or vllm (the demo's llama.cpp has no draft model)",
+        ),
         (
             ["--priority-mix", "high=1"],
             "--priority-mix sets classes the gate acts on: it needs --mode advise or act",
@@ -143,6 +148,8 @@ def test_the_vllm_demo_runs_vllm_with_priority_scheduling_and_the_gate_passes_th
 
     assert launch_options("vllm").scheduling_policy == "priority"
     assert launch_options("llamacpp").scheduling_policy == "fcfs"  # llama.cpp has no priority field
+    assert launch_options("vllm").speculative_ngram == 0
+    assert launch_options("vllm", spec_tokens=3).speculative_ngram == 3  # --spec-tokens: n-gram drafts
     cfg = config.build(
         with_gate(demo_config(9400, 8000), "act", 8080, None, engine_priority=ENGINE_PRIORITY["vllm"])
     )
@@ -156,9 +163,20 @@ def test_the_simulator_demo_ranks_its_engines_queue_by_the_classes_the_gate_pass
     from agent.demo_runner import _Simulator
     from agent.engines.demo import ENGINE_PRIORITY
 
-    simulator = _Simulator(SimpleNamespace(gpu="a100-80g", model="llama-3-8b"), {})  # type: ignore[arg-type]
-    assert simulator.server.core.scheduler.policy == "priority"
+    args = SimpleNamespace(gpu="a100-80g", model="llama-3-8b", spec_tokens=0)
+    simulator = _Simulator(args, {})  # type: ignore[arg-type]
+    assert simulator.server.core.scheduler.policy == "priority" and simulator.server.core.spec is None
     cfg = config.build(
         with_gate(demo_config(9400, 8000), "act", 8080, None, engine_priority=ENGINE_PRIORITY["sim"])
     )
     assert [cfg.gate.priority_value("primary", c) for c in ("high", "normal", "low")] == [-1, 0, 1]
+
+
+def test_spec_tokens_make_the_simulated_engine_draft_and_the_fault_switch_sets_their_acceptance() -> None:
+    from types import SimpleNamespace
+
+    from agent.demo_runner import _Simulator
+
+    args = SimpleNamespace(gpu="a100-80g", model="llama-3-8b", spec_tokens=3)
+    core = _Simulator(args, {"spec_acceptance": 0.05}).server.core  # type: ignore[arg-type]
+    assert core.spec is not None and core.spec.k == 3 and core.faults.spec_acceptance == 0.05

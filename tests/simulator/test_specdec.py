@@ -100,3 +100,37 @@ def test_the_counters_map_through_the_name_table_as_a_real_vllms_do() -> None:
 
 def test_without_drafts_no_spec_family_is_served() -> None:
     assert "spec_decode" not in render(registry_with(VllmCollector(_core(), "m"))).decode()
+
+
+def test_the_spec_decode_detector_sees_the_acceptance_the_switch_takes_away() -> None:
+    """Through the real chain: the simulator's /metrics text, the name table, the derived rates, the
+    detector the sidecar builds. 16 answers in flight on an H100, a tick per simulated second."""
+    from detectors.base import Severity
+    from detectors.snapshot import Reading, Snapshot, SourceStatus
+    from detectors.specdec import SpecDecodeDetector
+
+    mapping = load_mappings()["vllm"]
+    core, deriver, detector = (
+        _core(3, 0.8, draft_cost=0.05),
+        SignalDeriver(mapping, 60.0),
+        SpecDecodeDetector(),
+    )
+    severities: list[tuple[int, Severity]] = []
+    started = 0
+    for tick in range(90):
+        if tick == 60:  # the traffic turns to what the drafts do not predict
+            core.set_faults(core.faults.updated({"spec_acceptance": 0.05}), core.time)
+        while core.time < tick:  # a closed loop: a new answer starts as soon as one ends
+            while core.num_running + core.num_waiting < 16:
+                core.submit(f"r{started}", 200, 600, now=core.time)
+                started += 1
+            core.step(core.time)
+        text = render(registry_with(VllmCollector(core, "m"))).decode()
+        values = deriver.update(parse(text, mapping, float(tick)), float(tick))
+        snapshot = Snapshot.from_readings(tick, {"engine": Reading("engine", tick, SourceStatus.OK, values)})
+        severities += [(tick, f.severity) for f in detector.update(snapshot)]
+    assert detector.baseline_ == pytest.approx((0.8 + 0.64 + 0.512) / 3, rel=0.05)
+    # nothing while the drafts paid; from the third tick after the switch (3 of 5 ticks) critical, as
+    # acceptance 0.05 makes 1.05 tokens a step against a cost of 1.15: the drop is shown within it
+    assert [tick for tick, _ in severities] == list(range(62, 90)), severities
+    assert {severity for _, severity in severities} == {Severity.CRITICAL}

@@ -45,6 +45,7 @@ from agent.webhooks.signing import decode_secret
 from dashboards import generate, inhibit, queries, rules, series
 from simulator.engine import make_core
 from simulator.server import SimServer
+from simulator.specdec import SpecDecodeConfig
 from tests.dashboards.forecast_seed import minute_rates, write_forecast_state
 from tests.e2e.processes import binaries, process, until
 
@@ -200,7 +201,8 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
     )
     started = time.monotonic()
 
-    sim = SimServer(make_core("a100-80g", "llama-2-7b"), speed=1.0)
+    # drafting 3 tokens (accepted 0.7 each), so the speculative-decoding panel has data too
+    sim = SimServer(make_core("a100-80g", "llama-2-7b", spec=SpecDecodeConfig(3)), speed=1.0)
     sim_runner = web.AppRunner(sim.app(), access_log=None, handle_signals=False)
     await sim_runner.setup()
     await web.TCPSite(sim_runner, "127.0.0.1", engine_port).start()

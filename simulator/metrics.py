@@ -7,7 +7,7 @@ process (tests) without colliding in the global registry.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -36,6 +36,15 @@ class VllmCollector(Collector):
     def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
         family = CounterMetricFamily(name, doc, labels=list(self.labels))
         family.add_metric(list(self.labels.values()), value)
+        return family
+
+    def _counters_by(
+        self, name: str, doc: str, label: str, counts: Iterable[tuple[str, float]]
+    ) -> CounterMetricFamily:
+        """One counter per value of ``label``, beside the engine's labels."""
+        family = CounterMetricFamily(name, doc, labels=[*self.labels, label])
+        for value, count in counts:
+            family.add_metric([*self.labels.values(), value], count)
         return family
 
     def _histogram(self, name: str, doc: str, hist: Histogram) -> HistogramMetricFamily:
@@ -71,14 +80,12 @@ class VllmCollector(Collector):
         yield self._counter(
             "vllm:generation_tokens", "Number of generation tokens processed.", stats.generation_tokens
         )
-        success = CounterMetricFamily(
+        yield self._counters_by(
             "vllm:request_success",
             "Count of successfully processed requests.",
-            labels=[*self.labels, "finished_reason"],
+            "finished_reason",
+            stats.request_success.items(),
         )
-        for reason, count in stats.request_success.items():
-            success.add_metric([*self.labels.values(), reason], count)
-        yield success
         if core.spec is not None:
             yield from self._spec(core.spec)
         for name, doc, hist in (
@@ -146,14 +153,12 @@ class VllmCollector(Collector):
         yield self._counter(
             "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", spec.accepted
         )
-        per_position = CounterMetricFamily(
+        yield self._counters_by(
             "vllm:spec_decode_num_accepted_tokens_per_pos",
             "Accepted tokens per draft position.",
-            labels=[*self.labels, "position"],
+            "position",
+            ((str(position), count) for position, count in enumerate(spec.accepted_per_position)),
         )
-        for position, count in enumerate(spec.accepted_per_position):
-            per_position.add_metric([*self.labels.values(), str(position)], count)
-        yield per_position
 
     def _cache_config(self) -> GaugeMetricFamily:
         core = self.core

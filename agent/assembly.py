@@ -115,11 +115,13 @@ def build_detectors(
     executor: Executor | None = None,
     slo_s: Mapping[str, float] | None = None,
     windows_s: tuple[float, float] | None = None,
+    draft_cost_ratio: float | None = None,
 ) -> list[Detector]:
     """Every registered detector that is enabled by default. Detectors with periodic heavy refits (an
     ``executor`` attribute) get ``executor`` so the refit runs in a worker thread, not in the tick; those
     that judge latency against the SLO get ``slo_s`` (:func:`set_detector_slo`); those that model latency
-    quantiles get the windows (engine, gate) the quantiles are of (``windows_s``: ``set_windows``)."""
+    quantiles get the windows (engine, gate) the quantiles are of (``windows_s``: ``set_windows``); the
+    speculative-decoding detector gets ``draft_cost_ratio`` (``detectors.spec_draft_cost_ratio``)."""
     from detectors import base, registry
 
     if not base.REGISTRY:
@@ -135,6 +137,10 @@ def build_detectors(
         for detector in detectors:
             if hasattr(detector, "set_windows"):
                 detector.set_windows(*windows_s)
+    if draft_cost_ratio is not None:
+        for detector in detectors:
+            if hasattr(detector, "draft_cost_ratio"):
+                detector.draft_cost_ratio = draft_cost_ratio
     return detectors
 
 

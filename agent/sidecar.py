@@ -139,6 +139,7 @@ class Sidecar:
                 self._refits,
                 slo_s=_slo(cfg.policies),
                 windows_s=(cfg.engine.quantile_window_s, cfg.gate.stats_window_s),
+                draft_cost_ratio=cfg.detectors.spec_draft_cost_ratio,
             ),
             policies=build_policies(cfg, self.knobs.gpu)
             + ([self.canary.policy] if self.canary is not None else []),

@@ -187,6 +187,18 @@ class CostConfig(Section):
     window_s: float = Field(300.0, ge=10, le=86400, description="window of the per-token averages")
 
 
+class DetectorsConfig(Section):
+    """Settings of the detectors that depend on how the engine is deployed."""
+
+    spec_draft_cost_ratio: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="cost of one draft token in target forward passes, for the spec_decode detector's "
+        "expected speedup: ~0.05-0.1 for a draft model, near 0 for n-gram lookup (verification only)",
+    )
+
+
 def priority_targets(policies: PolicyConfig) -> dict[str, tuple[float, float]]:
     """(TTFT, mean ITL) per class named in ``slo_by_priority``, an unset target filled in from the
     policies' own: what the gate judges that class's answers by."""

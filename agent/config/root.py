@@ -6,7 +6,7 @@ from pydantic import model_validator
 
 from agent.config.actuation import ActuatorConfig, AuditConfig, ControlConfig, WebhookConfig
 from agent.config.base import Section
-from agent.config.decisions import CanaryConfig, CostConfig, ForecastConfig, PolicyConfig
+from agent.config.decisions import CanaryConfig, CostConfig, DetectorsConfig, ForecastConfig, PolicyConfig
 from agent.config.gate import GateConfig
 from agent.config.process import AgentConfig
 from agent.config.sources import EngineConfig, NvmlConfig, ProbeConfig
@@ -28,6 +28,7 @@ class Config(Section):
     cost: CostConfig = CostConfig()
     policies: PolicyConfig = PolicyConfig()
     canary: CanaryConfig = CanaryConfig()
+    detectors: DetectorsConfig = DetectorsConfig()
 
     @model_validator(mode="after")
     def _energy_wiring(self) -> Config:

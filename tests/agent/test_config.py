@@ -35,6 +35,10 @@ def test_examples_exist_for_demo_vllm_and_sglang() -> None:
         ({"agent": {"interval_s": 0}}, "agent.interval_s must be in [0.05, 60], got 0"),
         ({"agent": {"listen_port": 70000}}, "agent.listen_port must be in [1, 65535], got 70000"),
         ({"engine": {"timeout_s": 0}}, "engine.timeout_s must be in (0, 60], got 0"),
+        (
+            {"detectors": {"spec_draft_cost_ratio": 2}},
+            "detectors.spec_draft_cost_ratio must be in [0, 1], got 2",
+        ),
         (  # a section inside a mapping: the range is found through the line's name
             {"gate": {"lines": {"batch": {"burst_ratio": 200}}}},
             "gate.lines.batch.burst_ratio must be in [1, 100], got 200",

@@ -1009,3 +1009,19 @@ def test_the_tail_detector_takes_the_windows_the_quantiles_are_of(tmp_path: Path
     sidecar = Sidecar(cfg, collectors=[OneValue()])
     [tails] = [d for d in sidecar.loop.detectors if d.name == "tail_latency"]
     assert (tails.window_s, tails.gate_window_s) == (30.0, 90.0)
+
+
+def test_the_spec_decode_detector_prices_drafts_by_the_configured_cost(tmp_path: Path) -> None:
+    """``detectors.spec_draft_cost_ratio``: near 0 beside n-gram drafting, whose drafts cost only their
+    verification; the default 0.1 is a draft model's."""
+    cfg = config.build(
+        {
+            "agent": {"listen_port": _free_port(), "admin_listen_port": _free_port()},
+            "audit": {"path": str(tmp_path / "audit.jsonl")},
+            "forecast": {"enabled": False},
+            "detectors": {"spec_draft_cost_ratio": 0.02},
+        }
+    )
+    [spec] = [d for d in Sidecar(cfg, collectors=[OneValue()]).loop.detectors if d.name == "spec_decode"]
+    assert spec.draft_cost_ratio == 0.02
+    assert config.build({}).detectors.spec_draft_cost_ratio == 0.1

@@ -38,6 +38,11 @@ def bundled_trace() -> np.ndarray:
         return read_requests(path)
 
 
+DEMO_DRAFT_COST = 0.05
+"""What a draft token costs the simulated engine with ``--spec-tokens``: a draft model's pass, 5% of a
+step; the demo's sidecar prices drafts the same (``detectors.spec_draft_cost_ratio``)."""
+
+
 class _Simulator:
     """The simulated engine on its own aiohttp runner, so the demo can stop it cleanly."""
 
@@ -50,7 +55,7 @@ class _Simulator:
 
         try:
             # vLLM's priority policy: the gate passes each request's class (demo.ENGINE_PRIORITY)
-            spec = SpecDecodeConfig(args.spec_tokens)
+            spec = SpecDecodeConfig(args.spec_tokens, draft_cost=DEMO_DRAFT_COST)
             core = make_core(args.gpu, args.model, scheduling_policy="priority", spec=spec)
             core.set_faults(core.faults.updated(faults), core.time)
         except (ValueError, KeyError, FaultError) as error:

@@ -89,9 +89,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=int,
         default=0,
         metavar="N",
-        help="speculative decoding: the engine drafts N tokens per step (simulator: accepted 0.7 each, "
-        "change it with --fault spec_acceptance=0.05 or POST /sim/faults; vLLM: n-gram lookup); the "
-        "spec_decode detector judges the acceptance (default 0: no drafting)",
+        help="speculative decoding: the engine drafts N tokens per step (simulator: a draft model costing "
+        "5%% of a step per token, each token accepted at 0.7; change that with --fault "
+        "spec_acceptance=0.05 or POST /sim/faults; vLLM: n-gram lookup); the spec_decode detector "
+        "judges the acceptance (default 0: no drafting)",
     )
     parser.add_argument(
         "--no-view", action="store_true", help="print a status line every 5 s instead of the live view"
@@ -218,6 +219,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.engine == "sim":
         cfg = demo_config(args.port, args.engine_port)
+        if args.spec_tokens:
+            from agent.demo_runner import DEMO_DRAFT_COST
+
+            cfg["detectors"] = {"spec_draft_cost_ratio": DEMO_DRAFT_COST}
     else:
         if faults:
             raise UsageError("--fault switches exist only on the simulator (--engine sim)")

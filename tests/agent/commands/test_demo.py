@@ -175,8 +175,9 @@ def test_the_simulator_demo_ranks_its_engines_queue_by_the_classes_the_gate_pass
 def test_spec_tokens_make_the_simulated_engine_draft_and_the_fault_switch_sets_their_acceptance() -> None:
     from types import SimpleNamespace
 
-    from agent.demo_runner import _Simulator
+    from agent.demo_runner import DEMO_DRAFT_COST, _Simulator
 
     args = SimpleNamespace(gpu="a100-80g", model="llama-3-8b", spec_tokens=3)
     core = _Simulator(args, {"spec_acceptance": 0.05}).server.core  # type: ignore[arg-type]
     assert core.spec is not None and core.spec.k == 3 and core.faults.spec_acceptance == 0.05
+    assert core.spec.config.draft_cost == DEMO_DRAFT_COST  # what the demo's sidecar prices drafts at

@@ -107,20 +107,38 @@ async def _plain_then_streams(
     url: str,
     body: dict[str, Any],
     streamed: Callable[[aiohttp.ClientSession, str], Awaitable[Answer]],
+    engine: RunningEngine,
 ) -> tuple[Answer, list[Answer], list[float]]:
     """One plain request to ``url``, then three ``streamed`` at once: the status and JSON of the first,
-    what ``streamed`` made of each stream, and the gate's queue depth sampled meanwhile."""
+    what ``streamed`` made of each stream, and the gate's queue depth sampled meanwhile.
+
+    The three are sent while vLLM sleeps (the sleep lever holds a request until wake-up), and vLLM wakes
+    once the gate holds one at vLLM and queues two, or after 10 s: sent to an awake engine, answers of a
+    token or two (the random model may stop at once) ended before the next reached the gate, and a CI
+    run (2026-12-05) saw no queue at all."""
 
     async def depth() -> float:
         return float(gate.admission.queue_depth)
 
+    client = ControlClient(ControlConfig(enabled=True, url=engine.url, adapter="vllm"))
+    await client.start()
     async with (
         sampled(depth, 0.005) as queued,
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session,
     ):
         async with session.post(url, json=body) as r:
             plain = (r.status, await r.json())
-        streams = await asyncio.gather(*(streamed(session, url) for _ in range(3)))
+        try:
+            assert (await client.apply({"sleeping": True})).ok
+            pending = asyncio.gather(*(streamed(session, url) for _ in range(3)))
+            for _ in range(400):
+                if gate.admission.queue_depth >= 2:
+                    break
+                await asyncio.sleep(0.025)
+        finally:
+            await client.apply({"sleeping": False})
+            await client.close()
+        streams = await pending
     return plain, list(streams), queued
 
 
@@ -159,7 +177,9 @@ async def test_the_responses_api_is_admitted_by_the_gate_and_counted_from_vllms_
         return r.status, json.loads(done[0].removeprefix("data:"))["response"]["usage"]
 
     async with gate_for(engine.url, **ONE_AT_A_TIME) as (gate, base, registry):
-        plain, streams, queued = await _plain_then_streams(gate, f"{base}/v1/responses", body, streamed)
+        plain, streams, queued = await _plain_then_streams(
+            gate, f"{base}/v1/responses", body, streamed, engine
+        )
     assert plain[0] == 200 and plain[1]["status"] in ("completed", "incomplete"), plain
     assert all(status == 200 for status, _ in streams), streams
     usages = [plain[1]["usage"], *(usage for _, usage in streams)]
@@ -187,7 +207,9 @@ async def test_anthropic_messages_are_admitted_and_every_route_is_judged(engine:
         return r.status, json.loads(deltas[-1].removeprefix("data:"))["usage"]
 
     async with gate_for(engine.url, **ONE_AT_A_TIME) as (gate, base, registry):
-        plain, streams, queued = await _plain_then_streams(gate, f"{base}/v1/messages", body, streamed)
+        plain, streams, queued = await _plain_then_streams(
+            gate, f"{base}/v1/messages", body, streamed, engine
+        )
     async with aiohttp.ClientSession() as session, session.get(f"{engine.url}/openapi.json") as r:
         routes = classify(await r.json())
     assert plain[0] == 200 and plain[1]["type"] == "message", plain

@@ -408,7 +408,6 @@ class EngineCore:
                 keep = max(0, min(keep, req.blocks * bs - req.computed))
             elif need > 0:
                 req.blocks += need
-        keep = max(0, keep)
         req.computed += keep
         self.spec.count(keep)
         return keep

@@ -17,13 +17,13 @@ import asyncio
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import aiohttp
 
 from agent.collectors.base import SCRAPE_HEADERS
-from agent.collectors.derive import Trackers
+from agent.collectors.derive import Trackers, WindowStats
 from agent.collectors.exposition import Counter, Exposition, Gauge, Histogram, parse_exposition
 from agent.collectors.metric_mapping import MetricMapping, SignalSpec, detect_engine, load_mappings
 from agent.config import EngineConfig
@@ -32,6 +32,9 @@ from detectors.snapshot import Reading, SourceStatus
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a /metrics page is ~100 kB; anything near this is not one
 MAX_SPLIT = 32
 """Label values one ``by`` signal is split into (vLLM's draft positions: num_speculative_tokens)."""
+MAX_TOKENS_PER_STEP = 64.0
+"""Most decode tokens one step gives a request (1 + the draft length): more means the counts do not
+belong together (a counter that restarted inside the window unseen), and the histogram is left per step."""
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9_-]{1,32}")
 _PERCENTILES = {0.5: "p50", 0.95: "p95", 0.99: "p99"}
 Series = Counter | Gauge | Histogram
@@ -188,10 +191,15 @@ class SignalDeriver:
             rate = self.trackers.rate(name, value, now)
             if rate is not None:
                 values[name] = rate
+        windows: dict[str, WindowStats] = {}
         for name, hist in scrape.histograms.items():
             stats = self.trackers.histogram(name, hist.bounds, hist.counts, hist.sum, now)
-            if stats is None:
-                continue
+            if stats is not None:
+                windows[name] = stats
+        for spec in self.mapping.signals:
+            if spec.per_token is not None:
+                self._per_token(spec.name, spec.per_token, windows, scrape, now)
+        for name, stats in windows.items():
             for q, value in stats.quantiles.items():
                 values[f"{name}.{_PERCENTILES[q]}"] = value
             if stats.mean is not None:
@@ -203,6 +211,36 @@ class SignalDeriver:
                 values[spec.name] = self.trackers.mean(spec.name, scrape.gauges[spec.of], now)
         self.trackers.prune(now)
         return {f"engine.{name}": value for name, value in values.items()}
+
+    def _per_token(
+        self,
+        name: str,
+        per_token: tuple[str, str],
+        windows: dict[str, WindowStats],
+        scrape: Scrape,
+        now: float,
+    ) -> None:
+        """Histogram ``name``'s window read per token (:mod:`agent.collectors.derive`): divided by the
+        decode tokens per observation, ``(tokens - first tokens) / observations``, with the token
+        counter's window spanning the histogram's. Left as it is where that cannot be told (no token
+        counter or first-token window, windows that differ after a gap or a reset) or comes out at one
+        or less, or above :data:`MAX_TOKENS_PER_STEP` (counts that do not belong together). The token
+        counter's window is kept on every scrape, the histogram's first included."""
+        tokens, first = per_token
+        counted = scrape.counters.get(tokens)
+        increase = self.trackers.increase(tokens, counted, now) if counted is not None else None
+        stats, firsts = windows.get(name), windows.get(first)
+        if stats is None or increase is None or firsts is None:
+            return
+        span, generated = increase
+        if abs(span - stats.window_s) > 1e-9 or abs(firsts.window_s - stats.window_s) > 1e-9:
+            return
+        per_step = (generated - firsts.count) / stats.count
+        if not 1.0 < per_step <= MAX_TOKENS_PER_STEP:
+            return
+        quantiles = {q: value / per_step for q, value in stats.quantiles.items()}
+        mean = stats.mean / per_step if stats.mean is not None else None
+        windows[name] = replace(stats, mean=mean, quantiles=MappingProxyType(quantiles))
 
     @staticmethod
     def _ratio(spec: SignalSpec, values: dict[str, float]) -> None:

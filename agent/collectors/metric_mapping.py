@@ -40,6 +40,11 @@ class SignalSpec:
     by: str | None = None
     """A label to split on: one signal per label value, ``<name>.<by><value>`` (e.g. vLLM's accepted
     draft tokens ``.position0``, ``.position1``, ...), instead of one aggregate."""
+    per_token: tuple[str, str] | None = None
+    """(tokens counter, first-token histogram) of a histogram the engine observes once per engine step and
+    request, however many tokens the step gave the request (vLLM's ITL: several under speculative
+    decoding): its quantiles and mean are divided by the tokens per step over the window, so they read per
+    token, as an engine that observes each token (SGLang) reports them (:mod:`agent.collectors.derive`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +72,7 @@ def _signal(name: str, raw: Any, where: str) -> SignalSpec:
     if not isinstance(raw, dict):
         raise ValueError(f"{where} must be a mapping, got {raw!r}")
     unknown = set(raw) - {
-        "type", "aliases", "aggregate", "scale", "valid", "numerator", "denominator", "of", "by"
+        "type", "aliases", "aggregate", "scale", "valid", "numerator", "denominator", "of", "by", "per_token"
     }  # fmt: skip
     if unknown:
         raise ValueError(f"{where} has unknown keys {sorted(unknown)}")
@@ -99,6 +104,7 @@ def _signal(name: str, raw: Any, where: str) -> SignalSpec:
         scale=float(scale),
         valid=valid,
         by=by,
+        per_token=_per_token(raw.get("per_token"), kind, where),
     )
     if kind in ("gauge", "counter", "histogram"):
         return replace(spec, aliases=_strings(raw.get("aliases"), f"{where}.aliases"))
@@ -114,9 +120,37 @@ def _signal(name: str, raw: Any, where: str) -> SignalSpec:
     return replace(spec, of=of)
 
 
+def _per_token(raw: Any, kind: str, where: str) -> tuple[str, str] | None:
+    """``per_token: {tokens: <counter>, first_tokens: <histogram>}`` of a histogram, or None."""
+    if raw is None:
+        return None
+    if kind != "histogram":
+        raise ValueError(f"{where}.per_token applies to a histogram, not a {kind}")
+    if not isinstance(raw, dict) or set(raw) != {"tokens", "first_tokens"}:
+        raise ValueError(
+            f"{where}.per_token must be {{tokens: <counter>, first_tokens: <histogram>}}, got {raw!r}"
+        )
+    tokens, first = raw["tokens"], raw["first_tokens"]
+    if not (isinstance(tokens, str) and isinstance(first, str)):
+        raise ValueError(f"{where}.per_token must name two signals, got {raw!r}")
+    return tokens, first
+
+
 def _check_references(engine: str, signals: tuple[SignalSpec, ...]) -> None:
     by_name = {s.name: s for s in signals}
     for spec in signals:
+        if spec.per_token is not None:
+            tokens, first = (by_name.get(name) for name in spec.per_token)
+            if tokens is None or tokens.type != "counter" or tokens.by is not None:
+                raise ValueError(
+                    f"engines.{engine}.signals.{spec.name}.per_token.tokens: {spec.per_token[0]!r} is not a "
+                    "counter signal without 'by'"
+                )
+            if first is None or first.type != "histogram":
+                raise ValueError(
+                    f"engines.{engine}.signals.{spec.name}.per_token.first_tokens: {spec.per_token[1]!r} is "
+                    "not a histogram signal"
+                )
         for ref in (*spec.numerator, *spec.denominator):
             if by_name.get(ref) is None or by_name[ref].type != "counter" or by_name[ref].by is not None:
                 raise ValueError(

@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.collectors.derive import CounterRate, Trackers, WindowedHistogram, WindowedMean, bucket_quantile
+from agent.collectors.derive import (
+    CounterRate,
+    Trackers,
+    WindowedHistogram,
+    WindowedIncrease,
+    WindowedMean,
+    bucket_quantile,
+)
 
 INF = math.inf
 BOUNDS = (0.1, 0.5, 1.0, INF)
@@ -127,6 +134,26 @@ def test_histogram_after_a_stale_gap_restarts() -> None:
     hist = WindowedHistogram(window_s=10)
     hist.update(BOUNDS, [0, 0, 0, 0], 0.0, now=0.0)
     assert hist.update(BOUNDS, [9, 9, 9, 9], 0.5, now=100.0) is None
+
+
+def test_increase_spans_what_a_histogram_updated_on_the_same_scrapes_spans() -> None:
+    """The per-token reading divides a histogram's window by a counter's: both must cover one span, through
+    the window's slide, a reset and a stale gap alike."""
+    counter, histogram = WindowedIncrease(window_s=10.0), WindowedHistogram(window_s=10.0)
+    samples = [(0.0, 0.0), (4.0, 40.0), (8.0, 80.0), (12.0, 120.0), (16.0, 30.0), (40.0, 50.0), (44.0, 90.0)]
+    spans = []
+    for now, value in samples:
+        increase = counter.update(value, now)
+        stats = histogram.update(BOUNDS, [value, value, value, value], value, now)
+        assert (increase is None) == (stats is None)
+        if increase is not None and stats is not None:
+            assert increase[0] == stats.window_s
+            assert increase[1] == stats.count  # buckets and counter count alike here
+            spans.append(increase)
+    # the base is the newest sample at or before now - 10 (0 for 12), the reset at 16 counts its 30 from
+    # the sample before (12), and the gap from 16 to 40 restarts
+    assert spans == [(4.0, 40.0), (8.0, 80.0), (12.0, 120.0), (4.0, 30.0), (4.0, 40.0)]
+    assert counter.update(90.0, 44.0) is None  # a repeated tick
 
 
 def test_window_mean_averages_samples_inside_the_window() -> None:

@@ -89,6 +89,32 @@ def test_a_split_needs_a_label_name_on_a_gauge_or_counter_and_no_ratio_reads_one
         parse_mappings(table({"c": split, "r": ratio}))
 
 
+def test_per_token_reads_a_counter_and_a_histogram_of_a_histogram() -> None:
+    def table(itl: dict[str, object], tokens_type: str = "counter") -> dict[str, object]:
+        signals = {
+            "tokens": {"type": tokens_type, "aliases": ["x_tokens"]},
+            "ttft": {"type": "histogram", "aliases": ["x_ttft"]},
+            "itl": {"type": "histogram", "aliases": ["x_itl"], **itl},
+        }
+        return {"engines": {"x": {"prefixes": ["x_"], "signals": signals}}}
+
+    good = {"per_token": {"tokens": "tokens", "first_tokens": "ttft"}}
+    assert parse_mappings(table(good))["x"].signals[2].per_token == ("tokens", "ttft")
+    with pytest.raises(ValueError, match=r"^engines\.x\.signals\.itl\.per_token must be \{tokens"):
+        parse_mappings(table({"per_token": {"tokens": "tokens"}}))
+    with pytest.raises(
+        ValueError, match=r"^engines\.x\.signals\.itl\.per_token\.tokens: 'tokens' is not a counter"
+    ):
+        parse_mappings(table(good, tokens_type="gauge"))
+    wrong_first = {"per_token": {"tokens": "tokens", "first_tokens": "tokens"}}
+    with pytest.raises(ValueError, match=r"per_token\.first_tokens: 'tokens' is not a histogram signal"):
+        parse_mappings(table(wrong_first))
+    on_a_gauge = table({})
+    on_a_gauge["engines"]["x"]["signals"]["g"] = {"type": "gauge", "aliases": ["x_g"], **good}  # type: ignore[index]
+    with pytest.raises(ValueError, match=r"^engines\.x\.signals\.g\.per_token applies to a histogram"):
+        parse_mappings(on_a_gauge)
+
+
 @pytest.mark.parametrize(
     ("relative", "engine"),
     [
@@ -203,6 +229,81 @@ def test_real_ngram_speculation_maps_to_drafts_acceptance_and_acceptance_by_posi
         / values["engine.spec_drafts_per_second"]
     )
     assert 0 < first < 0.1
+
+
+def _zeroed(text: str) -> str:
+    """``text`` with every sample at 0: the same server before its first request."""
+    return "".join(
+        line if line.startswith("#") or not line.strip() else line.rsplit(" ", 1)[0] + " 0.0\n"
+        for line in text.splitlines(keepends=True)
+    )
+
+
+def _sample(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def _vllm_tpot(before: str, after: str) -> float:
+    """vLLM's own per-request time per output token (after the first), its mean between two scrapes."""
+    name = "vllm:request_time_per_output_token_seconds"
+    sums = _sample(after, name + "_sum") - _sample(before, name + "_sum")
+    return sums / (_sample(after, name + "_count") - _sample(before, name + "_count"))
+
+
+def test_vllm_itl_under_speculation_reads_per_token_as_vllms_own_tpot() -> None:
+    """vLLM observes one ITL gap per engine step, and a drafting step brings several tokens: on the
+    greedy n-gram fixture, 1520 decode tokens in 536 steps. Per step the mean is 4.38 ms; per token, as
+    SGLang counts and as vLLM's own request_time_per_output_token says, 1.54 ms. Every request there has
+    96 tokens, so the per-request and per-token means are the same number."""
+    folder = "vllm-0.32-cpu/vllm-0.32.0-cpu-ngram3-metrics_"
+    greedy, sampled = _read(folder + "greedy.prom"), _read(folder + "sampled.prom")
+    mapping = MAPPINGS["vllm"]
+    for before, after, per_step_ms in ((_zeroed(greedy), greedy, 4.380), (greedy, sampled, 3.246)):
+        deriver = SignalDeriver(mapping, window_s=60.0)
+        deriver.update(parse(before, mapping, 0.0), 0.0)
+        values = deriver.update(parse(after, mapping, 10.0), 10.0)
+        itl = "vllm:inter_token_latency_seconds"
+        steps = _sample(after, itl + "_sum") - _sample(before, itl + "_sum")
+        steps /= _sample(after, itl + "_count") - _sample(before, itl + "_count")
+        assert steps * 1000 == pytest.approx(per_step_ms, abs=0.001)  # what the engine's histogram says
+        assert values["engine.itl_seconds.mean"] == pytest.approx(_vllm_tpot(before, after), rel=1e-3)
+        assert values["engine.itl_seconds.p50"] <= values["engine.itl_seconds.p99"] < steps * 20
+
+
+def test_vllm_itl_without_speculation_is_left_as_observed() -> None:
+    """One token per step: (tokens - first tokens) equals the gaps observed, and nothing is divided."""
+    folder = "vllm-0.32-cpu/vllm-0.32.0-cpu-metrics_"
+    busy, after = _read(folder + "busy.prom"), _read(folder + "after.prom")
+    values = _derive([folder + "busy.prom", folder + "after.prom"], "vllm")
+    itl = "vllm:inter_token_latency_seconds"
+    gaps = _sample(after, itl + "_count") - _sample(busy, itl + "_count")
+    tokens = _sample(after, "vllm:generation_tokens_total") - _sample(busy, "vllm:generation_tokens_total")
+    assert gaps == tokens == 3791
+    mean = (_sample(after, itl + "_sum") - _sample(busy, itl + "_sum")) / gaps
+    assert values["engine.itl_seconds.mean"] == pytest.approx(mean, rel=1e-12)
+
+
+def test_per_token_holds_off_when_the_token_counter_and_the_histogram_cover_different_spans() -> None:
+    """A token counter absent from the first scrape starts its window later than the histogram's: the
+    tokens per step cannot be told, so the histogram is left per step rather than divided wrongly."""
+    folder = "vllm-0.32-cpu/vllm-0.32.0-cpu-ngram3-metrics_"
+    greedy = _read(folder + "greedy.prom")
+    without_tokens = "".join(
+        line for line in _zeroed(greedy).splitlines(keepends=True) if "generation_tokens_total" not in line
+    )
+    mapping = MAPPINGS["vllm"]
+    deriver = SignalDeriver(mapping, window_s=60.0)
+    deriver.update(parse(without_tokens, mapping, 0.0), 0.0)
+    values = deriver.update(parse(greedy, mapping, 10.0), 10.0)
+    assert values["engine.itl_seconds.mean"] == pytest.approx(2.3478382600005716 / 536)
+    # 1536 more tokens in the counter's 10 s would make 2.8 per step of the histogram's 20 s: held off
+    doubled = greedy.replace(
+        'vllm:generation_tokens_total{engine="0",model_name="tiny-random-llama"} 1536.0',
+        'vllm:generation_tokens_total{engine="0",model_name="tiny-random-llama"} 3072.0',
+    )
+    assert doubled != greedy
+    values = deriver.update(parse(doubled, mapping, 20.0), 20.0)
+    assert values["engine.itl_seconds.mean"] == pytest.approx(2.3478382600005716 / 536)
 
 
 def test_values_outside_the_valid_range_are_dropped() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from agent.gate.records import GateStats, LengthBuckets, RequestRecord
+from agent.gate.records import GateStats, LengthBuckets, RequestRecord, tokens_per_gap
 
 
 def test_default_bucket_names_and_edges() -> None:
@@ -84,6 +84,29 @@ def test_the_window_mean_of_the_gaps_is_a_signal_the_statistic_of_the_itl_target
     assert values["gate.le256.itl_seconds.mean"] == pytest.approx(0.059)
     assert values["gate.le256.itl_seconds.p99"] > 0.4  # the one stall is the tail, not the mean
     assert "gate.le256.ttft_seconds.mean" not in values
+
+
+def test_a_gap_that_brought_several_tokens_counts_as_each_tokens_share() -> None:
+    """Speculative decoding sends a step's tokens in one event: a 97-token answer (its first token, then
+    96) in 32 gaps of 30 ms is 10 ms a token, the mean the ITL target and missed_slo judge by; n = 2
+    sequences of 11 tokens each in 10 gaps bring 2 a gap; without usage each event is one token and a
+    gap stays a gap."""
+    registry = CollectorRegistry()
+    stats = GateStats(registry, LengthBuckets(), window_s=60, start=0.0)
+    drafted = _record(10, ttft=0.1, itl_s=[0.03] * 32, output_tokens=97.0)
+    drafted.e2e_s = 0.1 + 0.03 * 32
+    assert tokens_per_gap(drafted) == 3.0
+    stats.slo = (1.0, 0.012)
+    assert not stats.missed_slo(drafted)  # 10 ms a token, under 12 ms
+    stats.record(drafted, now=1.0)
+    values = stats.values(1.0)
+    assert values["gate.le256.itl_seconds.mean"] == pytest.approx(0.01)
+    assert registry.get_sample_value("servepilot_gate_itl_seconds_sum", {"bucket": "le256"}) == pytest.approx(
+        0.32
+    )
+    assert tokens_per_gap(_record(10, ttft=0.1, itl_s=[0.02] * 10, output_tokens=22.0, choices=2)) == 2.0
+    assert tokens_per_gap(_record(10, ttft=0.1, itl_s=[0.02] * 10, output_tokens=11.0)) == 1.0
+    assert tokens_per_gap(_record(10, ttft=0.1, itl_s=[0.02] * 10, output_tokens=5.0)) == 1.0  # never below
 
 
 def test_a_batch_is_bucketed_by_the_length_of_one_of_its_prompts() -> None:

@@ -7,6 +7,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from agent import eventloop
+from agent.commands.spec_flags import add_spec_flags, spec_config
 
 if TYPE_CHECKING:
     import asyncio
@@ -69,22 +70,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="bench aid: stamp each request's arrival (header X-Sim-Received-Ns) and each SSE event's "
         "departure (comment line ': sent_ns=N') on the host's monotonic clock (bench/gate.py)",
     )
-    spec = parser.add_argument_group("speculative decoding (vLLM's spec_decode counters, per position too)")
-    spec.add_argument(
-        "--spec-tokens", type=int, default=0, help="draft tokens per decode step (default 0: no drafting)"
-    )
-    spec.add_argument(
-        "--spec-acceptance",
-        type=float,
-        default=0.7,
-        help="per-token acceptance of the drafts (default 0.7; at run time: fault spec_acceptance)",
-    )
-    spec.add_argument(
-        "--spec-draft-cost",
-        type=float,
-        default=0.0,
-        help="a draft token's cost as a share of the step (default 0: n-gram lookup; a draft model ~0.05)",
-    )
+    add_spec_flags(parser, "speculative decoding (vLLM's spec_decode counters, per position too)")
     faults = parser.add_argument_group("faults (also settable at run time with POST /sim/faults)")
     faults.add_argument(
         "--fault-metrics-delay-s", type=float, default=0.0, help="delay every /metrics answer"
@@ -115,7 +101,6 @@ def run(args: argparse.Namespace) -> int:
     from simulator.engine import make_core
     from simulator.faults import FaultError
     from simulator.server import SimServer
-    from simulator.specdec import SpecDecodeConfig
 
     if not 1 <= args.port <= 65535:
         raise UsageError(f"--port must be in [1, 65535], got {args.port}")
@@ -123,13 +108,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--speed must be > 0, got {args.speed}")
     if not 0 <= args.fp8_ppl_delta < 1:
         raise UsageError(f"--fp8-ppl-delta must be in [0, 1), got {args.fp8_ppl_delta}")
-    for flag, value, high in (
-        ("--spec-tokens", args.spec_tokens, 16),
-        ("--spec-acceptance", args.spec_acceptance, 1),
-        ("--spec-draft-cost", args.spec_draft_cost, 1),
-    ):
-        if not 0 <= value <= high:
-            raise UsageError(f"{flag} must be in [0, {high}], got {value}")
+    try:
+        spec = spec_config(args)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     try:
         core = make_core(
             args.gpu,
@@ -139,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens,
             gpu_memory_utilization=args.gpu_memory_utilization,
             scheduling_policy=args.scheduling_policy,
-            spec=SpecDecodeConfig(args.spec_tokens, args.spec_acceptance, args.spec_draft_cost, args.seed),
+            spec=spec,
         )
         faults = core.faults.updated(
             {

@@ -75,6 +75,21 @@ def bucket_quantile(
     return lower + (upper - lower) * (rank - below) / inside
 
 
+MAX_TOKENS_PER_STEP = 64.0
+"""Most decode tokens one step gives a request (1 + its draft length): more means the counts do not belong
+together (a counter that restarted unseen inside the window), and a per-step histogram is left as it is."""
+
+
+def tokens_per_observation(tokens: float, first_tokens: float, observations: float) -> float | None:
+    """Decode tokens per observation of a per-step histogram over one window, ``(tokens - first tokens) /
+    observations`` (module docstring, "Per token"); None where nothing is to be divided: no
+    observations, one token or fewer each (no speculation), or more than :data:`MAX_TOKENS_PER_STEP`."""
+    if observations <= 0:
+        return None
+    per_step = (tokens - first_tokens) / observations
+    return per_step if 1.0 < per_step <= MAX_TOKENS_PER_STEP else None
+
+
 class CounterRate:
     """Per-second rate of one monotone counter between consecutive samples (see module docstring)."""
 

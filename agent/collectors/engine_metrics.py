@@ -23,7 +23,7 @@ from types import MappingProxyType
 import aiohttp
 
 from agent.collectors.base import SCRAPE_HEADERS
-from agent.collectors.derive import Trackers, WindowStats
+from agent.collectors.derive import Trackers, WindowStats, tokens_per_observation
 from agent.collectors.exposition import Counter, Exposition, Gauge, Histogram, parse_exposition
 from agent.collectors.metric_mapping import MetricMapping, SignalSpec, detect_engine, load_mappings
 from agent.config import EngineConfig
@@ -32,9 +32,6 @@ from detectors.snapshot import Reading, SourceStatus
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a /metrics page is ~100 kB; anything near this is not one
 MAX_SPLIT = 32
 """Label values one ``by`` signal is split into (vLLM's draft positions: num_speculative_tokens)."""
-MAX_TOKENS_PER_STEP = 64.0
-"""Most decode tokens one step gives a request (1 + the draft length): more means the counts do not
-belong together (a counter that restarted inside the window unseen), and the histogram is left per step."""
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9_-]{1,32}")
 _PERCENTILES = {0.5: "p50", 0.95: "p95", 0.99: "p99"}
 Series = Counter | Gauge | Histogram
@@ -223,8 +220,8 @@ class SignalDeriver:
         """Histogram ``name``'s window read per token (:mod:`agent.collectors.derive`): divided by the
         decode tokens per observation, ``(tokens - first tokens) / observations``, with the token
         counter's window spanning the histogram's. Left as it is where that cannot be told (no token
-        counter or first-token window, windows that differ after a gap or a reset) or comes out at one
-        or less, or above :data:`MAX_TOKENS_PER_STEP` (counts that do not belong together). The token
+        counter or first-token window, windows that differ after a gap or a reset) or where
+        :func:`~agent.collectors.derive.tokens_per_observation` finds nothing to divide. The token
         counter's window is kept on every scrape, the histogram's first included."""
         tokens, first = per_token
         counted = scrape.counters.get(tokens)
@@ -235,8 +232,8 @@ class SignalDeriver:
         span, generated = increase
         if abs(span - stats.window_s) > 1e-9 or abs(firsts.window_s - stats.window_s) > 1e-9:
             return
-        per_step = (generated - firsts.count) / stats.count
-        if not 1.0 < per_step <= MAX_TOKENS_PER_STEP:
+        per_step = tokens_per_observation(generated, firsts.count, stats.count)
+        if per_step is None:
             return
         quantiles = {q: value / per_step for q, value in stats.quantiles.items()}
         mean = stats.mean / per_step if stats.mean is not None else None

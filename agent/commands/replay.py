@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agent.commands.spec_flags import add_spec_flags, spec_config
+
 
 def _targets(text: str, flag: str, shape: str) -> dict[str, float]:
     """``ttft=2,itl=0.1`` (seconds; ``ms`` suffix allowed) -> {"ttft": 2.0, "itl": 0.1}, either or both."""
@@ -131,8 +133,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="policies.itl_steering: steer the batch to the SLO's ITL (global) or to the tightest target "
         "of the classes served in the last 300 s (default: the config's, else served_classes)",
     )
+    add_spec_flags(
+        parser,
+        "speculative decoding (the simulated engine drafts; compare a replay with and without to see "
+        "whether it pays at the trace's load)",
+    )
     parser.add_argument(
-        "--seed", type=int, default=0, help="random seed (count series, Mooncake jitter, classes)"
+        "--seed", type=int, default=0, help="random seed (count series, Mooncake jitter, classes, drafts)"
     )
     parser.add_argument("--json", action="store_true", help="print the JSON summary")
     parser.add_argument("--report", metavar="FILE.html", help="write an HTML report")
@@ -146,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     from agent.replay.report import render
     from agent.replay.runner import ReplaySpec, parse_policy, run_policy, sweep
     from agent.replay.slo import Slo
-    from agent.replay.summary import class_table, summarise, table
+    from agent.replay.summary import class_table, spec_line, summarise, table
     from agent.traces import TraceError
 
     try:
@@ -157,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--queue-timeout must be > 0, got {args.queue_timeout:g}")
         if args.duration is not None and not args.duration > 0:
             raise ValueError(f"--duration must be > 0, got {args.duration:g}")
+        drafts = spec_config(args)
         flags = Flags(args.slo, tuple(args.class_slo), args.itl_steering, args.queue_timeout, args.energy)
         fields: dict[str, Any] = {
             "slo": flags.slo or (10.0, 0.1),
@@ -180,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
             duration_s=args.duration,
             default_batch=args.default_batch,
             priority_mix=args.priority_mix or (),
+            spec_decode=drafts if drafts.draft_tokens else None,
             **fields,
         )
         replay_run, name = run_policy(spec, args.policy)
@@ -201,6 +210,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"best static in hindsight: {summary['best_static']['policy']}")
     if "classes" in summary:
         print(class_table(summary))
+    if "spec_decode" in summary:
+        print(spec_line(summary))
     for action in summary["actions"][:50]:
         change = f"{action['knob']} {action['previous']} -> {action['value']}"
         print(f"  t={action['at']:9.1f}s {change}: {action['reason']}")

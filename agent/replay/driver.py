@@ -109,6 +109,8 @@ class ReplayRun:
     refused: NDArray[np.bool_] | None = None
     #: which requests a full gate queue answered 429 (with classes; also set in ``error``)
     rejected: NDArray[np.bool_] | None = None
+    #: what speculative decoding did over the run (drafts, draft tokens, accepted tokens); None without
+    spec_decode: dict[str, float] | None = None
 
     @property
     def good(self) -> NDArray[np.bool_]:
@@ -397,6 +399,7 @@ class Replay:
         energy0 = core.gpu_counters.energy_j
         preempt0 = core.stats.preemptions
         itl0 = core.stats.itl.counts.copy()
+        spec0 = _spec_counts(core)
         faults = list(self.faults)
         i = 0
         next_tick = start + self.interval_s
@@ -448,4 +451,30 @@ class Replay:
             self.targets,
             self.refused,
             self.rejected,
+            _spec_run(core, spec0),
         )
+
+
+def _spec_counts(core: EngineCore) -> tuple[int, int, int]:
+    """The core's drafts, draft tokens and accepted tokens so far (zeros without speculation)."""
+    spec = core.spec
+    return (spec.drafts, spec.draft_tokens, spec.accepted) if spec is not None else (0, 0, 0)
+
+
+def _spec_run(core: EngineCore, before: tuple[int, int, int]) -> dict[str, float] | None:
+    """What speculative decoding did since ``before``: its setting (``acceptance_per_token``: the chance a
+    draft token is accepted once the one before it was) and counts, the share of draft tokens accepted
+    (``acceptance``, vLLM's ratio) and the tokens a draft gave (1 + accepted per draft)."""
+    if core.spec is None:
+        return None
+    drafts, drafted, accepted = (now - then for now, then in zip(_spec_counts(core), before, strict=True))
+    config = core.spec.config
+    return {
+        "draft_tokens": config.draft_tokens,
+        "acceptance_per_token": config.acceptance,
+        "draft_cost": config.draft_cost,
+        "drafts": drafts,
+        "accepted_tokens": accepted,
+        "acceptance": accepted / drafted if drafted else 0.0,
+        "tokens_per_draft": 1.0 + accepted / drafts if drafts else 1.0,
+    }

@@ -27,6 +27,7 @@ from agent.replay.summary import summarise
 from agent.replay.workload import Workload, load
 from policies.registry import build_set, clock_levels, default_arbiter
 from simulator.engine import make_core
+from simulator.specdec import SpecDecodeConfig
 
 DEFAULT_SLO = Slo(10.0, 0.1)
 #: The static settings a sweep replays: every value auto's batch bounds (8 up to the default) can reach.
@@ -73,6 +74,8 @@ class ReplaySpec:
     #: the auto policies' batch bounds (``policies.batch_min``/``batch_max``); None: 8 up to the larger
     #: of 512 and the engine default
     batch_bounds: tuple[float, float] | None = None
+    #: the engine drafts this way (simulator/specdec.py); None: no speculative decoding
+    spec_decode: SpecDecodeConfig | None = None
 
     @property
     def gate_timeout_s(self) -> float:
@@ -180,6 +183,7 @@ def run_policy(spec: ReplaySpec, policy: str, workload: Workload | None = None) 
         max_num_seqs=n or default_batch,
         max_num_batched_tokens=static_tokens(policy) or default_tokens,
         scheduling_policy="fcfs" if plan is None else "priority",
+        spec=spec.spec_decode,
     )
     w = workload if workload is not None else workload_for(spec, core.model.max_model_len)
     controller: Controller | None = None

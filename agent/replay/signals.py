@@ -14,7 +14,7 @@ from collections import deque
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.collectors.derive import bucket_quantile
+from agent.collectors.derive import bucket_quantile, tokens_per_observation
 from detectors.snapshot import Reading, Snapshot, SourceStatus
 from simulator.engine import EngineCore
 from simulator.stats import Histogram
@@ -50,6 +50,28 @@ class _WindowedHistogram:
                 out[f"{prefix}.{name}"] = value
 
 
+class _TokensPerStep:
+    """Decode tokens per ITL observation over the window, with :class:`_WindowedHistogram`'s base rule,
+    for an engine that drafts: the simulator observes one ITL gap per step, as vLLM does, and a drafting
+    step gives a request several tokens; the live collector divides vLLM's ITL by this (the name table's
+    ``per_token``, :mod:`agent.collectors.derive`), and so does the replay's snapshot."""
+
+    def __init__(self, core: EngineCore, window_s: float) -> None:
+        self.core = core
+        self.window_s = window_s
+        self._history: deque[tuple[float, float, float, float]] = deque()
+
+    def update(self, now: float) -> float | None:
+        stats = self.core.stats
+        history = self._history
+        history.append((now, float(stats.generation_tokens), float(stats.ttft.count), float(stats.itl.count)))
+        while len(history) > 1 and history[1][0] <= now - self.window_s:
+            history.popleft()
+        _, tokens, firsts, observed = history[0]
+        current = history[-1]
+        return tokens_per_observation(current[1] - tokens, current[2] - firsts, current[3] - observed)
+
+
 class CoreSignals:
     """Builds one :class:`Snapshot` per tick from an :class:`EngineCore` (and the replay's gate counts).
 
@@ -60,6 +82,7 @@ class CoreSignals:
         self.core = core
         self._ttft = _WindowedHistogram(core.stats.ttft, window_s)
         self._itl = _WindowedHistogram(core.stats.itl, window_s)
+        self._per_step = _TokensPerStep(core, window_s) if core.spec is not None else None
         self._prefix = f"nvml.gpu{gpu}."
         self._last: tuple[float, int, int, int, int, float, float, float] | None = None
 
@@ -107,6 +130,12 @@ class CoreSignals:
             nvml[p + "power_watts.mean"] = max(0.0, (current[7] - last[7]) / span)
         self._ttft.values("engine.ttft_seconds", now, engine)
         self._itl.values("engine.itl_seconds", now, engine)
+        per_step = self._per_step.update(now) if self._per_step is not None else None
+        if per_step is not None:  # per token, as the live collector reads vLLM's
+            for name in ("mean", *(q for _, q in _QUANTILES)):
+                key = f"engine.itl_seconds.{name}"
+                if key in engine:
+                    engine[key] /= per_step
         g = core.gpu_counters
         memory = memory_state(core, now)
         nvml[p + "sm_clock_hz.mean"] = g.clock_mhz * 1e6

@@ -53,6 +53,8 @@ def summarise(run: ReplayRun, policy: str, *, with_actions: bool = True) -> dict
     if run.classes is not None:
         summary["rejected"] = rejected
         summary["classes"] = _per_class(run, span)
+    if run.spec_decode is not None:
+        summary["spec_decode"] = dict(run.spec_decode)
     if with_actions:
         summary["actions"] = [d.to_json() for d in run.actions]
     else:
@@ -122,3 +124,16 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['ttft_p99_s']:>10.3f}{r['itl_p99_s']:>9.3f}{r['energy_j_per_token']:>8.3f}"
         )
     return "\n".join(lines)
+
+
+def spec_line(summary: dict[str, Any]) -> str:
+    """One line on what speculative decoding did in a summary's run (empty without it)."""
+    spec = summary.get("spec_decode")
+    if not spec:
+        return ""
+    return (
+        f"speculative decoding: {spec['draft_tokens']:g} draft tokens at a cost of {spec['draft_cost']:g} "
+        f"of a step each, {spec['acceptance']:.2f} of draft tokens accepted (each with p "
+        f"{spec['acceptance_per_token']:g} after the one before), {spec['tokens_per_draft']:.2f} tokens "
+        "per draft"
+    )

@@ -11,24 +11,31 @@ import pytest
 from agent.cli import main
 from agent.replay.runner import ReplaySpec, run_summary
 from agent.replay.signals import CoreSignals
-from simulator.engine import make_core
+from detectors.snapshot import Snapshot
+from simulator.engine import EngineCore, make_core
 from simulator.specdec import SpecDecodeConfig
 
 OUTPUT = 129  # each request's tokens: its first, then 128
 
 
-def test_the_snapshot_itl_is_a_tokens_time_when_a_step_brings_several() -> None:
-    """Sixteen requests of 129 tokens decoded with 3-token drafts: the simulator observes one ITL gap per
-    step (as vLLM does), so the raw mean is a step's time; the snapshot's is a token's, which is what
-    each request's own time per output token (the simulator's TPOT histogram) says."""
-    core = make_core("a100-80g", "llama-2-7b", max_num_seqs=16, spec=SpecDecodeConfig(3, 0.8))
+def _sixteen_decoded(spec: SpecDecodeConfig | None) -> tuple[EngineCore, Snapshot]:
+    """A core that decoded sixteen requests of :data:`OUTPUT` tokens, and the snapshot after them over a
+    window that holds them all."""
+    core = make_core("a100-80g", "llama-2-7b", max_num_seqs=16, spec=spec)
     signals = CoreSignals(core, window_s=600.0)
     signals.snapshot(0.0, {})
     for i in range(16):
         core.submit(f"r{i}", 200, OUTPUT, 0.0)
     while core.has_work():
         core.step(core.time, max_steps=64)
-    snapshot = signals.snapshot(core.time + 0.001, {})
+    return core, signals.snapshot(core.time + 0.001, {})
+
+
+def test_the_snapshot_itl_is_a_tokens_time_when_a_step_brings_several() -> None:
+    """Sixteen requests of 129 tokens decoded with 3-token drafts: the simulator observes one ITL gap per
+    step (as vLLM does), so the raw mean is a step's time; the snapshot's is a token's, which is what
+    each request's own time per output token (the simulator's TPOT histogram) says."""
+    core, snapshot = _sixteen_decoded(SpecDecodeConfig(3, 0.8))
     stats = core.stats
     per_step = stats.itl.sum / stats.itl.count
     per_token = stats.tpot.sum / stats.tpot.count  # every request is as long: the per-token mean too
@@ -39,14 +46,7 @@ def test_the_snapshot_itl_is_a_tokens_time_when_a_step_brings_several() -> None:
 
 
 def test_without_drafts_the_snapshot_itl_is_the_histograms_own() -> None:
-    core = make_core("a100-80g", "llama-2-7b", max_num_seqs=16)
-    signals = CoreSignals(core, window_s=600.0)
-    signals.snapshot(0.0, {})
-    for i in range(16):
-        core.submit(f"r{i}", 200, OUTPUT, 0.0)
-    while core.has_work():
-        core.step(core.time, max_steps=64)
-    snapshot = signals.snapshot(core.time + 0.001, {})
+    core, snapshot = _sixteen_decoded(None)
     stats = core.stats
     assert snapshot.values["engine.itl_seconds.mean"] == pytest.approx(stats.itl.sum / stats.itl.count)
     assert snapshot.values["engine.itl_seconds.mean"] == pytest.approx(stats.tpot.sum / stats.tpot.count)

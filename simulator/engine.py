@@ -315,7 +315,6 @@ class EngineCore:
         result.steps = 1
         result.batch_tokens = sched.num_tokens
         self.stats.steps += 1
-        self.stats.iteration_tokens.observe(sched.num_tokens)
         self._apply(sched, start + duration, result)
         quiet = not sched.preempted and sched.waiting_blocked and not (result.finished and self.num_waiting)
         if max_steps > 1 and quiet and self.spec is None:  # drafts: every step draws its acceptances
@@ -363,6 +362,7 @@ class EngineCore:
         gaps: list[float] = []
         tokens = result.tokens
         accepted = self._accepted(sched) if self.spec is not None else None
+        decoding = 0  # sequences whose one scheduled token is the one they generated the step before
         for req, n in sched.items:
             drafted = accepted is not None and _drafts(req)
             req.computed += n
@@ -374,6 +374,7 @@ class EngineCore:
                 stats.prompt_tokens += req.prompt
             else:
                 gaps.append(end - req.last_token)  # one gap per step, as vLLM observes it
+                decoding += n == 1
             emitted = 1
             if drafted and accepted:
                 emitted += self._keep_drafts(req, accepted.pop())
@@ -382,7 +383,11 @@ class EngineCore:
             tokens[req.rid] = emitted  # the step's first iteration: each request appears once
             if req.output >= req.max_tokens:
                 done.append(req)
-        stats.generation_tokens += sum(tokens.values()) if accepted is not None else len(tokens)
+        generated = sum(tokens.values()) if accepted is not None else len(tokens)
+        stats.generation_tokens += generated
+        # vLLM's iteration_tokens: prompt tokens computed in the step + the tokens it generated, accepted
+        # drafts included (a decoding sequence's input token was counted when generated)
+        stats.iteration_tokens.observe(sched.num_tokens - decoding + generated)
         if gaps:
             stats.itl.observe_list(gaps)
         if done:

@@ -134,3 +134,38 @@ def test_the_spec_decode_detector_sees_the_acceptance_the_switch_takes_away() ->
     # acceptance 0.05 makes 1.05 tokens a step against a cost of 1.15: the drop is shown within it
     assert [tick for tick, _ in severities] == list(range(62, 90)), severities
     assert {severity for _, severity in severities} == {Severity.CRITICAL}
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_iteration_tokens_count_what_vllm_counts_prompt_computed_and_tokens_generated(k: int) -> None:
+    """vLLM observes per step the prompt tokens it computed plus the tokens it generated, accepted drafts
+    included (its real scrapes: 560 prompt + 1536 generated = 2096 with n-gram drafts, 70 + 5028 = 5098
+    without; tests/fixtures/expo/vllm-0.32-cpu). Long prompts here take several chunked-prefill steps."""
+    core = make_core(
+        "h100-sxm", "llama-3-8b", "fp16", 8, max_num_batched_tokens=512, spec=SpecDecodeConfig(k, 0.8)
+    )
+    for i in range(12):
+        core.submit(f"r{i}", 100 + 300 * (i % 4), 50 + 20 * i, now=0.0)
+    while core.has_work():
+        core.step(core.time, max_steps=64)
+    stats = core.stats
+    assert stats.iteration_tokens.count == stats.steps
+    assert stats.iteration_tokens.sum == stats.prompt_tokens + stats.generation_tokens
+
+
+def test_the_real_scrapes_hold_the_iteration_token_identity() -> None:
+    """The fact the test above holds the simulator to, read from the saved vLLM 0.32 scrapes."""
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "fixtures" / "expo" / "vllm-0.32-cpu"
+    for name in ("vllm-0.32.0-cpu-ngram3-metrics_greedy.prom", "vllm-0.32.0-cpu-metrics_after.prom"):
+        text = (folder / name).read_text(encoding="utf-8")
+
+        def value(metric: str, text: str = text) -> float:
+            return sum(
+                float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(metric + "{")
+            )
+
+        assert value("vllm:iteration_tokens_total_sum") == value("vllm:prompt_tokens_total") + value(
+            "vllm:generation_tokens_total"
+        )

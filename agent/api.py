@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from agent.exporter import Exporter
 from agent.gate.upstreams import UpstreamPool
 from agent.loop import Loop
+from agent.tls import client_certificate_required
 
 #: The detector whose finding makes the pod unready (detectors/stall.py).
 ENGINE_STALL = "engine_stall"
@@ -43,8 +44,12 @@ def build_app(
     unready_on_engine_stall: bool = True,
     upstreams: UpstreamPool | None = None,
     engine_restart_stall_s: float = 0.0,
+    client_certificates: bool = False,
 ) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024)
+    """``client_certificates``: mutual TLS, every path but the probes' needs a verified client
+    certificate (:mod:`agent.tls`)."""
+    middlewares = [client_certificate_required] if client_certificates else []
+    app = web.Application(client_max_size=64 * 1024, middlewares=middlewares)
     app[LOOP_KEY] = loop
     app[EXPORTER_KEY] = exporter
 

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import ssl
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +38,7 @@ from agent.knobs import Knobs
 from agent.loop import Loop
 from agent.modes import Mode
 from agent.store import Store
+from agent.tls import server_context
 from detectors.base import Finding
 from detectors.snapshot import Snapshot
 from policies.base import Policy, Proposal
@@ -51,19 +51,6 @@ if TYPE_CHECKING:
     from agent.webhooks import WebhookDispatcher
 
 log = logging.getLogger(__name__)
-
-
-def _server_tls(cert_file: str | None, key_file: str | None) -> ssl.SSLContext | None:
-    """TLS for the agent API when a certificate is configured (TLS 1.2 at least)."""
-    if cert_file is None or key_file is None:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        context.load_cert_chain(cert_file, key_file)
-    except (OSError, ssl.SSLError) as error:
-        raise ConfigError("agent.tls_cert_file", f"cannot load the certificate/key: {error}") from None
-    return context
 
 
 #: Longest wait between two attempts to find an engine's control API that did not answer yet.
@@ -533,6 +520,7 @@ class Sidecar:
             unready_on_engine_stall=self.cfg.agent.unready_when_engine_stalled,
             upstreams=self.knobs.gate.pool if self.knobs.gate is not None else None,
             engine_restart_stall_s=agent_cfg.engine_restart_stall_s,
+            client_certificates=agent_cfg.tls_client_ca_file is not None,
         )
         admin_args = (self.knobs.actuation, self.knobs.audit, self.knobs.token, self.canary, self.loop.clock)
         admin_kwargs: dict[str, Any] = {
@@ -552,7 +540,9 @@ class Sidecar:
             log.info("admin routes on http://%s:%d", agent_cfg.admin_listen_host, agent_cfg.admin_listen_port)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        ssl_context = _server_tls(agent_cfg.tls_cert_file, agent_cfg.tls_key_file)
+        ssl_context = server_context(
+            agent_cfg.tls_cert_file, agent_cfg.tls_key_file, agent_cfg.tls_client_ca_file
+        )
         site = web.TCPSite(
             self._runner, agent_cfg.listen_host, agent_cfg.listen_port, ssl_context=ssl_context
         )

@@ -51,6 +51,8 @@ class Target:
     verify_tls: bool = True
     #: CA certificates to verify an https agent with, beside the system's (None: the system's only)
     cafile: str | None = None
+    #: (certificate, key) PEM files to present to an agent that asks for one (``agent.tls_client_ca_file``)
+    client_cert: tuple[str, str] | None = None
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -70,6 +72,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--insecure", action="store_true", help="with https, do not verify the agent's certificate"
     )
+    parser.add_argument(
+        "--cert",
+        help="with https and mutual TLS (agent.tls_client_ca_file), the client certificate (PEM) to present",
+    )
+    parser.add_argument("--key", help="the private key (PEM) of --cert")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     actions.add_parser("state", help="mode, paused, pins, forced values and bound knobs")
     actions.add_parser("pause", help="stop writing knobs (decisions are still audited, as 'paused')")
@@ -153,7 +160,15 @@ def target_for(args: argparse.Namespace, environ: Mapping[str, str]) -> Target:
         )
     if args.cacert is not None and not os.path.isfile(args.cacert):
         raise UsageError(f"--cacert {args.cacert!r} is not a file")
-    return Target(url.rstrip("/"), token, verify_tls=not args.insecure, cafile=args.cacert)
+    if (args.cert is None) != (args.key is None):
+        raise UsageError("--cert and --key go together")
+    for flag, name in (("--cert", args.cert), ("--key", args.key)):
+        if name is not None and not os.path.isfile(name):
+            raise UsageError(f"{flag} {name!r} is not a file")
+    client_cert = (args.cert, args.key) if args.cert is not None else None
+    return Target(
+        url.rstrip("/"), token, verify_tls=not args.insecure, cafile=args.cacert, client_cert=client_cert
+    )
 
 
 def admin_url(cfg: Config) -> str:
@@ -178,16 +193,22 @@ def _reachable(host: str) -> str:
 async def send(target: Target, request: AdminCall, timeout_s: float) -> tuple[int, Any]:
     """The agent's status and JSON answer (the text, if the answer is not JSON). Raises
     ``aiohttp.ClientError`` or ``TimeoutError`` when the agent cannot be reached, ``ssl.SSLError`` for
-    a CA file that holds no certificate."""
+    a CA file that holds no certificate or a client certificate that does not load."""
     import ssl
 
     import aiohttp
 
     headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
     tls: ssl.SSLContext | bool = target.verify_tls
-    if target.verify_tls and target.cafile is not None:
+    if target.client_cert is not None or (target.verify_tls and target.cafile is not None):
         tls = ssl.create_default_context()
-        tls.load_verify_locations(target.cafile)
+        if not target.verify_tls:
+            tls.check_hostname = False
+            tls.verify_mode = ssl.CERT_NONE
+        elif target.cafile is not None:
+            tls.load_verify_locations(target.cafile)
+        if target.client_cert is not None:
+            tls.load_cert_chain(*target.client_cert)
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
         session.request(

@@ -36,6 +36,11 @@ class AgentConfig(Section):
     )
     tls_cert_file: str | None = Field(None, description="PEM certificate: serve the agent API over TLS")
     tls_key_file: str | None = Field(None, description="PEM private key for tls_cert_file")
+    tls_client_ca_file: str | None = Field(
+        None,
+        description="PEM CA certificates: mutual TLS, the agent API answers only clients with a certificate "
+        "they signed (the kubelet's probes /healthz, /readyz, /engine/livez excepted); needs tls_cert_file",
+    )
     state_path: str | None = Field(
         None, description="brain state (breaker, detector baselines) kept across restarts; null: off"
     )
@@ -73,6 +78,8 @@ class AgentConfig(Section):
             )
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file must be set together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file (mutual TLS is TLS)")
         if 0 < self.engine_restart_stall_s < MIN_ENGINE_RESTART_STALL_S:
             raise ValueError(
                 f"engine_restart_stall_s must be 0 (never) or >= {MIN_ENGINE_RESTART_STALL_S:g} s, got "

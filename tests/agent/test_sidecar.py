@@ -96,6 +96,64 @@ async def test_the_api_is_served_over_tls_when_a_certificate_is_configured(tmp_p
         await sidecar.stop()
 
 
+async def test_mutual_tls_answers_only_clients_with_a_certificate_its_ca_signed(tmp_path: Path) -> None:
+    """With agent.tls_client_ca_file: a client certificate the CA signed gets /metrics and /api/state; no
+    certificate gets 403 there but the kubelet's probes still answer (they cannot present one); a
+    certificate from another CA fails the handshake."""
+    server_ca, client_ca, stranger_ca = trustme.CA(), trustme.CA(), trustme.CA()
+    cert_file, key_file, ca_file = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "clients.pem"
+    served = server_ca.issue_cert("127.0.0.1")
+    served.cert_chain_pems[0].write_to_path(str(cert_file))
+    served.private_key_pem.write_to_path(str(key_file))
+    client_ca.cert_pem.write_to_path(str(ca_file))
+    cfg = _cfg(
+        tmp_path, tls_cert_file=str(cert_file), tls_key_file=str(key_file), tls_client_ca_file=str(ca_file)
+    )
+
+    def client(ca: trustme.CA | None) -> ssl.SSLContext:
+        context = ssl.create_default_context()
+        server_ca.configure_trust(context)
+        if ca is not None:
+            ca.issue_cert("prometheus.monitoring.svc").configure_cert(context)
+        return context
+
+    sidecar = Sidecar(cfg, collectors=[OneValue()])
+    await sidecar.start()
+    base = f"https://127.0.0.1:{cfg.agent.listen_port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            for path in ("/metrics", "/api/state"):
+                response = await http.get(base + path, ssl=client(client_ca))
+                assert response.status == 200, path
+                response = await http.get(base + path, ssl=client(None))
+                assert response.status == 403, path
+                assert "agent.tls_client_ca_file" in (await response.json())["error"]
+            for path in ("/healthz", "/readyz", "/engine/livez"):
+                response = await http.get(base + path, ssl=client(None))
+                assert response.status in (200, 503), path  # readyz is 503 before the first tick
+            with pytest.raises(aiohttp.ClientError):
+                await http.get(base + "/metrics", ssl=client(stranger_ca))
+    finally:
+        await sidecar.stop()
+
+
+def test_mutual_tls_needs_tls_and_a_readable_ca(tmp_path: Path) -> None:
+    with pytest.raises(config.ConfigError, match=r"agent.*tls_client_ca_file needs tls_cert_file"):
+        config.build({"agent": {"tls_client_ca_file": "/etc/ca.pem"}})
+    from agent.tls import server_context
+
+    ca = trustme.CA()
+    served = ca.issue_cert("127.0.0.1")
+    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
+    served.cert_chain_pems[0].write_to_path(str(cert_file))
+    served.private_key_pem.write_to_path(str(key_file))
+    (tmp_path / "bad.pem").write_text("not a certificate")
+    with pytest.raises(config.ConfigError, match=r"agent\.tls_client_ca_file cannot load the CA"):
+        server_context(str(cert_file), str(key_file), str(tmp_path / "bad.pem"))
+    with pytest.raises(config.ConfigError, match=r"agent\.tls_client_ca_file cannot load the CA"):
+        server_context(str(cert_file), str(key_file), str(tmp_path / "missing.pem"))
+
+
 async def test_an_unreadable_certificate_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "bad.pem").write_text("not a certificate")
     cfg = _cfg(tmp_path, tls_cert_file=str(tmp_path / "bad.pem"), tls_key_file=str(tmp_path / "bad.pem"))

@@ -9,12 +9,17 @@ import json
 from pathlib import Path
 
 import pytest
+import trustme
+import yaml
 
+from agent import config as agent_config
 from agent.audit import AuditLog
 from agent.cli import UsageError, build_parser, main
 from agent.commands.admin import admin_url, call_for, parse_value, target_for
 from agent.config import Config
 from agent.modes import Actuation
+from agent.sidecar import Sidecar
+from detectors.snapshot import Reading, SourceStatus
 from tests.agent.test_admin import TOKEN, admin  # noqa: F401 - the routes on loopback, a fixture
 
 
@@ -171,27 +176,20 @@ async def test_bad_input_is_exit_2_with_one_line(capsys: pytest.CaptureFixture[s
     assert err.startswith("servepilot admin: ") and err.count("\n") == 1
 
 
-async def test_a_sidecar_serving_admin_on_its_tls_api_listener(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A real sidecar with admin on its API listener over TLS (``admin_listen_port: null``): the command
-    finds it at https on the API port, verifies it with ``--cacert`` and refuses it without."""
-    import trustme
-    import yaml
+class _Idle:
+    name = "engine"
 
-    from agent import config as agent_config
+    async def collect(self, now: float) -> Reading:
+        return Reading("engine", now, SourceStatus.OK, {"engine.requests_running": 0.0})
+
+    async def close(self) -> None:
+        pass
+
+
+def _tls_sidecar_config(tmp_path: Path, **agent: object) -> tuple[Path, trustme.CA]:
+    """A sidecar config with admin on its API listener over TLS (``admin_listen_port: null``), the
+    certificate from a test CA (written to ca.pem), and ``agent`` settings besides."""
     from agent.engines.launcher import free_port
-    from agent.sidecar import Sidecar
-    from detectors.snapshot import Reading, SourceStatus
-
-    class Idle:
-        name = "engine"
-
-        async def collect(self, now: float) -> Reading:
-            return Reading("engine", now, SourceStatus.OK, {"engine.requests_running": 0.0})
-
-        async def close(self) -> None:
-            pass
 
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1")
@@ -205,6 +203,7 @@ async def test_a_sidecar_serving_admin_on_its_tls_api_listener(
             "admin_listen_port": None,
             "tls_cert_file": str(tmp_path / "cert.pem"),
             "tls_key_file": str(tmp_path / "key.pem"),
+            **agent,
         },
         "actuators": {"admin_token_file": str(tmp_path / "token")},
         "audit": {"path": str(tmp_path / "audit.jsonl")},
@@ -212,7 +211,16 @@ async def test_a_sidecar_serving_admin_on_its_tls_api_listener(
     }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(doc))
-    sidecar = Sidecar(agent_config.load(path, {}), collectors=[Idle()])
+    return path, ca
+
+
+async def test_a_sidecar_serving_admin_on_its_tls_api_listener(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real sidecar with admin on its API listener over TLS: the command finds it at https on the API
+    port, verifies it with ``--cacert`` and refuses it without."""
+    path, _ = _tls_sidecar_config(tmp_path)
+    sidecar = Sidecar(agent_config.load(path, {}), collectors=[_Idle()])
     await sidecar.start()
     try:
         assert await _cli("-c", str(path), "--cacert", str(tmp_path / "ca.pem"), "pause") == 0
@@ -225,3 +233,41 @@ async def test_a_sidecar_serving_admin_on_its_tls_api_listener(
         assert "certificate verify failed" in capsys.readouterr().err
     finally:
         await sidecar.stop()
+
+
+async def test_under_mutual_tls_the_command_presents_its_certificate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``agent.tls_client_ca_file`` set: without ``--cert``/``--key`` the agent answers 403 (exit 1,
+    the reason on stderr); with a certificate its CA signed, the override goes through."""
+    clients = trustme.CA()
+    clients.cert_pem.write_to_path(str(tmp_path / "clients.pem"))
+    operator = clients.issue_cert("operator@example.com")
+    operator.cert_chain_pems[0].write_to_path(str(tmp_path / "op.pem"))
+    operator.private_key_pem.write_to_path(str(tmp_path / "op.key"))
+    path, _ = _tls_sidecar_config(tmp_path, tls_client_ca_file=str(tmp_path / "clients.pem"))
+    sidecar = Sidecar(agent_config.load(path, {}), collectors=[_Idle()])
+    await sidecar.start()
+    cacert = ("--cacert", str(tmp_path / "ca.pem"))
+    try:
+        assert await _cli("-c", str(path), *cacert, "pause") == 1
+        assert "403" in capsys.readouterr().err and not sidecar.knobs.actuation.paused
+        mine = ("--cert", str(tmp_path / "op.pem"), "--key", str(tmp_path / "op.key"))
+        assert await _cli("-c", str(path), *cacert, *mine, "pause") == 0
+        assert sidecar.knobs.actuation.paused
+    finally:
+        await sidecar.stop()
+
+
+def test_cert_and_key_go_together_and_must_be_files(tmp_path: Path) -> None:
+    (tmp_path / "op.pem").write_text("x")
+    with pytest.raises(UsageError, match="--cert and --key go together"):
+        target_for(_args("--url", "https://127.0.0.1:1", "--cert", str(tmp_path / "op.pem"), "actions"), {})
+    with pytest.raises(UsageError, match=r"--key '.*missing\.key' is not a file"):
+        target_for(
+            _args(
+                "--url", "https://127.0.0.1:1", "--cert", str(tmp_path / "op.pem"),
+                "--key", str(tmp_path / "missing.key"), "actions",
+            ),
+            {},
+        )  # fmt: skip

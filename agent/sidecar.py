@@ -38,7 +38,7 @@ from agent.knobs import Knobs
 from agent.loop import Loop
 from agent.modes import Mode
 from agent.store import Store
-from agent.tls import server_context
+from agent.tls import ServerTls
 from detectors.base import Finding
 from detectors.snapshot import Snapshot
 from policies.base import Policy, Proposal
@@ -192,6 +192,9 @@ class Sidecar:
         self._task: asyncio.Task[None] | None = None
         self._save_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        self._tls_task: asyncio.Task[None] | None = None
+        #: the agent API's TLS, once started with a certificate (agent/tls.py)
+        self.tls: ServerTls | None = None
         self._control_task: asyncio.Task[None] | None = None
         #: saved pins on knobs the engine's control API binds once it answers (agent/persist.py)
         self._held_pins: dict[str, Any] = {}
@@ -345,6 +348,11 @@ class Sidecar:
                     self.reload("file changed")
                 except Exception:  # a bug in applying must not end the watch: the next edit is tried
                     log.exception("config reload failed")
+
+    async def _watch_tls(self, tls: ServerTls, every_s: float) -> None:
+        """Load a renewed certificate into the live listener (``agent.tls_watch_s``, agent/tls.py)."""
+        while not await self._stopped_after(every_s):
+            tls.reload_if_changed()
 
     async def _save_periodically(self) -> None:
         while not await self._stopped_after(self.cfg.agent.state_save_interval_s):
@@ -540,9 +548,11 @@ class Sidecar:
             log.info("admin routes on http://%s:%d", agent_cfg.admin_listen_host, agent_cfg.admin_listen_port)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        ssl_context = server_context(
-            agent_cfg.tls_cert_file, agent_cfg.tls_key_file, agent_cfg.tls_client_ca_file
-        )
+        ssl_context = None
+        if agent_cfg.tls_cert_file is not None and agent_cfg.tls_key_file is not None:
+            files = (agent_cfg.tls_cert_file, agent_cfg.tls_key_file, agent_cfg.tls_client_ca_file)
+            self.tls = ServerTls(*files)
+            ssl_context = self.tls.context
         site = web.TCPSite(
             self._runner, agent_cfg.listen_host, agent_cfg.listen_port, ssl_context=ssl_context
         )
@@ -562,6 +572,10 @@ class Sidecar:
             self._watch_task = asyncio.create_task(
                 self._watch_config(self.cfg.agent.config_watch_s), name="servepilot-watch-config"
             )
+        if self.tls is not None and agent_cfg.tls_watch_s > 0:
+            self._tls_task = asyncio.create_task(
+                self._watch_tls(self.tls, agent_cfg.tls_watch_s), name="servepilot-watch-tls"
+            )
         if self.webhooks is not None:
             self.webhooks.start()
 
@@ -576,6 +590,8 @@ class Sidecar:
             await self._save_task
         if self._watch_task is not None:
             await self._watch_task
+        if self._tls_task is not None:
+            await self._tls_task
         if self._control_task is not None:  # may be waiting on an engine that never answered
             self._control_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -8,12 +8,24 @@ every path except the probes', which say only whether the process and its loop a
 ``kubectl port-forward`` users and any other caller of ``/metrics`` or ``/api/*`` need a certificate.
 The admin listener is separate, plain HTTP on loopback, behind its bearer token; admin routes mounted on
 the API listener are covered like the rest.
+
+Certificates are renewed while the sidecar runs (cert-manager re-issues before expiry and the kubelet
+swaps the Secret's files in place): :class:`ServerTls` re-reads the three files every
+``agent.tls_watch_s`` and loads new content into the live context, which every later handshake uses, so
+no restart (and, with the gate in the sidecar, no dropped data path) is needed. A new pair is first
+loaded into a scratch context: a certificate that does not match its key (the files caught between two
+writes) is refused, logged, and tried again at the next check, while the old pair keeps serving. A CA
+added to ``tls_client_ca_file`` is trusted from then on; one removed stays trusted until a restart
+(OpenSSL adds CAs to a context, it never drops them).
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import ssl
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from aiohttp import web
 
@@ -23,6 +35,7 @@ from agent.config import ConfigError
 PROBE_PATHS = frozenset({"/healthz", "/readyz", "/engine/livez"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+log = logging.getLogger(__name__)
 
 
 def server_context(
@@ -47,6 +60,54 @@ def server_context(
             raise ConfigError("agent.tls_client_ca_file", why) from None
         context.verify_mode = ssl.CERT_OPTIONAL  # the probes come without one: see the module docstring
     return context
+
+
+class ServerTls:
+    """The agent API's TLS context and the files it came from, re-read when their content changes (module
+    docstring). ``context`` is the one the listener holds: it is updated in place, never replaced."""
+
+    def __init__(self, cert_file: str, key_file: str, client_ca_file: str | None = None) -> None:
+        self.files = (cert_file, key_file, client_ca_file)
+        context = server_context(cert_file, key_file, client_ca_file)
+        assert context is not None
+        self.context = context
+        self._digest = self._read_digest()
+        #: reloads applied, and the last refusal (empty when the last try loaded or nothing changed)
+        self.reloads = 0
+        self.last_error = ""
+
+    def _read_digest(self) -> bytes | None:
+        digest = hashlib.sha256()
+        try:
+            for name in self.files:
+                if name is not None:
+                    digest.update(Path(name).read_bytes())
+                digest.update(b"\0")
+        except OSError:
+            return None  # a file missing for a moment (the kubelet's swap): look again next time
+        return digest.digest()
+
+    def reload_if_changed(self) -> bool:
+        """Load the files into the live context when their content changed since the last load; True
+        when it did. A pair or CA file that does not load is logged and kept out; the old ones serve."""
+        digest = self._read_digest()
+        if digest is None or digest == self._digest:
+            return False
+        cert_file, key_file, client_ca_file = self.files
+        try:
+            server_context(cert_file, key_file, client_ca_file)  # scratch: nothing half-loaded goes live
+        except ConfigError as error:
+            if str(error) != self.last_error:
+                log.error("TLS files changed but do not load, the old certificate serves on: %s", error)
+            self.last_error = str(error)
+            return False
+        self.context.load_cert_chain(cert_file, key_file)
+        if client_ca_file is not None:
+            self.context.load_verify_locations(cafile=client_ca_file)
+        self._digest, self.last_error = digest, ""
+        self.reloads += 1
+        log.info("TLS certificate reloaded from %s", cert_file)
+        return True
 
 
 @web.middleware

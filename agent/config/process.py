@@ -41,6 +41,13 @@ class AgentConfig(Section):
         description="PEM CA certificates: mutual TLS, the agent API answers only clients with a certificate "
         "they signed (the kubelet's probes /healthz, /readyz, /engine/livez excepted); needs tls_cert_file",
     )
+    tls_watch_s: float = Field(
+        60.0,
+        ge=0,
+        le=86400,
+        description="with TLS, re-read the certificate, key and client CA files this often and load new "
+        "content without a restart (a renewed Secret); 0: never",
+    )
     state_path: str | None = Field(
         None, description="brain state (breaker, detector baselines) kept across restarts; null: off"
     )

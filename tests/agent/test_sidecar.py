@@ -137,6 +137,47 @@ async def test_mutual_tls_answers_only_clients_with_a_certificate_its_ca_signed(
         await sidecar.stop()
 
 
+async def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path) -> None:
+    """cert-manager renews the Secret and the kubelet swaps its files: the sidecar's watch loads the new
+    pair into the live listener (agent.tls_watch_s). A pair that does not match (caught between two
+    writes) is refused and the old one serves on."""
+    first, second = trustme.CA(), trustme.CA()
+    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
+
+    def install(cert: trustme.LeafCert, key: trustme.LeafCert | None = None) -> None:
+        cert.cert_chain_pems[0].write_to_path(str(cert_file))
+        (key or cert).private_key_pem.write_to_path(str(key_file))
+
+    def trusting(ca: trustme.CA) -> ssl.SSLContext:
+        context = ssl.create_default_context()
+        ca.configure_trust(context)
+        return context
+
+    install(first.issue_cert("127.0.0.1"))
+    cfg = _cfg(tmp_path, tls_cert_file=str(cert_file), tls_key_file=str(key_file), tls_watch_s=0.02)
+    sidecar = Sidecar(cfg, collectors=[OneValue()])
+    await sidecar.start()
+    url = f"https://127.0.0.1:{cfg.agent.listen_port}/healthz"
+    try:
+        assert sidecar.tls is not None
+        async with aiohttp.ClientSession() as http:
+            assert (await http.get(url, ssl=trusting(first))).status == 200
+            renewed = second.issue_cert("127.0.0.1")
+            install(renewed)
+            async with asyncio.timeout(10):  # the watch's next look, 20 ms away
+                while sidecar.tls.reloads == 0:
+                    await asyncio.sleep(0.01)
+            assert (await http.get(url, ssl=trusting(second))).status == 200
+            with pytest.raises(aiohttp.ClientError):
+                await http.get(url, ssl=trusting(first))
+            install(trustme.CA().issue_cert("127.0.0.1"), key=renewed)  # a certificate without its key
+            assert not sidecar.tls.reload_if_changed()
+            assert "agent.tls_cert_file" in sidecar.tls.last_error and sidecar.tls.reloads == 1
+            assert (await http.get(url, ssl=trusting(second))).status == 200
+    finally:
+        await sidecar.stop()
+
+
 def test_mutual_tls_needs_tls_and_a_readable_ca(tmp_path: Path) -> None:
     with pytest.raises(config.ConfigError, match=r"agent.*tls_client_ca_file needs tls_cert_file"):
         config.build({"agent": {"tls_client_ca_file": "/etc/ca.pem"}})

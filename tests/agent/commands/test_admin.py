@@ -19,8 +19,8 @@ from agent.commands.admin import admin_url, call_for, parse_value, target_for
 from agent.config import Config
 from agent.modes import Actuation
 from agent.sidecar import Sidecar
-from detectors.snapshot import Reading, SourceStatus
 from tests.agent.test_admin import TOKEN, admin  # noqa: F401 - the routes on loopback, a fixture
+from tests.agent.test_sidecar import OneValue
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -176,16 +176,6 @@ async def test_bad_input_is_exit_2_with_one_line(capsys: pytest.CaptureFixture[s
     assert err.startswith("servepilot admin: ") and err.count("\n") == 1
 
 
-class _Idle:
-    name = "engine"
-
-    async def collect(self, now: float) -> Reading:
-        return Reading("engine", now, SourceStatus.OK, {"engine.requests_running": 0.0})
-
-    async def close(self) -> None:
-        pass
-
-
 def _tls_sidecar_config(tmp_path: Path, **agent: object) -> tuple[Path, trustme.CA]:
     """A sidecar config with admin on its API listener over TLS (``admin_listen_port: null``), the
     certificate from a test CA (written to ca.pem), and ``agent`` settings besides."""
@@ -220,7 +210,7 @@ async def test_a_sidecar_serving_admin_on_its_tls_api_listener(
     """A real sidecar with admin on its API listener over TLS: the command finds it at https on the API
     port, verifies it with ``--cacert`` and refuses it without."""
     path, _ = _tls_sidecar_config(tmp_path)
-    sidecar = Sidecar(agent_config.load(path, {}), collectors=[_Idle()])
+    sidecar = Sidecar(agent_config.load(path, {}), collectors=[OneValue()])
     await sidecar.start()
     try:
         assert await _cli("-c", str(path), "--cacert", str(tmp_path / "ca.pem"), "pause") == 0
@@ -246,7 +236,7 @@ async def test_under_mutual_tls_the_command_presents_its_certificate(
     operator.cert_chain_pems[0].write_to_path(str(tmp_path / "op.pem"))
     operator.private_key_pem.write_to_path(str(tmp_path / "op.key"))
     path, _ = _tls_sidecar_config(tmp_path, tls_client_ca_file=str(tmp_path / "clients.pem"))
-    sidecar = Sidecar(agent_config.load(path, {}), collectors=[_Idle()])
+    sidecar = Sidecar(agent_config.load(path, {}), collectors=[OneValue()])
     await sidecar.start()
     cacert = ("--cacert", str(tmp_path / "ca.pem"))
     try:

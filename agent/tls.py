@@ -62,6 +62,28 @@ def server_context(
     return context
 
 
+def client_context(
+    section: str, ca_file: str | None, cert_file: str | None = None, key_file: str | None = None
+) -> ssl.SSLContext | None:
+    """TLS for servepilot as a client (``<section>.tls_*``): servers verified against the system's CAs and
+    ``ca_file``'s, and ``cert_file``/``key_file`` presented to a server that asks (mutual TLS); None when
+    nothing is configured (the default verification). A file that cannot be loaded is a
+    :class:`ConfigError` naming its field."""
+    if ca_file is None and cert_file is None:
+        return None
+    context = ssl.create_default_context()
+    field = "tls_ca_file"
+    try:
+        if ca_file is not None:
+            context.load_verify_locations(cafile=ca_file)
+        field = "tls_cert_file"
+        if cert_file is not None:
+            context.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as error:
+        raise ConfigError(f"{section}.{field}", f"cannot load: {error}") from None
+    return context
+
+
 class ServerTls:
     """The agent API's TLS context and the files it came from, re-read when their content changes (module
     docstring). ``context`` is the one the listener holds: it is updated in place, never replaced."""

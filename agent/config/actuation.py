@@ -62,6 +62,13 @@ class WebhookConfig(Section):
         description="file holding the signing secret (whsec_<base64>); several, space-separated, sign with "
         "each (rotation); re-read at every reload and watched with agent.config_watch_s",
     )
+    tls_ca_file: str | None = Field(
+        None, description="PEM CA certificates to verify https receivers with, besides the system's"
+    )
+    tls_cert_file: str | None = Field(
+        None, description="PEM client certificate for receivers that ask for one (mutual TLS)"
+    )
+    tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file")
     queue_path: str = Field("servepilot-webhooks.sqlite", description="on-disk outbox (survives restarts)")
     timeout_s: float = Field(5.0, gt=0, le=120, description="HTTP timeout of one delivery attempt")
     backoff_base_s: float = Field(1.0, gt=0, le=600, description="first retry delay (doubles per attempt)")
@@ -87,4 +94,6 @@ class WebhookConfig(Section):
     def _generic_needs_a_secret(self) -> WebhookConfig:
         if self.enabled and self.generic_url and not self.secret_file:
             raise ValueError("secret_file is required when generic_url is set (messages are signed)")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file must be set together")
         return self

@@ -2,15 +2,17 @@ from __future__ import annotations
 
 import json
 import random
+import ssl
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from agent.config import WebhookConfig
+from agent.config import ConfigError, WebhookConfig
 from agent.engines.launcher import free_port as _free_port
 from agent.state import AgentState
 from agent.webhooks.dispatcher import WebhookDispatcher, sinks_from_config
@@ -475,3 +477,77 @@ async def test_a_raised_min_severity_sends_the_resolution_at_once(tmp_path: Path
     assert first["status"] == "firing" and len(first["alerts"]) == 2
     assert second["status"] == "resolved"
     assert [a["labels"]["detector"] for a in second["alerts"]] == ["thermal"]
+
+
+def _https_receiver_context(
+    tmp_path: Path, client_ca: trustme.CA | None = None
+) -> tuple[ssl.SSLContext, trustme.CA]:
+    """A receiver's TLS: a certificate from a private CA (written to receiver-ca.pem), and with
+    ``client_ca`` a client certificate that CA signed required (as Alertmanager's web.config can)."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "receiver-ca.pem"))
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+    if client_ca is not None:
+        client_ca.configure_trust(context)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context, ca
+
+
+async def _deliver_to_https(tmp_path: Path, server_ssl: ssl.SSLContext, **tls: Any) -> tuple[int, list[Any]]:
+    """One finding sent to an https receiver with the ``webhooks.tls_*`` settings ``tls``: messages
+    delivered, and what the receiver got."""
+    clock = Clock()
+    app, log = build_receiver_app(SECRET, clock=clock)
+    server = TestServer(app, host="127.0.0.1", port=0)
+    await server.start_server(ssl=server_ssl)
+    disp = _dispatcher(tmp_path, str(server.make_url("/hook")), clock, **tls)
+    try:
+        disp.observe(_state(clock.now, LEAK))
+        delivered = await disp.deliver_due()
+    finally:
+        await disp.stop()
+        await server.close()
+    return delivered, log.messages
+
+
+async def test_an_https_receiver_with_a_private_ca_is_reached_with_tls_ca_file(tmp_path: Path) -> None:
+    """Without webhooks.tls_ca_file the private CA is unknown: nothing delivered, the message kept for a
+    retry; with it, delivered."""
+    server_ssl, _ = _https_receiver_context(tmp_path)
+    delivered, got = await _deliver_to_https(tmp_path / "a", server_ssl)
+    assert delivered == 0 and got == []
+    assert Outbox(tmp_path / "a" / "outbox.sqlite").pending("generic") == 1
+    ca_file = str(tmp_path / "receiver-ca.pem")
+    delivered, got = await _deliver_to_https(tmp_path / "b", server_ssl, tls_ca_file=ca_file)
+    assert delivered == 1 and got[0]["status"] == "firing"
+
+
+async def test_a_receiver_that_asks_for_a_client_certificate_gets_tls_cert_file(tmp_path: Path) -> None:
+    clients = trustme.CA()
+    server_ssl, _ = _https_receiver_context(tmp_path, client_ca=clients)
+    ca_file = str(tmp_path / "receiver-ca.pem")
+    delivered, _ = await _deliver_to_https(tmp_path / "a", server_ssl, tls_ca_file=ca_file)
+    assert delivered == 0  # the handshake fails without a client certificate
+    sidecar = clients.issue_cert("servepilot.example")
+    sidecar.cert_chain_pems[0].write_to_path(str(tmp_path / "client.pem"))
+    sidecar.private_key_pem.write_to_path(str(tmp_path / "client.key"))
+    mine = {"tls_cert_file": str(tmp_path / "client.pem"), "tls_key_file": str(tmp_path / "client.key")}
+    delivered, got = await _deliver_to_https(tmp_path / "b", server_ssl, tls_ca_file=ca_file, **mine)
+    assert delivered == 1 and got[0]["status"] == "firing"
+
+
+def test_webhook_tls_files_are_checked_with_one_line_naming_the_field(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="tls_cert_file and tls_key_file must be set together"):
+        WebhookConfig(tls_cert_file="/etc/client.pem")
+    (tmp_path / "bad.pem").write_text("not a certificate")
+    with pytest.raises(ConfigError, match=r"webhooks\.tls_ca_file cannot load"):
+        _dispatcher(tmp_path, "https://127.0.0.1:9/hook", Clock(), tls_ca_file=str(tmp_path / "bad.pem"))
+    with pytest.raises(ConfigError, match=r"webhooks\.tls_cert_file cannot load"):
+        _dispatcher(
+            tmp_path,
+            "https://127.0.0.1:9/hook",
+            Clock(),
+            tls_cert_file=str(tmp_path / "bad.pem"),
+            tls_key_file=str(tmp_path / "bad.pem"),
+        )

@@ -5,8 +5,9 @@ on the wrong port still runs: its ``/metrics`` says ``servepilot_collector_succe
 the log. Setting a pod up, an operator wants the answers before that, in one screen: each source the
 config enables is collected once with the sidecar's own collectors (so a pass here means the sidecar
 reads the same thing), the engine's control API is discovered (nothing is set, no lease is taken), the
-GPU actuator's permission and bounds are read, and each gate upstream's health path is fetched, with
-the routes it serves that the gate admits and those it would pass through unlimited.
+GPU actuator's permission and bounds are read, each gate upstream's health path is fetched, with
+the routes it serves that the gate admits and those it would pass through unlimited, and each alert
+receiver is reached without being sent an alert.
 
 A failed check is ``error``; ``no_data`` means the source answered with nothing to report yet (a probe in a
 process without CUDA), which does not fail the run.
@@ -254,8 +255,55 @@ async def _check_routes(session: aiohttp.ClientSession, cfg: Config, name: str, 
     return CheckResult(f"routes {name}", status, detail, time.perf_counter() - started, url)
 
 
+async def check_webhooks(cfg: Config) -> list[CheckResult]:
+    """Each alert receiver, reached as the sidecar would reach it (``webhooks.tls_*`` included) but sent
+    nothing: Alertmanager answers ``GET /api/v2/status`` (its version and cluster state); the generic
+    webhook takes no read-only request, so any HTTP answer to a GET (a 405 too) shows its name, port and
+    TLS work. A secret or TLS file that does not load is an error naming its field."""
+    from agent.config import ConfigError
+    from agent.tls import client_context
+    from agent.webhooks.dispatcher import sinks_from_config
+    from agent.webhooks.sinks import AlertmanagerSink
+
+    hooks = cfg.webhooks
+    started = time.perf_counter()
+    try:
+        tls = client_context("webhooks", hooks.tls_ca_file, hooks.tls_cert_file, hooks.tls_key_file)
+        sinks = sinks_from_config(hooks)
+    except (ConfigError, ValueError) as error:
+        return [CheckResult("webhooks", "error", str(error), time.perf_counter() - started)]
+    results = []
+    timeout = aiohttp.ClientTimeout(total=min(hooks.timeout_s, 10.0))
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for sink in sinks:
+            started = time.perf_counter()
+            alertmanager = isinstance(sink, AlertmanagerSink)
+            url = sink.url.removesuffix("/alerts") + "/status" if alertmanager else sink.url
+            try:
+                async with session.get(url, ssl=tls if tls is not None else True, allow_redirects=False) as r:
+                    if alertmanager:
+                        if r.status != 200:
+                            raise ValueError(f"GET /api/v2/status answered HTTP {r.status}")
+                        body = await r.json(content_type=None)
+                        version = (body.get("versionInfo") or {}).get("version", "?")
+                        cluster = (body.get("cluster") or {}).get("status", "?")
+                        status, detail = "ok", f"Alertmanager {version}, cluster {cluster}"
+                    elif r.status >= 500:
+                        status, detail = "error", f"answered GET with HTTP {r.status}"
+                    else:
+                        status, detail = "ok", f"reachable (answered GET with HTTP {r.status}; nothing sent)"
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as error:
+                why = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
+                status, detail = "error", why.rstrip(": ")
+            results.append(
+                CheckResult(f"webhook {sink.name}", status, detail, time.perf_counter() - started, url)
+            )
+    return results
+
+
 async def run_checks(cfg: Config) -> list[CheckResult]:
-    """Every check the config calls for, in a fixed order: sources, control, GPU actuator, upstreams."""
+    """Every check the config calls for, in a fixed order: sources, control, GPU actuator, upstreams,
+    alert receivers."""
     sources = await _collect_sources(cfg)
     results = [result for result, _ in sources]
     if cfg.control.enabled:
@@ -270,6 +318,8 @@ async def run_checks(cfg: Config) -> list[CheckResult]:
         found = next((r.info.get("engine") for _, r in sources if r.source == "engine"), None)
         kind = cfg.engine.kind if cfg.engine.kind != "auto" else found
         results.extend(check_engine_priority(cfg, kind))
+    if cfg.webhooks.enabled:
+        results.extend(await check_webhooks(cfg))
     return results
 
 

@@ -362,3 +362,70 @@ async def test_on_a_shared_node_check_marks_the_engine_s_gpu_and_would_drive_it_
     assert f"gpu_uuids {engine}" in rows["probe"].detail
     assert rows["gpu_actuator"].status == "ok"
     assert rows["gpu_actuator"].detail.startswith("power_limit on GPU 2: "), rows["gpu_actuator"]
+
+
+#: The fields ``servepilot check`` reads from Alertmanager's ``GET /api/v2/status`` (its OpenAPI schema:
+#: ``cluster.status`` and ``versionInfo.version``; the e2e test reads a real one).
+AM_STATUS = {"cluster": {"status": "ready", "peers": []}, "versionInfo": {"version": "0.27.0"}, "uptime": "x"}
+
+
+async def test_alert_receivers_are_reached_and_sent_nothing(tmp_path: Path) -> None:
+    """Alertmanager answers its status; the generic receiver, over https with a private CA, answers a GET
+    with 405 (reachable) and gets no POST; with the CA unknown (no tls_ca_file) its row is an error."""
+    import ssl
+
+    import trustme
+
+    posts: list[str] = []
+
+    async def status(_: web.Request) -> web.Response:
+        return web.json_response(AM_STATUS)
+
+    async def hook(request: web.Request) -> web.Response:
+        posts.append(request.path)
+        return web.json_response({})
+
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(served)
+    am, receiver = web.Application(), web.Application()
+    am.router.add_get("/api/v2/status", status)
+    am.router.add_post("/api/v2/alerts", hook)
+    receiver.router.add_post("/hook", hook)
+    runners = [web.AppRunner(am), web.AppRunner(receiver)]
+    for runner in runners:
+        await runner.setup()
+    await web.TCPSite(runners[0], "127.0.0.1", 0).start()
+    await web.TCPSite(runners[1], "127.0.0.1", 0, ssl_context=served).start()
+    (tmp_path / "secret").write_text("whsec_" + "a2V5" * 8)
+    hooks = {
+        "enabled": True,
+        "alertmanager_url": f"http://127.0.0.1:{runners[0].addresses[0][1]}",
+        "generic_url": f"https://127.0.0.1:{runners[1].addresses[0][1]}/hook",
+        "secret_file": str(tmp_path / "secret"),
+        "queue_path": str(tmp_path / "outbox.sqlite"),
+    }
+    sources = {
+        "engine": {"url": "http://127.0.0.1:9"},
+        "nvml": {"backend": "off"},
+        "probe": {"enabled": False},
+    }
+    try:
+        trusted = config.build({**sources, "webhooks": {**hooks, "tls_ca_file": str(tmp_path / "ca.pem")}})
+        rows = {r.name: r for r in await run_checks(trusted)}
+        assert rows["webhook alertmanager"].status == "ok"
+        assert rows["webhook alertmanager"].detail == "Alertmanager 0.27.0, cluster ready"
+        assert rows["webhook alertmanager"].target.endswith("/api/v2/status")
+        assert rows["webhook generic"].status == "ok" and "HTTP 405" in rows["webhook generic"].detail
+        untrusted = config.build({**sources, "webhooks": hooks})
+        row = {r.name: r for r in await run_checks(untrusted)}["webhook generic"]
+        assert row.failed and "certificate verify failed" in row.detail
+        (tmp_path / "bad.pem").write_text("not a certificate")
+        broken = config.build({**sources, "webhooks": {**hooks, "tls_ca_file": str(tmp_path / "bad.pem")}})
+        row = {r.name: r for r in await run_checks(broken)}["webhooks"]
+        assert row.failed and row.detail.startswith("webhooks.tls_ca_file cannot load")
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+    assert posts == []  # nothing was sent to either receiver

@@ -39,6 +39,7 @@ from agent import config
 from agent.demo_runner import bundled_trace
 from agent.engines.launcher import free_port as _free_port
 from agent.loadgen import LoadGenerator
+from agent.preflight import check_webhooks
 from agent.sidecar import Sidecar
 from agent.webhooks.receiver import build_receiver_app
 from agent.webhooks.signing import decode_secret
@@ -321,6 +322,11 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
                     return any(a["labels"].get("alertname") == "ServepilotEngineDown" for a in alerts)
 
                 await until(in_alertmanager, 20, "alert in Alertmanager")
+                # `servepilot check` reaches the real Alertmanager, and finds the generic receiver down
+                rows = {row.name: row for row in await check_webhooks(cfg)}
+                assert rows["webhook alertmanager"].status == "ok", rows
+                assert rows["webhook alertmanager"].detail.startswith("Alertmanager 0."), rows
+                assert rows["webhook generic"].status == "error", rows  # its receiver starts in part 3
                 delivered = await until(
                     lambda: asyncio.sleep(
                         0,

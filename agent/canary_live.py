@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.config import CanaryConfig, Config, ConfigError
 from agent.perplexity import Measurement, PerplexityError, load_validation_set, measure
+from agent.tls import gate_upstream_context
 from detectors.snapshot import Reading, SourceStatus
 from policies.canary import PPL_FP8, PPL_PRIMARY, Canary, CanaryState
 
@@ -54,8 +56,11 @@ class PerplexityMeter:
         phase: Callable[[], CanaryState | None],
         clock: Callable[[], float] = time.monotonic,
         models: dict[str, str] | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.cfg = cfg
+        #: TLS towards https upstreams (``gate.upstream_tls_*``), as the gate reaches them
+        self.tls = tls
         self.urls = {cfg.primary: upstreams[cfg.primary], cfg.candidate: upstreams[cfg.candidate]}
         #: the model name each upstream is asked for: ``gate.upstream_models``, else ``canary.model`` (else
         #: the first it lists), as the gate sends it that upstream's traffic
@@ -93,7 +98,8 @@ class PerplexityMeter:
 
         try:
             if self._session is None:
-                self._session = aiohttp.ClientSession()
+                tls = self.tls if self.tls is not None else True
+                self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls))
             measured = []
             for upstream in (self.cfg.primary, self.cfg.candidate):  # one at a time: half the load
                 measured.append(
@@ -174,7 +180,12 @@ class LiveCanary:
             name=NAME,
         )
         self.meter = PerplexityMeter(
-            c, dict(cfg.gate.upstreams), texts, self.state, models=dict(cfg.gate.upstream_models)
+            c,
+            dict(cfg.gate.upstreams),
+            texts,
+            self.state,
+            models=dict(cfg.gate.upstream_models),
+            tls=gate_upstream_context(cfg.gate),
         )
         self.loop: Loop | None = None
 

@@ -209,11 +209,18 @@ def _model_problem(cfg: Config, name: str, served: list[str], reference: list[st
 async def check_upstreams(cfg: Config) -> list[CheckResult]:
     """Each gate upstream's health path, judged as the gate's own health checks judge it (2xx); then the
     models it serves, against what clients ask for (the first upstream's) and ``gate.upstream_models``."""
+    from agent.config import ConfigError
     from agent.gate.upstreams import probe_health
+    from agent.tls import gate_upstream_context
 
     results = []
     reference: list[str] = []
-    async with aiohttp.ClientSession() as session:
+    try:
+        tls = gate_upstream_context(cfg.gate)
+    except ConfigError as error:
+        return [CheckResult("upstreams", "error", str(error), 0.0)]
+    connector = aiohttp.TCPConnector(ssl=tls if tls is not None else True)
+    async with aiohttp.ClientSession(connector=connector) as session:
         for i, (name, base) in enumerate(cfg.gate.upstreams.items()):
             url = base + cfg.gate.health_path
             started = time.perf_counter()
@@ -268,7 +275,7 @@ async def check_webhooks(cfg: Config) -> list[CheckResult]:
     hooks = cfg.webhooks
     started = time.perf_counter()
     try:
-        tls = client_context("webhooks", hooks.tls_ca_file, hooks.tls_cert_file, hooks.tls_key_file)
+        tls = client_context("webhooks.tls_", hooks.tls_ca_file, hooks.tls_cert_file, hooks.tls_key_file)
         sinks = sinks_from_config(hooks)
     except (ConfigError, ValueError) as error:
         return [CheckResult("webhooks", "error", str(error), time.perf_counter() - started)]

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from agent.config import ConfigError
+from agent.config import ConfigError, GateConfig
 
 #: Paths the kubelet probes (no client certificate there): the only ones mutual TLS leaves open.
 PROBE_PATHS = frozenset({"/healthz", "/readyz", "/engine/livez"})
@@ -63,24 +63,25 @@ def server_context(
 
 
 def client_context(
-    section: str, ca_file: str | None, cert_file: str | None = None, key_file: str | None = None
+    fields: str, ca_file: str | None, cert_file: str | None = None, key_file: str | None = None
 ) -> ssl.SSLContext | None:
-    """TLS for servepilot as a client (``<section>.tls_*``): servers verified against the system's CAs and
+    """TLS for servepilot as a client, from the settings ``<fields>ca_file``, ``<fields>cert_file`` and
+    ``<fields>key_file`` (``fields`` e.g. ``webhooks.tls_``): servers verified against the system's CAs and
     ``ca_file``'s, and ``cert_file``/``key_file`` presented to a server that asks (mutual TLS); None when
     nothing is configured (the default verification). A file that cannot be loaded is a
     :class:`ConfigError` naming its field."""
     if ca_file is None and cert_file is None:
         return None
     context = ssl.create_default_context()
-    field = "tls_ca_file"
+    field = "ca_file"
     try:
         if ca_file is not None:
             context.load_verify_locations(cafile=ca_file)
-        field = "tls_cert_file"
+        field = "cert_file"
         if cert_file is not None:
             context.load_cert_chain(cert_file, key_file)
     except (OSError, ssl.SSLError) as error:
-        raise ConfigError(f"{section}.{field}", f"cannot load: {error}") from None
+        raise ConfigError(fields + field, f"cannot load: {error}") from None
     return context
 
 
@@ -144,3 +145,11 @@ async def client_certificate_required(request: web.Request, handler: Handler) ->
             status=403,
         )
     return await handler(request)
+
+
+def gate_upstream_context(cfg: GateConfig) -> ssl.SSLContext | None:
+    """TLS towards the gate's upstreams (``gate.upstream_tls_*``): the forwarding, the health checks,
+    the canary's perplexity and ``servepilot check`` all reach them alike."""
+    return client_context(
+        "gate.upstream_tls_", cfg.upstream_tls_ca_file, cfg.upstream_tls_cert_file, cfg.upstream_tls_key_file
+    )

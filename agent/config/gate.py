@@ -65,6 +65,13 @@ class GateConfig(Section):
     split: dict[str, float] = Field(
         default_factory=lambda: {"primary": 1.0}, description="initial traffic share per upstream"
     )
+    upstream_tls_ca_file: str | None = Field(
+        None, description="PEM CA certificates to verify https upstreams with, besides the system's"
+    )
+    upstream_tls_cert_file: str | None = Field(
+        None, description="PEM client certificate for upstreams that ask for one (mutual TLS)"
+    )
+    upstream_tls_key_file: str | None = Field(None, description="PEM private key of upstream_tls_cert_file")
     upstream_models: dict[str, str] = Field(
         default_factory=dict,
         description="upstream name -> model name sent to it, for one serving another model (e.g. small)",
@@ -203,6 +210,12 @@ class GateConfig(Section):
                 raise ValueError(f"upstream_models names {name!r}, not one of the upstreams ({known})")
             if not model.strip():
                 raise ValueError(f"upstream_models.{name} must be a model name, got {model!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _upstream_client_certificate_whole(self) -> GateConfig:
+        if (self.upstream_tls_cert_file is None) != (self.upstream_tls_key_file is None):
+            raise ValueError("upstream_tls_cert_file and upstream_tls_key_file must be set together")
         return self
 
     @model_validator(mode="after")

@@ -33,6 +33,7 @@ from agent.gate.openai import RequestInfo
 from agent.gate.records import GateStats, RequestRecord
 from agent.gate.relay import Relay, Unanswered, forward_headers, json_error
 from agent.gate.upstreams import Upstream, UpstreamPool
+from agent.tls import gate_upstream_context
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,9 @@ class Forwarder:
         self.fresh: aiohttp.ClientSession | None = None
         #: requests on a retry now, held to the budget
         self.retrying = 0
+        #: TLS towards https upstreams (``gate.upstream_tls_*``; a restart applies a change); None: the
+        #: system's CAs
+        self.tls = gate_upstream_context(cfg())
 
     def open(self) -> aiohttp.ClientSession:
         """Open the upstream session (the health checks use it too) and return it."""
@@ -86,7 +90,13 @@ class Forwarder:
     def _new_session(self, *, fresh: bool = False) -> aiohttp.ClientSession:
         """An upstream session; ``fresh``: one that never reuses a connection (the stale-socket retry)."""
         cfg = self._cfg()
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, force_close=fresh)
+        connector = aiohttp.TCPConnector(
+            limit=0,
+            limit_per_host=0,
+            ttl_dns_cache=300,
+            force_close=fresh,
+            ssl=self.tls if self.tls is not None else True,
+        )
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s
         )

@@ -123,7 +123,7 @@ class WebhookDispatcher:
         )
         self.tracker.restore(self.outbox.load_active())
         #: receivers' TLS (webhooks.tls_*): None verifies them against the system's CAs
-        self._ssl = client_context("webhooks", cfg.tls_ca_file, cfg.tls_cert_file, cfg.tls_key_file)
+        self._ssl = client_context("webhooks.tls_", cfg.tls_ca_file, cfg.tls_cert_file, cfg.tls_key_file)
         self._session = session
         self._own_session = session is None
         self._wake = asyncio.Event()

@@ -285,8 +285,7 @@ class SimServer:
             async def relay(index: int, queue: streams.TokenQueue) -> int:
                 """Sequence ``index``'s tokens, then its closing chunk; returns how many it had."""
 
-                async def token(position: int) -> None:
-                    text = openai_api.token_text(position)
+                async def token(text: str) -> None:
                     await send(openai_api.chunk(kind, rid, model, created, text, index=index))
 
                 finish_reason, emitted = await streams.relay_tokens(queue, token)

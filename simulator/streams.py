@@ -21,17 +21,19 @@ Write = Callable[[bytes], Awaitable[None]]
 """Writes one event to the client's stream."""
 
 
-async def relay_tokens(queue: TokenQueue, token: Callable[[int], Awaitable[None]]) -> tuple[str, int]:
-    """Call ``token(index)`` for each token the core emits into ``queue`` until it ends the request;
-    return the finish reason and the number of tokens. Every streamed API writes its events through it."""
+async def relay_tokens(queue: TokenQueue, piece: Callable[[str], Awaitable[None]]) -> tuple[str, int]:
+    """Call ``piece(text)`` once per engine step with the text of the tokens the core emitted into
+    ``queue`` in it, until it ends the request; return the finish reason and the number of tokens. A
+    step brings one token, or under speculative decoding 1 + the accepted drafts, which vLLM streams as
+    one event (its ``inter_token_latency`` observes the step once too). Every streamed API writes its
+    events through it."""
     emitted = 0
     while True:
         what, value = await queue.get()
         if what != "tokens":
             return value, emitted
-        for _ in range(value):
-            await token(emitted)
-            emitted += 1
+        await piece("".join(openai_api.token_text(emitted + i) for i in range(value)))
+        emitted += value
 
 
 async def gather_tokens(queue: TokenQueue) -> tuple[list[str], str]:
@@ -69,8 +71,8 @@ async def message_events(
     await write(messages_api.message_start(rid, model, parsed.prompt_tokens))
     await write(messages_api.block_start())
 
-    async def token(index: int) -> None:
-        await write(messages_api.block_delta(openai_api.token_text(index)))
+    async def token(text: str) -> None:
+        await write(messages_api.block_delta(text))
 
     finish_reason, emitted = await relay_tokens(queue, token)
     await write(messages_api.block_stop())
@@ -111,8 +113,8 @@ async def response_events(
     await write(api.event("response.content_part.added", next(sequence), added))
     pieces: list[str] = []
 
-    async def token(index: int) -> None:
-        pieces.append(openai_api.token_text(index))
+    async def token(text: str) -> None:
+        pieces.append(text)
         delta = {**where, "delta": pieces[-1], "logprobs": []}
         await write(api.event("response.output_text.delta", next(sequence), delta))
 

@@ -147,6 +147,7 @@ class Sidecar:
         self._evidence_task: asyncio.Task[None] | None = None
         self.loop.subscribe(self._refits.release)
         self.loop.subscribe(self._tell_gate_of_a_stall)
+        self.loop.subscribe(self._tell_gate_tokens_per_step)
         self.engine_gpus = EngineGpus(self._gpu_followers())
         if cfg.probe.enabled and self.engine_gpus.followers:
             self.loop.subscribe(self.engine_gpus.on_state)
@@ -438,6 +439,14 @@ class Sidecar:
             return
         stall = next((f for f in state.findings if f.detector == "engine_stall"), None)
         gate.set_engine_stalled(upstream, stall.summary if stall is not None else None)
+
+    def _tell_gate_tokens_per_step(self, state: AgentState) -> None:
+        """The engine's decode tokens per step to the gate's upstream that is this engine: the gate counts
+        its streams without usage by them (:meth:`agent.gate.proxy.Gate.set_tokens_per_event`)."""
+        gate, upstream = self.knobs.gate, self._engine_upstream
+        if gate is None or upstream is None or upstream not in gate.pool.upstreams or state.snapshot is None:
+            return
+        gate.set_tokens_per_event(upstream, state.snapshot.values.get("engine.decode_tokens_per_step"))
 
     async def _leak_evidence(self, findings: tuple[Finding, ...], snapshot: Snapshot) -> tuple[Finding, ...]:
         """When the leak detector fires, ask the probe (in the background) to record allocator history."""

@@ -68,12 +68,13 @@ DEFAULT_LOAD_SIGNALS = (
 #: Signals for which only a rise can be a fault: a new low of one is info (module docstring).
 DEFAULT_BENIGN_LOW = r"(_seconds\.mean$)|(temperature_celsius\.mean$)|(preemptions_per_second$)"
 #: Signals not watched: redundant views (max, last, p50), counters and static values, per-process,
-#: per-device and per-draft-position series, and latency tails (``_seconds.p90/p95/p99``), which the
-#: tail latency detector judges against the load and the SLO (one signal, one judge: module docstring).
+#: per-device and per-draft-position series, latency tails (``_seconds.p90/p95/p99``), which the tail
+#: latency detector judges against the load and the SLO, and the decode tokens per step, which follow
+#: the drafts' acceptance that the spec_decode detector judges (one signal, one judge: module docstring).
 DEFAULT_EXCLUDE = (
     r"(\.(max|last|p50|samples)$)|(_total$)|(energy_joules$)|(\.throttle)|(process_used_bytes)"
     r"|(^probe\.device)|(\.position\d+$)|(memory_total_bytes$)|(power_limit_watts$)|(_info$)"
-    r"|(_seconds\.p9[059]$)"
+    r"|(_seconds\.p9[059]$)|(decode_tokens_per_step$)"
 )
 
 

@@ -34,6 +34,10 @@ MAX_SPLIT = 32
 """Label values one ``by`` signal is split into (vLLM's draft positions: num_speculative_tokens)."""
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9_-]{1,32}")
 _PERCENTILES = {0.5: "p50", 0.95: "p95", 0.99: "p99"}
+TOKENS_PER_STEP = "decode_tokens_per_step"
+"""Published (``engine.decode_tokens_per_step``) while the table's ``per_token`` histogram is divided: the
+decode tokens a request got per engine step over the window, 1 + its accepted drafts (absent at one,
+without speculation). The gate counts a stream without usage by it (agent/gate/relay.py)."""
 Series = Counter | Gauge | Histogram
 
 
@@ -195,7 +199,9 @@ class SignalDeriver:
                 windows[name] = stats
         for spec in self.mapping.signals:
             if spec.per_token is not None:
-                self._per_token(spec.name, spec.per_token, windows, scrape, now)
+                per_step = self._per_token(spec.name, spec.per_token, windows, scrape, now)
+                if per_step is not None:
+                    values[TOKENS_PER_STEP] = per_step
         for name, stats in windows.items():
             for q, value in stats.quantiles.items():
                 values[f"{name}.{_PERCENTILES[q]}"] = value
@@ -216,28 +222,30 @@ class SignalDeriver:
         windows: dict[str, WindowStats],
         scrape: Scrape,
         now: float,
-    ) -> None:
+    ) -> float | None:
         """Histogram ``name``'s window read per token (:mod:`agent.collectors.derive`): divided by the
         decode tokens per observation, ``(tokens - first tokens) / observations``, with the token
         counter's window spanning the histogram's. Left as it is where that cannot be told (no token
         counter or first-token window, windows that differ after a gap or a reset) or where
         :func:`~agent.collectors.derive.tokens_per_observation` finds nothing to divide. The token
-        counter's window is kept on every scrape, the histogram's first included."""
+        counter's window is kept on every scrape, the histogram's first included. Returns the tokens
+        per observation it divided by, None where it did not."""
         tokens, first = per_token
         counted = scrape.counters.get(tokens)
         increase = self.trackers.increase(tokens, counted, now) if counted is not None else None
         stats, firsts = windows.get(name), windows.get(first)
         if stats is None or increase is None or firsts is None:
-            return
+            return None
         span, generated = increase
         if abs(span - stats.window_s) > 1e-9 or abs(firsts.window_s - stats.window_s) > 1e-9:
-            return
+            return None
         per_step = tokens_per_observation(generated, firsts.count, stats.count)
         if per_step is None:
-            return
+            return None
         quantiles = {q: value / per_step for q, value in stats.quantiles.items()}
         mean = stats.mean / per_step if stats.mean is not None else None
         windows[name] = replace(stats, mean=mean, quantiles=MappingProxyType(quantiles))
+        return per_step
 
     @staticmethod
     def _ratio(spec: SignalSpec, values: dict[str, float]) -> None:

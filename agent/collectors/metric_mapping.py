@@ -138,6 +138,9 @@ def _per_token(raw: Any, kind: str, where: str) -> tuple[str, str] | None:
 
 def _check_references(engine: str, signals: tuple[SignalSpec, ...]) -> None:
     by_name = {s.name: s for s in signals}
+    per_token = [s.name for s in signals if s.per_token is not None]
+    if len(per_token) > 1:  # each would publish engine.decode_tokens_per_step
+        raise ValueError(f"engines.{engine}: per_token on one histogram at most, got {per_token}")
     for spec in signals:
         if spec.per_token is not None:
             tokens, first = (by_name.get(name) for name in spec.per_token)

@@ -16,7 +16,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
@@ -74,6 +74,9 @@ class Relay:
     clock: Callable[[], float]
     finish: Callable[[RequestRecord], None]
     filled: Filled | None = None
+    #: upstream -> the decode tokens each of its events brings (the engine's steps under speculative
+    #: decoding, ``engine.decode_tokens_per_step``); an upstream not here brings one
+    tokens_per_event: dict[str, float] = field(default_factory=dict)
 
     async def __call__(
         self,
@@ -200,11 +203,19 @@ class Relay:
             if usage is not None:
                 record.prompt_tokens, record.output_tokens = usage
             elif token_event:  # one token per token event is the norm
-                record.output_tokens = float(events)
+                record.output_tokens = self._counted(float(events), record)
             else:  # one token per event is the norm; "[DONE]" is not a token
-                record.output_tokens = float(max(0, events - 1))
+                record.output_tokens = self._counted(float(max(0, events - 1)), record)
             record.outcome = _outcome(up.status)
             self.finish(record)
         if fill is not None and self.filled is not None and up.status == 200:
             self.filled(fill, up, True, record)
         return resp
+
+    def _counted(self, events: float, record: RequestRecord) -> float:
+        """The output tokens of a stream without usage, from its token events: one each, or, from an
+        upstream whose steps bring several (:attr:`tokens_per_event`), that many after each sequence's
+        first (its prefill brings one). An estimate: the engine's window mean, not this answer's own."""
+        per_event = self.tokens_per_event.get(record.upstream, 1.0)
+        first = min(events, float(max(1, record.choices)))
+        return first + (events - first) * per_event

@@ -19,6 +19,7 @@ from agent.assembly import breaker_levels, build_policies, normal_route
 from agent.engines.launcher import free_port as _free_port
 from agent.gate.upstreams import engine_upstream
 from agent.sidecar import Sidecar
+from agent.state import AgentState
 from detectors.snapshot import Reading, Snapshot, SourceStatus
 from policies.base import Proposal
 
@@ -871,6 +872,26 @@ def test_the_gate_exports_which_upstream_is_this_engine_whatever_its_name(tmp_pa
         "fp8": "other",
     }
     assert _roles(Sidecar(cfg, collectors=[])) == {"primary": "other", "fp8": "other"}  # engine on 8000
+
+
+def test_the_engine_s_decode_tokens_per_step_reach_its_upstream_at_the_gate(tmp_path: Path) -> None:
+    """Each tick tells the gate's upstream that is this engine how many tokens its stream events bring
+    (engine.decode_tokens_per_step, published while it drafts), and forgets it once the signal is gone."""
+    cfg = _act_cfg(tmp_path)
+    engine = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"url": "http://localhost:9"})})
+    sidecar = Sidecar(engine, collectors=[])
+    gate = sidecar.knobs.gate
+    assert gate is not None
+
+    def tick(values: dict[str, float]) -> None:
+        reading = Reading("engine", 1.0, SourceStatus.OK, {"engine.requests_running": 1.0, **values})
+        snapshot = Snapshot.from_readings(1.0, {"engine": reading})
+        sidecar._tell_gate_tokens_per_step(AgentState(snapshot=snapshot))
+
+    tick({"engine.decode_tokens_per_step": 2.84})
+    assert gate.tokens_per_event == {"primary": 2.84}
+    tick({})
+    assert gate.tokens_per_event == {}
 
 
 async def test_a_reload_retunes_the_running_policies_and_the_knob_follows_the_new_bounds(

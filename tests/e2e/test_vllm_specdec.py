@@ -28,7 +28,7 @@ from agent.state import AgentState
 from agent.store import Store
 from detectors.base import Finding, Severity
 from detectors.specdec import POSITION_PREFIX, SpecDecodeDetector
-from tests.engines.client import completion, gate_for, stream
+from tests.engines.client import completion, gate_for, gate_tokens, stream
 from tests.engines.fixture import running
 
 DRAFT_TOKENS = 3
@@ -121,6 +121,44 @@ async def test_the_collector_and_the_gate_read_vllms_per_step_itl_per_token_as_v
         f"collector {collected * 1e3:.2f} ms, gate {gated * 1e3:.2f} ms"
     )
     assert gated == pytest.approx(per_token, rel=0.2)  # 2026-12-05: 2.05 ms at the gate, 1.98 in vLLM
+
+
+async def test_the_gate_counts_streams_without_usage_by_the_engine_s_decode_tokens_per_step(
+    engine: RunningEngine,
+) -> None:
+    """Most clients do not ask for the usage. A drafting vLLM sends a step's tokens in one event, so one
+    token per event saw about a third of them. Told the engine's decode tokens per step, as the sidecar
+    tells it each tick (engine.decode_tokens_per_step), the gate counts 16 greedy answers of 96 tokens
+    within 15%: the engine's window mean, not each answer's own."""
+    collector = EngineMetricsCollector(EngineConfig(url=engine.url, kind="vllm", timeout_s=5.0))
+    counted: dict[str, float] = {}
+    async with (
+        gate_for(engine.url, max_in_flight=4, high_reserved_ratio=0.0) as (gate, base, registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session,
+    ):
+
+        async def sixteen(seeds: range) -> float:
+            async def client(seed: int) -> None:
+                rng = random.Random(seed)
+                for _ in range(4):
+                    prompt = " ".join(rng.choice("abcdefgh") for _ in range(24))
+                    result = await stream(session, base, completion(prompt, 96))
+                    assert result.status == 200 and not result.usage, result.body[-300:]
+
+            before = gate_tokens(registry)["output"] or 0.0
+            await asyncio.gather(*(client(seed) for seed in seeds))
+            return (gate_tokens(registry)["output"] or 0.0) - before
+
+        await collector.collect(0.0)
+        counted["per event"] = await sixteen(range(4))
+        reading = await collector.collect(10.0)
+        per_step = reading.values["engine.decode_tokens_per_step"]
+        gate.set_tokens_per_event("primary", per_step)
+        counted["per step"] = await sixteen(range(4, 8))  # other prompts than those it was measured on
+    await collector.close()
+    print(f"\ngate output tokens of 16 x 96 = 1536: {counted}, {per_step:.2f} tokens per step")
+    assert counted["per event"] < 1536 / 1.5  # most events brought accepted drafts
+    assert counted["per step"] == pytest.approx(1536, rel=0.15)
 
 
 def _spec_findings(state: AgentState) -> list[Finding]:

@@ -109,6 +109,10 @@ def test_per_token_reads_a_counter_and_a_histogram_of_a_histogram() -> None:
     wrong_first = {"per_token": {"tokens": "tokens", "first_tokens": "tokens"}}
     with pytest.raises(ValueError, match=r"per_token\.first_tokens: 'tokens' is not a histogram signal"):
         parse_mappings(table(wrong_first))
+    twice = table(good)
+    twice["engines"]["x"]["signals"]["itl2"] = {"type": "histogram", "aliases": ["x_itl2"], **good}  # type: ignore[index]
+    with pytest.raises(ValueError, match=r"^engines\.x: per_token on one histogram at most"):
+        parse_mappings(twice)
     on_a_gauge = table({})
     on_a_gauge["engines"]["x"]["signals"]["g"] = {"type": "gauge", "aliases": ["x_g"], **good}  # type: ignore[index]
     with pytest.raises(ValueError, match=r"^engines\.x\.signals\.g\.per_token applies to a histogram"):
@@ -258,7 +262,8 @@ def test_vllm_itl_under_speculation_reads_per_token_as_vllms_own_tpot() -> None:
     folder = "vllm-0.32-cpu/vllm-0.32.0-cpu-ngram3-metrics_"
     greedy, sampled = _read(folder + "greedy.prom"), _read(folder + "sampled.prom")
     mapping = MAPPINGS["vllm"]
-    for before, after, per_step_ms in ((_zeroed(greedy), greedy, 4.380), (greedy, sampled, 3.246)):
+    cases = ((_zeroed(greedy), greedy, 4.380, 1520 / 536), (greedy, sampled, 3.246, 1520 / 1460))
+    for before, after, per_step_ms, tokens_per_step in cases:
         deriver = SignalDeriver(mapping, window_s=60.0)
         deriver.update(parse(before, mapping, 0.0), 0.0)
         values = deriver.update(parse(after, mapping, 10.0), 10.0)
@@ -267,6 +272,7 @@ def test_vllm_itl_under_speculation_reads_per_token_as_vllms_own_tpot() -> None:
         steps /= _sample(after, itl + "_count") - _sample(before, itl + "_count")
         assert steps * 1000 == pytest.approx(per_step_ms, abs=0.001)  # what the engine's histogram says
         assert values["engine.itl_seconds.mean"] == pytest.approx(_vllm_tpot(before, after), rel=1e-3)
+        assert values["engine.decode_tokens_per_step"] == pytest.approx(tokens_per_step)
         assert values["engine.itl_seconds.p50"] <= values["engine.itl_seconds.p99"] < steps * 20
 
 
@@ -281,6 +287,7 @@ def test_vllm_itl_without_speculation_is_left_as_observed() -> None:
     assert gaps == tokens == 3791
     mean = (_sample(after, itl + "_sum") - _sample(busy, itl + "_sum")) / gaps
     assert values["engine.itl_seconds.mean"] == pytest.approx(mean, rel=1e-12)
+    assert "engine.decode_tokens_per_step" not in values  # one token a step: nothing published
 
 
 def test_per_token_holds_off_when_the_token_counter_and_the_histogram_cover_different_spans() -> None:

@@ -1435,3 +1435,45 @@ async def test_the_retry_budget_passes_errors_on_rather_than_doubling_the_load(
         assert gate.forwarder.retrying == 0  # every place in the budget was given back
     finally:
         await gate.stop()
+
+
+async def test_a_drafting_engine_s_streams_without_usage_are_counted_by_its_tokens_per_step(
+    client: aiohttp.ClientSession,
+) -> None:
+    """The simulator drafting 3 tokens (each accepted with p 0.8) streams a step's tokens as one event,
+    as vLLM does: 96-token answers come in about 33 events. Counted one token per event, the gate saw a
+    third of them; told the engine's decode tokens per step (the sidecar passes
+    ``engine.decode_tokens_per_step``), it counts them within a few percent. Usage, when asked for, wins."""
+    from simulator.engine import make_core
+    from simulator.server import SimServer
+    from simulator.specdec import SpecDecodeConfig
+
+    sim = SimServer(
+        make_core("h100-sxm", "llama-3-8b", "fp16", 64, spec=SpecDecodeConfig(3, 0.8)), speed=20.0
+    )
+    runner = web.AppRunner(sim.app())
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    gate = await _gate({"primary": f"http://127.0.0.1:{runner.addresses[0][1]}"})
+
+    async def output_tokens(**extra: Any) -> float:
+        before = _totals(gate.stats.tokens, "kind").get("output", 0.0)
+        for i in range(8):
+            body = _body(stream=True, prompt=f"p{i}", max_tokens=96, model=sim.model_name, **extra)
+            resp = await _post(client, gate, body)
+            assert resp.status == 200
+            await resp.read()
+        return _totals(gate.stats.tokens, "kind")["output"] - before
+
+    try:
+        assert 8 * 96 / 4 < await output_tokens() < 8 * 96 / 2  # one per event: a step's worth lost
+        gate.set_tokens_per_event("primary", (1 - 0.8**4) / (1 - 0.8))  # E[1 + accepted] = 2.95
+        assert await output_tokens() == pytest.approx(8 * 96, rel=0.1)
+        assert await output_tokens(stream_options={"include_usage": True}) == 8 * 96
+        gate.set_tokens_per_event("primary", None)
+        assert gate.tokens_per_event == {}
+        with pytest.raises(ValueError, match="unknown upstream 'nope'"):
+            gate.set_tokens_per_event("nope", 2.0)
+    finally:
+        await gate.stop()
+        await runner.cleanup()

@@ -137,6 +137,11 @@ def render(
         _pair(get, "engine.itl_seconds.p50", "engine.itl_seconds.p99", " ms", 1000),
     )
     eng.add_row("preemptions/s", _fmt(get("engine.preemptions_per_second"), digits=2))
+    if get("engine.spec_drafts_per_second") is not None:  # the engine drafts (--spec-tokens)
+        eng.add_row(
+            "drafts accepted / tokens per step",
+            _pair(get, "engine.spec_acceptance_ratio", "engine.decode_tokens_per_step", digits=2),
+        )
 
     alloc = Table(title="allocator (probe)", show_header=False, box=None)
     alloc.add_row("reserved", _fmt(get("probe.reserved_bytes"), " GiB", 1 / _GIB, 2))

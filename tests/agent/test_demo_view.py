@@ -45,3 +45,17 @@ def test_a_priority_mix_shows_each_classes_ttft_and_what_was_shed_of_it() -> Non
     text = _text(Control("act"), load)
     assert "high: TTFT p99 / shed" in text and "0.080 s / 0 of 10" in text
     assert "low: TTFT p99 / shed" in text and "— / 6 of 40" in text
+
+
+def test_a_drafting_engine_shows_its_acceptance_and_tokens_per_step() -> None:
+    def text(values: dict[str, float]) -> str:
+        engine = Reading("engine", 100.0, SourceStatus.OK, values)
+        snapshot = Snapshot.from_readings(100.0, {"engine": engine})
+        console = Console(width=200, record=True, file=io.StringIO())
+        console.print(render(AgentState(snapshot=snapshot), LoadStats(), 12.0, "http://x:9400", None))
+        return console.export_text()
+
+    drafting = {"engine.spec_drafts_per_second": 40.0, "engine.spec_acceptance_ratio": 0.65}
+    shown = text({**drafting, "engine.decode_tokens_per_step": 2.84})
+    assert "drafts accepted / tokens per step" in shown and "0.65 / 2.84" in shown
+    assert "tokens per step" not in text({"engine.requests_running": 1.0})  # no drafts: no row

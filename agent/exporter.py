@@ -83,6 +83,12 @@ RULES: tuple[Rule, ...] = (
         "servepilot_engine_{metric}",
         "Engine signal per speculative draft position (0 = the first drafted token).",
     ),
+    _rule(
+        r"^engine\.decode_tokens_per_step$",
+        "servepilot_engine_decode_tokens_per_step",
+        "Decode tokens a request got per engine step over the quantile window, 1 + its accepted draft "
+        "tokens; present only while the engine drafts (speculative decoding).",
+    ),
     _rule(r"^engine\.(?P<metric>\w+)$", "servepilot_engine_{metric}", "Engine signal derived by the agent."),
     _rule(
         r"^probe\.device(?P<device>\d+)\.(?P<metric>\w+)$",

@@ -116,17 +116,22 @@ def build_detectors(
     slo_s: Mapping[str, float] | None = None,
     windows_s: tuple[float, float] | None = None,
     draft_cost_ratio: float | None = None,
+    disabled: Iterable[str] = (),
 ) -> list[Detector]:
     """Every registered detector that is enabled by default. Detectors with periodic heavy refits (an
     ``executor`` attribute) get ``executor`` so the refit runs in a worker thread, not in the tick; those
     that judge latency against the SLO get ``slo_s`` (:func:`set_detector_slo`); those that model latency
     quantiles get the windows (engine, gate) the quantiles are of (``windows_s``: ``set_windows``); the
-    speculative-decoding detector gets ``draft_cost_ratio`` (``detectors.spec_draft_cost_ratio``)."""
+    speculative-decoding detector gets ``draft_cost_ratio`` (``detectors.spec_draft_cost_ratio``). Those
+    named in ``disabled`` (``detectors.disabled``) are left out."""
     from detectors import base, registry
 
     if not base.REGISTRY:
         registry.register_defaults()
-    detectors = [reg.factory() for reg in base.REGISTRY.values() if reg.default_enabled]
+    off = frozenset(disabled)
+    detectors = [
+        reg.factory() for name, reg in base.REGISTRY.items() if reg.default_enabled and name not in off
+    ]
     if executor is not None:
         for detector in detectors:
             if hasattr(detector, "executor"):

@@ -127,6 +127,7 @@ class Sidecar:
                 slo_s=_slo(cfg.policies),
                 windows_s=(cfg.engine.quantile_window_s, cfg.gate.stats_window_s),
                 draft_cost_ratio=cfg.detectors.spec_draft_cost_ratio,
+                disabled=cfg.detectors.disabled,
             ),
             policies=build_policies(cfg, self.knobs.gpu)
             + ([self.canary.policy] if self.canary is not None else []),

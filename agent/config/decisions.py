@@ -188,7 +188,14 @@ class CostConfig(Section):
 
 
 class DetectorsConfig(Section):
-    """Settings of the detectors that depend on how the engine is deployed."""
+    """Which detectors run, and settings of those that depend on how the engine is deployed."""
+
+    disabled: tuple[str, ...] = Field(
+        (),
+        description="detectors not to run, by name (general, memory_leak, fragmentation, "
+        "scheduler_efficiency, tail_latency, multivariate, thermal, spec_decode, engine_stall); "
+        "engine_stall off also ends the gate's stall ejection and the unready verdict",
+    )
 
     spec_draft_cost_ratio: float = Field(
         0.1,
@@ -197,6 +204,19 @@ class DetectorsConfig(Section):
         description="cost of one draft token in target forward passes, for the spec_decode detector's "
         "expected speedup: ~0.05-0.1 for a draft model, near 0 for n-gram lookup (verification only)",
     )
+
+    @field_validator("disabled")
+    @classmethod
+    def _known_detectors(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            return value
+        from detectors import base, registry  # numpy: only when a detector is named
+
+        registry.register_defaults()
+        unknown = [name for name in value if name not in base.REGISTRY]
+        if unknown:
+            raise ValueError(f"unknown detector {unknown[0]!r}; known: {', '.join(base.REGISTRY)}")
+        return tuple(dict.fromkeys(value))
 
 
 def priority_targets(policies: PolicyConfig) -> dict[str, tuple[float, float]]:

@@ -39,6 +39,10 @@ def test_examples_exist_for_demo_vllm_and_sglang() -> None:
             {"detectors": {"spec_draft_cost_ratio": 2}},
             "detectors.spec_draft_cost_ratio must be in [0, 1], got 2",
         ),
+        (
+            {"detectors": {"disabled": ["general", "nope"]}},
+            "detectors.disabled unknown detector 'nope'; known: general, memory_leak,",
+        ),
         (  # a section inside a mapping: the range is found through the line's name
             {"gate": {"lines": {"batch": {"burst_ratio": 200}}}},
             "gate.lines.batch.burst_ratio must be in [1, 100], got 200",

@@ -874,6 +874,16 @@ def test_the_gate_exports_which_upstream_is_this_engine_whatever_its_name(tmp_pa
     assert _roles(Sidecar(cfg, collectors=[])) == {"primary": "other", "fp8": "other"}  # engine on 8000
 
 
+def test_a_disabled_detector_does_not_run(tmp_path: Path) -> None:
+    cfg = _act_cfg(tmp_path)
+    names = {d.name for d in Sidecar(cfg, collectors=[]).loop.detectors}
+    assert {"general", "multivariate"} <= names
+    quiet = cfg.model_copy(
+        update={"detectors": config.build({"detectors": {"disabled": ["general"]}}).detectors}
+    )
+    assert {d.name for d in Sidecar(quiet, collectors=[]).loop.detectors} == names - {"general"}
+
+
 def test_the_engine_s_decode_tokens_per_step_reach_its_upstream_at_the_gate(tmp_path: Path) -> None:
     """Each tick tells the gate's upstream that is this engine how many tokens its stream events bring
     (engine.decode_tokens_per_step, published while it drafts), and forgets it once the signal is gone."""

@@ -354,7 +354,10 @@ class Sidecar:
     async def _watch_tls(self, tls: ServerTls, every_s: float) -> None:
         """Load a renewed certificate into the live listener (``agent.tls_watch_s``, agent/tls.py)."""
         while not await self._stopped_after(every_s):
-            tls.reload_if_changed()
+            try:
+                tls.reload_if_changed()
+            except Exception:  # a bug here must not end the watch: the next renewal is tried
+                log.exception("TLS certificate reload failed")
 
     async def _save_periodically(self) -> None:
         while not await self._stopped_after(self.cfg.agent.state_save_interval_s):

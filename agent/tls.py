@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import ssl
+import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -99,37 +100,61 @@ class ServerTls:
         self.reloads = 0
         self.last_error = ""
 
-    def _read_digest(self) -> bytes | None:
-        digest = hashlib.sha256()
+    def _read(self) -> list[bytes | None] | None:
+        """The files' content, None for an unset one; None when one cannot be read (the kubelet's swap
+        under way: look again next time)."""
         try:
-            for name in self.files:
-                if name is not None:
-                    digest.update(Path(name).read_bytes())
-                digest.update(b"\0")
+            return [Path(name).read_bytes() if name is not None else None for name in self.files]
         except OSError:
-            return None  # a file missing for a moment (the kubelet's swap): look again next time
+            return None
+
+    @staticmethod
+    def _digest_of(contents: list[bytes | None]) -> bytes:
+        digest = hashlib.sha256()
+        for content in contents:
+            digest.update(content or b"")
+            digest.update(b"\0")
         return digest.digest()
+
+    def _read_digest(self) -> bytes | None:
+        contents = self._read()
+        return self._digest_of(contents) if contents is not None else None
 
     def reload_if_changed(self) -> bool:
         """Load the files into the live context when their content changed since the last load; True
-        when it did. A pair or CA file that does not load is logged and kept out; the old ones serve."""
-        digest = self._read_digest()
-        if digest is None or digest == self._digest:
+        when it did. The content read once is what is checked and what goes live (copied to private
+        files for OpenSSL), so a write between the two cannot put a certificate beside another's key. A
+        pair or CA file that does not load is logged and kept out; the old ones serve."""
+        contents = self._read()
+        if contents is None:
             return False
-        cert_file, key_file, client_ca_file = self.files
-        try:
-            server_context(cert_file, key_file, client_ca_file)  # scratch: nothing half-loaded goes live
-        except ConfigError as error:
-            if str(error) != self.last_error:
-                log.error("TLS files changed but do not load, the old certificate serves on: %s", error)
-            self.last_error = str(error)
+        digest = self._digest_of(contents)
+        if digest == self._digest:
             return False
-        self.context.load_cert_chain(cert_file, key_file)
-        if client_ca_file is not None:
-            self.context.load_verify_locations(cafile=client_ca_file)
+        with tempfile.TemporaryDirectory(prefix="servepilot-tls-") as folder:  # mode 0700
+            copies: list[str | None] = []
+            for name, content in zip(("cert.pem", "key.pem", "ca.pem"), contents, strict=True):
+                if content is None:
+                    copies.append(None)
+                    continue
+                path = Path(folder) / name
+                path.write_bytes(content)
+                copies.append(str(path))
+            cert_file, key_file, client_ca_file = copies
+            assert cert_file is not None and key_file is not None
+            try:
+                server_context(cert_file, key_file, client_ca_file)  # scratch: nothing half-loaded goes live
+            except ConfigError as error:
+                if str(error) != self.last_error:
+                    log.error("TLS files changed but do not load, the old certificate serves on: %s", error)
+                self.last_error = str(error)
+                return False
+            self.context.load_cert_chain(cert_file, key_file)
+            if client_ca_file is not None:
+                self.context.load_verify_locations(cafile=client_ca_file)
         self._digest, self.last_error = digest, ""
         self.reloads += 1
-        log.info("TLS certificate reloaded from %s", cert_file)
+        log.info("TLS certificate reloaded from %s", self.files[0])
         return True
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,19 @@ def _priority_mix(text: str) -> tuple[tuple[str, float], ...]:
         return tuple(parse_priority_mix(text).items())
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _draft_lengths(text: str) -> tuple[int, ...]:
+    """``0,2,3`` -> (0, 2, 3): draft lengths in [0, 16], each once."""
+    try:
+        values = tuple(dict.fromkeys(int(part) for part in text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--spec-compare must be draft lengths like 0,2,3, got {text!r}"
+        ) from None
+    if not values or not all(0 <= k <= 16 for k in values):
+        raise argparse.ArgumentTypeError(f"--spec-compare lengths must be in [0, 16], got {text!r}")
+    return values
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -139,6 +153,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "whether it pays at the trace's load)",
     )
     parser.add_argument(
+        "--spec-compare",
+        type=_draft_lengths,
+        metavar="K,K,...",
+        help="also replay the policy with each of these draft lengths (0: no drafting) at --spec-acceptance "
+        "and --spec-draft-cost, side by side, and name the best (not with --sweep)",
+    )
+    parser.add_argument(
         "--seed", type=int, default=0, help="random seed (count series, Mooncake jitter, classes, drafts)"
     )
     parser.add_argument("--json", action="store_true", help="print the JSON summary")
@@ -165,6 +186,8 @@ def run(args: argparse.Namespace) -> int:
         if args.duration is not None and not args.duration > 0:
             raise ValueError(f"--duration must be > 0, got {args.duration:g}")
         drafts = spec_config(args)
+        if args.spec_compare and args.sweep:
+            raise ValueError("--spec-compare and --sweep together would replay every pair: choose one")
         flags = Flags(args.slo, tuple(args.class_slo), args.itl_steering, args.queue_timeout, args.energy)
         fields: dict[str, Any] = {
             "slo": flags.slo or (10.0, 0.1),
@@ -197,6 +220,16 @@ def run(args: argparse.Namespace) -> int:
             rows, best = sweep(spec)
             summary["sweep"] = rows
             summary["best_static"] = best
+        if args.spec_compare:
+            rows = []
+            for k in args.spec_compare:
+                drafting = replace(spec, spec_decode=replace(drafts, draft_tokens=k) if k else None)
+                rows.append(
+                    summarise(run_policy(drafting, args.policy)[0], f"{name} K={k}", with_actions=False)
+                )
+            summary["spec_compare"] = rows
+            best = max(rows, key=lambda r: (r["goodput_tps"], r["slo_attainment"]))
+            summary["best_spec"] = best["policy"]
     except (TraceError, ValueError) as error:
         raise UsageError(str(error)) from None
     if args.report:
@@ -205,9 +238,12 @@ def run(args: argparse.Namespace) -> int:
         json.dump(summary, sys.stdout, indent=1)
         print()
         return 0
-    print(table([summary, *summary.get("sweep", [])]))
+    print(table([summary, *summary.get("sweep", []), *summary.get("spec_compare", [])]))
     if args.sweep:
         print(f"best static in hindsight: {summary['best_static']['policy']}")
+    if args.spec_compare:
+        best = summary["best_spec"]
+        print(f"best draft length for this load: {best} (goodput, then SLO attainment; ties: shorter)")
     if "classes" in summary:
         print(class_table(summary))
     if "spec_decode" in summary:

@@ -84,3 +84,22 @@ def test_replay_flags_draft_and_a_bad_one_is_one_line_naming_it(
     assert summary["spec_decode"]["draft_tokens"] == 2 and summary["spec_decode"]["drafts"] > 0
     assert main(["replay", "--trace", str(conv), "--policy", "static:64", "--spec-tokens", "2"]) == 0
     assert "speculative decoding: 2 draft tokens" in capsys.readouterr().out
+
+
+def test_spec_compare_replays_each_draft_length_and_names_the_best(
+    conv: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["replay", "--trace", str(conv), "--policy", "static:64", "--spec-acceptance", "0.8"]
+    assert main([*argv, "--spec-compare", "0,3", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    plain, drafted = summary["spec_compare"]
+    assert [plain["policy"], drafted["policy"]] == ["static:64 K=0", "static:64 K=3"]
+    assert "spec_decode" not in plain and drafted["spec_decode"]["draft_tokens"] == 3
+    assert drafted["itl_p50_s"] < 0.6 * plain["itl_p50_s"]
+    assert summary["best_spec"] in ("static:64 K=0", "static:64 K=3")
+    with pytest.raises(SystemExit) as exited:  # argparse's own exit for a bad value: 2, one line
+        main([*argv, "--spec-compare", "0,17"])
+    assert exited.value.code == 2
+    assert "--spec-compare lengths must be in [0, 16], got '0,17'" in capsys.readouterr().err
+    assert main([*argv, "--spec-compare", "0,3", "--sweep"]) == 2
+    assert "choose one" in capsys.readouterr().err

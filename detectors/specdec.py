@@ -165,6 +165,9 @@ class SpecDecodeDetector:
             "draft_tokens_per_step": k_tokens,
             "expected_speedup": speedup,
         }
+        realised = _finite(snapshot.get("engine.decode_tokens_per_step"))
+        if realised is not None:  # over every decode step, those a lookup found nothing to draft for too
+            evidence["decode_tokens_per_step"] = realised
         measured = f"acceptance {ratio:.2f}, expected speedup {speedup:.2f}x"
         # each gate's last hit kept current, the critical finding reported when both stand
         shown: list[Finding] = []

@@ -161,3 +161,19 @@ def test_the_advice_needs_k_of_n_ticks_and_clears_when_the_tail_pays_again() -> 
 def test_without_per_position_counters_there_is_no_advice() -> None:
     detector = SpecDecodeDetector(warmup=5)
     assert not any(f for i in range(40) for f in detector.update(_vllm(float(i), 0.2, k=3)))
+
+
+def test_the_realised_decode_tokens_per_step_ride_along_in_the_evidence() -> None:
+    """Per drafting step the detector computes 1 + accepted per draft; over every decode step (an n-gram
+    lookup that finds nothing drafts nothing) the collector's engine.decode_tokens_per_step is lower,
+    and a finding shows both."""
+    detector = SpecDecodeDetector(draft_cost_ratio=0.3)
+    _run(detector, np.full(60, 0.7))
+    snapshot = _vllm(60.0, 0.1)
+    values = {**snapshot.values, "engine.decode_tokens_per_step": 1.08}
+    for i in range(10):
+        found = detector.update(
+            Snapshot.from_readings(60.0 + i, {"e": Reading("e", 60.0 + i, SourceStatus.OK, values)})
+        )
+    assert found and found[0].evidence["decode_tokens_per_step"] == 1.08
+    assert float(found[0].evidence["tokens_per_step"]) > 1.08  # per drafting step: 1 + 0.4

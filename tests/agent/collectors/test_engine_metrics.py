@@ -382,6 +382,23 @@ def test_sglang_single_scrape_maps_its_gauges() -> None:
     assert values["engine.requests_waiting"] == 2826.0
     assert values["engine.kv_cache_usage_ratio"] == 0.28
     assert values["engine.prefix_cache_hit_ratio"] == pytest.approx(0.007507552643049313)
+    assert "engine.decode_tokens_per_step" not in values  # no speculation in that scrape
+
+
+def test_sglang_s_accept_length_is_its_decode_tokens_per_step() -> None:
+    """SGLang's spec_accept_length (tokens per verify step, the bonus token included; names from its
+    docs, no real drafting scrape here) is what each stream event brings; a 0 while nothing drafts is
+    dropped rather than passed on as a fraction of a token."""
+    mapping = MAPPINGS["sglang"]
+
+    def values(length: float) -> dict[str, float]:
+        text = (
+            f'# TYPE sglang:spec_accept_length gauge\nsglang:spec_accept_length{{model_name="m"}} {length}\n'
+        )
+        return SignalDeriver(mapping, 60.0).update(parse(text, mapping, 0.0), 0.0)
+
+    assert values(3.2)["engine.decode_tokens_per_step"] == 3.2
+    assert "engine.decode_tokens_per_step" not in values(0.0)
 
 
 # --- the collector over loopback HTTP ------------------------------------------------------------

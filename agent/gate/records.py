@@ -105,11 +105,13 @@ def tokens_per_gap(rec: RequestRecord) -> float:
     came than gaps (1 otherwise): ``(output tokens - one first token per sequence) / gaps``.
 
     Under speculative decoding an engine sends a step's tokens in one event, 1 + the accepted drafts
-    (2.8 on average for vLLM's n-gram drafts of greedy text); a gate reading chunks late sends several
-    events in one. Either way the gap is several tokens' time: recorded as one token's, it overstated the
-    ITL the target (a mean per token) is judged by as many times, and the policies throttled a healthy
-    engine. So each gap is divided by this, as SGLang counts its own ITL (a step's interval over its
-    tokens). A stream without usage is counted one token per event, which leaves this at 1."""
+    (2.8 on average for vLLM's n-gram drafts of greedy text), and a gate reading chunks late takes
+    several events in one. Either way the gap is several tokens' time: recorded as one token's, it
+    overstated the ITL that the target (a mean per token) and the tail detector judge by as many times.
+    So each gap is divided by this, as SGLang counts its own ITL (a step's interval over its tokens). A
+    stream without usage is counted by the engine's decode tokens per step where the sidecar knows them
+    (:meth:`agent.gate.proxy.Gate.set_tokens_per_event`), else one token per event, which leaves this
+    at 1."""
     gaps = len(rec.itl_s)
     if gaps == 0:
         return 1.0

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.config import CanaryConfig, Config, ConfigError
 from agent.perplexity import Measurement, PerplexityError, load_validation_set, measure
-from agent.tls import gate_upstream_context
+from agent.tls import ClientTls, gate_upstream_context
 from detectors.snapshot import Reading, SourceStatus
 from policies.canary import PPL_FP8, PPL_PRIMARY, Canary, CanaryState
 
@@ -56,7 +55,7 @@ class PerplexityMeter:
         phase: Callable[[], CanaryState | None],
         clock: Callable[[], float] = time.monotonic,
         models: dict[str, str] | None = None,
-        tls: ssl.SSLContext | None = None,
+        tls: ClientTls = True,
     ) -> None:
         self.cfg = cfg
         #: TLS towards https upstreams (``gate.upstream_tls_*``), as the gate reaches them
@@ -98,8 +97,7 @@ class PerplexityMeter:
 
         try:
             if self._session is None:
-                tls = self.tls if self.tls is not None else True
-                self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls))
+                self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.tls))
             measured = []
             for upstream in (self.cfg.primary, self.cfg.candidate):  # one at a time: half the load
                 measured.append(

@@ -219,7 +219,7 @@ async def check_upstreams(cfg: Config) -> list[CheckResult]:
         tls = gate_upstream_context(cfg.gate)
     except ConfigError as error:
         return [CheckResult("upstreams", "error", str(error), 0.0)]
-    connector = aiohttp.TCPConnector(ssl=tls if tls is not None else True)
+    connector = aiohttp.TCPConnector(ssl=tls)
     async with aiohttp.ClientSession(connector=connector) as session:
         for i, (name, base) in enumerate(cfg.gate.upstreams.items()):
             url = base + cfg.gate.health_path
@@ -268,14 +268,14 @@ async def check_webhooks(cfg: Config) -> list[CheckResult]:
     webhook takes no read-only request, so any HTTP answer to a GET (a 405 too) shows its name, port and
     TLS work. A secret or TLS file that does not load is an error naming its field."""
     from agent.config import ConfigError
-    from agent.tls import client_context
+    from agent.tls import webhook_context
     from agent.webhooks.dispatcher import sinks_from_config
     from agent.webhooks.sinks import AlertmanagerSink
 
     hooks = cfg.webhooks
     started = time.perf_counter()
     try:
-        tls = client_context("webhooks.tls_", hooks.tls_ca_file, hooks.tls_cert_file, hooks.tls_key_file)
+        tls = webhook_context(hooks)
         sinks = sinks_from_config(hooks)
     except (ConfigError, ValueError) as error:
         return [CheckResult("webhooks", "error", str(error), time.perf_counter() - started)]
@@ -287,7 +287,7 @@ async def check_webhooks(cfg: Config) -> list[CheckResult]:
             alertmanager = isinstance(sink, AlertmanagerSink)
             url = sink.url.removesuffix("/alerts") + "/status" if alertmanager else sink.url
             try:
-                async with session.get(url, ssl=tls if tls is not None else True, allow_redirects=False) as r:
+                async with session.get(url, ssl=tls, allow_redirects=False) as r:
                     if alertmanager:
                         if r.status != 200:
                             raise ValueError(f"GET /api/v2/status answered HTTP {r.status}")

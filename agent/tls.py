@@ -30,7 +30,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from agent.config import ConfigError, GateConfig
+from agent.config import ConfigError, GateConfig, WebhookConfig
 
 #: Paths the kubelet probes (no client certificate there): the only ones mutual TLS leaves open.
 PROBE_PATHS = frozenset({"/healthz", "/readyz", "/engine/livez"})
@@ -63,16 +63,20 @@ def server_context(
     return context
 
 
+ClientTls = ssl.SSLContext | bool
+"""What aiohttp's ``ssl`` argument takes: a context, or True for its default verification."""
+
+
 def client_context(
     fields: str, ca_file: str | None, cert_file: str | None = None, key_file: str | None = None
-) -> ssl.SSLContext | None:
+) -> ClientTls:
     """TLS for servepilot as a client, from the settings ``<fields>ca_file``, ``<fields>cert_file`` and
     ``<fields>key_file`` (``fields`` e.g. ``webhooks.tls_``): servers verified against the system's CAs and
-    ``ca_file``'s, and ``cert_file``/``key_file`` presented to a server that asks (mutual TLS); None when
-    nothing is configured (the default verification). A file that cannot be loaded is a
+    ``ca_file``'s, and ``cert_file``/``key_file`` presented to a server that asks (mutual TLS); True when
+    nothing is configured (aiohttp's default verification). A file that cannot be loaded is a
     :class:`ConfigError` naming its field."""
     if ca_file is None and cert_file is None:
-        return None
+        return True
     context = ssl.create_default_context()
     field = "ca_file"
     try:
@@ -172,9 +176,14 @@ async def client_certificate_required(request: web.Request, handler: Handler) ->
     return await handler(request)
 
 
-def gate_upstream_context(cfg: GateConfig) -> ssl.SSLContext | None:
+def gate_upstream_context(cfg: GateConfig) -> ClientTls:
     """TLS towards the gate's upstreams (``gate.upstream_tls_*``): the forwarding, the health checks,
     the canary's perplexity and ``servepilot check`` all reach them alike."""
     return client_context(
         "gate.upstream_tls_", cfg.upstream_tls_ca_file, cfg.upstream_tls_cert_file, cfg.upstream_tls_key_file
     )
+
+
+def webhook_context(cfg: WebhookConfig) -> ClientTls:
+    """TLS towards the alert receivers (``webhooks.tls_*``): the dispatcher and ``servepilot check``."""
+    return client_context("webhooks.tls_", cfg.tls_ca_file, cfg.tls_cert_file, cfg.tls_key_file)

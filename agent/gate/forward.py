@@ -73,8 +73,7 @@ class Forwarder:
         self.fresh: aiohttp.ClientSession | None = None
         #: requests on a retry now, held to the budget
         self.retrying = 0
-        #: TLS towards https upstreams (``gate.upstream_tls_*``; a restart applies a change); None: the
-        #: system's CAs
+        #: TLS towards https upstreams (``gate.upstream_tls_*``; a restart applies a change)
         self.tls = gate_upstream_context(cfg())
 
     def open(self) -> aiohttp.ClientSession:
@@ -95,7 +94,7 @@ class Forwarder:
             limit_per_host=0,
             ttl_dns_cache=300,
             force_close=fresh,
-            ssl=self.tls if self.tls is not None else True,
+            ssl=self.tls,
         )
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s

@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from agent.config import WebhookConfig
 from agent.state import AgentState
-from agent.tls import client_context
+from agent.tls import webhook_context
 from agent.webhooks.alerts import Alert, AlertTracker
 from agent.webhooks.outbox import Message, Outbox
 from agent.webhooks.retry import Outcome, backoff_s, classify, retry_after_s
@@ -122,8 +122,8 @@ class WebhookDispatcher:
             cfg.min_severity, cfg.source_down_after_s, dict(cfg.labels), resolve_after_s=cfg.resolve_after_s
         )
         self.tracker.restore(self.outbox.load_active())
-        #: receivers' TLS (webhooks.tls_*): None verifies them against the system's CAs
-        self._ssl = client_context("webhooks.tls_", cfg.tls_ca_file, cfg.tls_cert_file, cfg.tls_key_file)
+        #: receivers' TLS (webhooks.tls_*)
+        self._ssl = webhook_context(cfg)
         self._session = session
         self._own_session = session is None
         self._wake = asyncio.Event()
@@ -284,7 +284,7 @@ class WebhookDispatcher:
                 data=msg.body,
                 headers=sink.headers(msg.id, msg.body, now),
                 allow_redirects=False,
-                ssl=self._ssl if self._ssl is not None else True,
+                ssl=self._ssl,
                 timeout=aiohttp.ClientTimeout(total=self.cfg.timeout_s),  # per attempt: reloads change it
             ) as response:
                 await response.read()

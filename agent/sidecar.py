@@ -147,8 +147,7 @@ class Sidecar:
         self.evidence = LeakEvidence()
         self._evidence_task: asyncio.Task[None] | None = None
         self.loop.subscribe(self._refits.release)
-        self.loop.subscribe(self._tell_gate_of_a_stall)
-        self.loop.subscribe(self._tell_gate_tokens_per_step)
+        self.loop.subscribe(self._tell_gate_of_the_engine)
         self.engine_gpus = EngineGpus(self._gpu_followers())
         if cfg.probe.enabled and self.engine_gpus.followers:
             self.loop.subscribe(self.engine_gpus.on_state)
@@ -435,22 +434,19 @@ class Sidecar:
             followers.append(self.knobs.gpu)
         return followers
 
-    def _tell_gate_of_a_stall(self, state: AgentState) -> None:
-        """The engine_stall finding, or its end, to the gate's upstream that is this engine: a hang the
-        gate cannot see when the engine holds no stream (non-streamed requests, prompts only)."""
+    def _tell_gate_of_the_engine(self, state: AgentState) -> None:
+        """What the tick learnt of this engine, to the gate's upstream that is it: the engine_stall
+        finding or its end (a hang the gate cannot see when the engine holds no stream: non-streamed
+        requests, prompts only), and its decode tokens per step, by which the gate counts its streams
+        without usage (:meth:`agent.gate.proxy.Gate.set_tokens_per_event`)."""
         gate, upstream = self.knobs.gate, self._engine_upstream
         if gate is None or upstream is None or upstream not in gate.pool.upstreams:
             return
         stall = next((f for f in state.findings if f.detector == "engine_stall"), None)
         gate.set_engine_stalled(upstream, stall.summary if stall is not None else None)
-
-    def _tell_gate_tokens_per_step(self, state: AgentState) -> None:
-        """The engine's decode tokens per step to the gate's upstream that is this engine: the gate counts
-        its streams without usage by them (:meth:`agent.gate.proxy.Gate.set_tokens_per_event`)."""
-        gate, upstream = self.knobs.gate, self._engine_upstream
-        if gate is None or upstream is None or upstream not in gate.pool.upstreams or state.snapshot is None:
-            return
-        gate.set_tokens_per_event(upstream, state.snapshot.values.get("engine.decode_tokens_per_step"))
+        if state.snapshot is not None:
+            per_step = state.snapshot.values.get("engine.decode_tokens_per_step")
+            gate.set_tokens_per_event(upstream, per_step)
 
     async def _leak_evidence(self, findings: tuple[Finding, ...], snapshot: Snapshot) -> tuple[Finding, ...]:
         """When the leak detector fires, ask the probe (in the background) to record allocator history."""

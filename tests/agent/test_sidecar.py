@@ -896,7 +896,7 @@ def test_the_engine_s_decode_tokens_per_step_reach_its_upstream_at_the_gate(tmp_
     def tick(values: dict[str, float]) -> None:
         reading = Reading("engine", 1.0, SourceStatus.OK, {"engine.requests_running": 1.0, **values})
         snapshot = Snapshot.from_readings(1.0, {"engine": reading})
-        sidecar._tell_gate_tokens_per_step(AgentState(snapshot=snapshot))
+        sidecar._tell_gate_of_the_engine(AgentState(snapshot=snapshot))
 
     tick({"engine.decode_tokens_per_step": 2.84})
     assert gate.tokens_per_event == {"primary": 2.84}

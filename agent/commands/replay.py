@@ -224,9 +224,8 @@ def run(args: argparse.Namespace) -> int:
             rows = []
             for k in args.spec_compare:
                 drafting = replace(spec, spec_decode=replace(drafts, draft_tokens=k) if k else None)
-                rows.append(
-                    summarise(run_policy(drafting, args.policy)[0], f"{name} K={k}", with_actions=False)
-                )
+                compared, _ = run_policy(drafting, args.policy, workload=replay_run.workload)  # same trace
+                rows.append(summarise(compared, f"{name} K={k}", with_actions=False))
             summary["spec_compare"] = rows
             best = max(rows, key=lambda r: (r["goodput_tps"], r["slo_attainment"]))
             summary["best_spec"] = best["policy"]

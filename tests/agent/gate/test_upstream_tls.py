@@ -3,7 +3,6 @@ for a client certificate (gate.upstream_tls_cert_file/key_file), against the sim
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,13 +10,11 @@ from typing import Any
 import aiohttp
 import pytest
 import trustme
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from agent.config import ConfigError, GateConfig
 from agent.gate.proxy import Gate
-from simulator.engine import make_core
-from simulator.server import SimServer
+from tests.agent.https_sim import https_sim, write_client_cert
 
 ONE = {"prompt": "hello", "max_tokens": 4}
 
@@ -27,20 +24,6 @@ def server_ca(tmp_path: Path) -> trustme.CA:
     ca = trustme.CA()
     ca.cert_pem.write_to_path(str(tmp_path / "upstream-ca.pem"))
     return ca
-
-
-async def _https_sim(server_ca: trustme.CA, client_ca: trustme.CA | None = None) -> tuple[web.AppRunner, str]:
-    """The simulator over https with a certificate from ``server_ca``; with ``client_ca``, a client
-    certificate that CA signed is required (vLLM's --ssl-ca-certs with --ssl-cert-reqs 2)."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server_ca.issue_cert("127.0.0.1").configure_cert(context)
-    if client_ca is not None:
-        client_ca.configure_trust(context)
-        context.verify_mode = ssl.CERT_REQUIRED
-    runner = web.AppRunner(SimServer(make_core("a100-80g", "llama-2-7b"), speed=50.0).app())
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context).start()
-    return runner, f"https://127.0.0.1:{runner.addresses[0][1]}"
 
 
 async def _status_through_gate(upstream: str, **tls: Any) -> int:
@@ -62,7 +45,7 @@ async def _status_through_gate(upstream: str, **tls: Any) -> int:
 
 @pytest.fixture
 async def https_upstream(server_ca: trustme.CA) -> AsyncIterator[str]:
-    runner, url = await _https_sim(server_ca)
+    runner, url = await https_sim(server_ca)
     yield url
     await runner.cleanup()
 
@@ -79,11 +62,9 @@ async def test_an_upstream_that_asks_for_a_client_certificate_gets_upstream_tls_
     server_ca: trustme.CA, tmp_path: Path
 ) -> None:
     clients = trustme.CA()
-    runner, url = await _https_sim(server_ca, client_ca=clients)
+    runner, url = await https_sim(server_ca, client_ca=clients)
     ca = str(tmp_path / "upstream-ca.pem")
-    gate_cert = clients.issue_cert("servepilot-gate.example")
-    gate_cert.cert_chain_pems[0].write_to_path(str(tmp_path / "gate.pem"))
-    gate_cert.private_key_pem.write_to_path(str(tmp_path / "gate.key"))
+    write_client_cert(clients, "servepilot-gate.example", tmp_path / "gate.pem", tmp_path / "gate.key")
     try:
         assert await _status_through_gate(url, upstream_tls_ca_file=ca) == 502
         mine = {

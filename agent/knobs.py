@@ -246,8 +246,9 @@ class Knobs:
         """One attempt to find the engine's control API and bind its knobs; the error when none was found
         (``temporary``: the engine could not be asked, e.g. still loading its weights; try again later)."""
         from agent.control.client import ControlClient
+        from agent.tls import engine_context
 
-        client = ControlClient(self.cfg.control)
+        client = ControlClient(self.cfg.control, tls=engine_context(self.cfg.engine))
         try:
             await client.start()
         except ControlError as error:  # observation goes on; the sidecar tries again while it is temporary

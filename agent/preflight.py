@@ -114,8 +114,9 @@ async def check_control(cfg: Config) -> CheckResult:
     """Discover the engine's control API and read its settings: no value is set, no lease is taken."""
     from agent.control.base import ControlError
     from agent.control.client import ControlClient
+    from agent.tls import engine_context
 
-    client = ControlClient(cfg.control, retries=0)
+    client = ControlClient(cfg.control, retries=0, tls=engine_context(cfg.engine))
     started = time.perf_counter()
     try:
         caps = await client.start()

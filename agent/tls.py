@@ -30,7 +30,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from agent.config import ConfigError, GateConfig, WebhookConfig
+from agent.config import ConfigError, EngineConfig, GateConfig, WebhookConfig
 
 #: Paths the kubelet probes (no client certificate there): the only ones mutual TLS leaves open.
 PROBE_PATHS = frozenset({"/healthz", "/readyz", "/engine/livez"})
@@ -182,6 +182,13 @@ def gate_upstream_context(cfg: GateConfig) -> ClientTls:
     return client_context(
         "gate.upstream_tls_", cfg.upstream_tls_ca_file, cfg.upstream_tls_cert_file, cfg.upstream_tls_key_file
     )
+
+
+def engine_context(cfg: EngineConfig) -> ClientTls:
+    """TLS towards the engine (``engine.tls_*``): the scrape of its /metrics and /slots, its control API
+    (lease renewals and restores included) and ``servepilot check``. The gate reaches it as an upstream,
+    with ``gate.upstream_tls_*``."""
+    return client_context("engine.tls_", cfg.tls_ca_file, cfg.tls_cert_file, cfg.tls_key_file)
 
 
 def webhook_context(cfg: WebhookConfig) -> ClientTls:

@@ -27,6 +27,7 @@ from agent.collectors.derive import Trackers, WindowStats, tokens_per_observatio
 from agent.collectors.exposition import Counter, Exposition, Gauge, Histogram, parse_exposition
 from agent.collectors.metric_mapping import MetricMapping, SignalSpec, detect_engine, load_mappings
 from agent.config import EngineConfig
+from agent.tls import engine_context
 from detectors.snapshot import Reading, SourceStatus
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a /metrics page is ~100 kB; anything near this is not one
@@ -281,6 +282,7 @@ class EngineMetricsCollector:
     ) -> None:
         self.cfg = cfg
         self.url = cfg.url + cfg.metrics_path
+        self._tls = engine_context(cfg)  # a file that does not load fails here, at start-up
         self._session = session
         self._owns_session = session is None
         self._mappings = dict(mappings) if mappings is not None else load_mappings()
@@ -308,7 +310,7 @@ class EngineMetricsCollector:
 
     async def _fetch(self) -> str:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self._tls))
             self._owns_session = True
         timeout = aiohttp.ClientTimeout(total=self.cfg.timeout_s)
         async with self._session.get(self.url, timeout=timeout, headers=SCRAPE_HEADERS) as response:

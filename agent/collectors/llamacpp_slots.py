@@ -32,6 +32,7 @@ import aiohttp
 
 from agent.collectors.base import SCRAPE_HEADERS
 from agent.config import EngineConfig
+from agent.tls import engine_context
 from detectors.snapshot import Reading, SourceStatus
 
 SLOTS_PATH = "/slots"
@@ -111,6 +112,7 @@ class LlamaCppSlotsCollector:
     ) -> None:
         self.cfg = cfg
         self.url = cfg.url + SLOTS_PATH
+        self._tls = engine_context(cfg)  # a file that does not load fails here, at start-up
         self._session = session
         self._owns_session = session is None
         self._timer = timer
@@ -142,7 +144,7 @@ class LlamaCppSlotsCollector:
 
     async def _fetch(self) -> tuple[int, str]:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self._tls))
             self._owns_session = True
         timeout = aiohttp.ClientTimeout(total=self.cfg.timeout_s)
         async with self._session.get(self.url, timeout=timeout, headers=SCRAPE_HEADERS) as response:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from agent.config.base import GpuIndices, HttpUrl, Section
 
@@ -24,6 +24,15 @@ class EngineConfig(Section):
         le=3600,
         description="window of histogram quantiles and window means; older scrape baselines count as stale",
     )
+    tls_ca_file: str | None = Field(
+        None,
+        description="PEM CA certificates to verify an https engine with, besides the system's (its /metrics, "
+        "/slots and control API)",
+    )
+    tls_cert_file: str | None = Field(
+        None, description="PEM client certificate for an engine that asks for one (vLLM's --ssl-cert-reqs 2)"
+    )
+    tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file")
 
     @field_validator("metrics_path")
     @classmethod
@@ -31,6 +40,12 @@ class EngineConfig(Section):
         if not value.startswith("/"):
             raise ValueError("must start with /")
         return value
+
+    @model_validator(mode="after")
+    def _client_certificate_whole(self) -> EngineConfig:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file must be set together")
+        return self
 
 
 class NvmlConfig(Section):

@@ -28,6 +28,7 @@ from agent.control.base import Capabilities, ControlAdapter, ControlError, Value
 from agent.control.generic import GenericAdapter
 from agent.control.sglang import SglangAdapter
 from agent.control.vllm import VllmAdapter
+from agent.tls import ClientTls
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +72,10 @@ class ControlClient:
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         rng: random.Random | None = None,
         retries: int = 3,
+        tls: ClientTls = True,
     ) -> None:
         self.cfg = cfg
+        self.tls = tls  # the engine's (agent.tls.engine_context): the control API is the engine's
         self._own_session = session is None
         self.session = session
         self.sleep = sleep
@@ -94,7 +97,8 @@ class ControlClient:
                 from agent.admin import load_token
 
                 headers["Authorization"] = f"Bearer {load_token(self.cfg.token_file)}"
-            self.session = aiohttp.ClientSession(headers=headers)
+            connector = aiohttp.TCPConnector(ssl=self.tls)
+            self.session = aiohttp.ClientSession(headers=headers, connector=connector)
         names = list(ADAPTERS) if self.cfg.adapter == "auto" else [self.cfg.adapter]
         reasons = []
         unreachable = False

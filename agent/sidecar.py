@@ -38,7 +38,8 @@ from agent.knobs import Knobs
 from agent.loop import Loop
 from agent.modes import Mode
 from agent.store import Store
-from agent.tls import ServerTls
+from agent.tls import WatchedTls, server_tls
+from agent.tls import watch as watch_tls
 from detectors.base import Finding
 from detectors.snapshot import Snapshot
 from policies.base import Policy, Proposal
@@ -195,7 +196,7 @@ class Sidecar:
         self._watch_task: asyncio.Task[None] | None = None
         self._tls_task: asyncio.Task[None] | None = None
         #: the agent API's TLS, once started with a certificate (agent/tls.py)
-        self.tls: ServerTls | None = None
+        self.tls: WatchedTls | None = None
         self._control_task: asyncio.Task[None] | None = None
         #: saved pins on knobs the engine's control API binds once it answers (agent/persist.py)
         self._held_pins: dict[str, Any] = {}
@@ -349,14 +350,6 @@ class Sidecar:
                     self.reload("file changed")
                 except Exception:  # a bug in applying must not end the watch: the next edit is tried
                     log.exception("config reload failed")
-
-    async def _watch_tls(self, tls: ServerTls, every_s: float) -> None:
-        """Load a renewed certificate into the live listener (``agent.tls_watch_s``, agent/tls.py)."""
-        while not await self._stopped_after(every_s):
-            try:
-                tls.reload_if_changed()
-            except Exception:  # a bug here must not end the watch: the next renewal is tried
-                log.exception("TLS certificate reload failed")
 
     async def _save_periodically(self) -> None:
         while not await self._stopped_after(self.cfg.agent.state_save_interval_s):
@@ -560,7 +553,7 @@ class Sidecar:
         ssl_context = None
         if agent_cfg.tls_cert_file is not None and agent_cfg.tls_key_file is not None:
             files = (agent_cfg.tls_cert_file, agent_cfg.tls_key_file, agent_cfg.tls_client_ca_file)
-            self.tls = ServerTls(*files)
+            self.tls = server_tls(*files)
             ssl_context = self.tls.context
         site = web.TCPSite(
             self._runner, agent_cfg.listen_host, agent_cfg.listen_port, ssl_context=ssl_context
@@ -581,9 +574,9 @@ class Sidecar:
             self._watch_task = asyncio.create_task(
                 self._watch_config(self.cfg.agent.config_watch_s), name="servepilot-watch-config"
             )
-        if self.tls is not None and agent_cfg.tls_watch_s > 0:
+        if agent_cfg.tls_watch_s > 0:  # client contexts may come later (control discovery)
             self._tls_task = asyncio.create_task(
-                self._watch_tls(self.tls, agent_cfg.tls_watch_s), name="servepilot-watch-tls"
+                watch_tls(agent_cfg.tls_watch_s, self._stop, self.tls), name="servepilot-watch-tls"
             )
         if self.webhooks is not None:
             self.webhooks.start()

@@ -1,4 +1,5 @@
-"""TLS for the agent API, and mutual TLS: who may call it.
+"""TLS for the agent API (and mutual TLS: who may call it), and for servepilot as a client of the
+engine, the gate's upstreams and the alert receivers.
 
 With ``agent.tls_cert_file`` and ``agent.tls_key_file`` the API is served over TLS 1.2 or later. With
 ``agent.tls_client_ca_file`` as well, the server asks every client for a certificate and the handshake
@@ -10,17 +11,20 @@ The admin listener is separate, plain HTTP on loopback, behind its bearer token;
 the API listener are covered like the rest.
 
 Certificates are renewed while the sidecar runs (cert-manager re-issues before expiry and the kubelet
-swaps the Secret's files in place): :class:`ServerTls` re-reads the three files every
-``agent.tls_watch_s`` and loads new content into the live context, which every later handshake uses, so
-no restart (and, with the gate in the sidecar, no dropped data path) is needed. A new pair is first
-loaded into a scratch context: a certificate that does not match its key (the files caught between two
-writes) is refused, logged, and tried again at the next check, while the old pair keeps serving. A CA
-added to ``tls_client_ca_file`` is trusted from then on; one removed stays trusted until a restart
+swaps the Secret's files in place), the client certificates it presents as well as the one it serves: a
+:class:`WatchedTls` re-reads its files every ``agent.tls_watch_s`` and loads new content into the live
+context, which every later handshake uses, so no restart (and, with the gate in the sidecar, no dropped
+data path) is needed, and no expired client certificate cuts the sidecar off from its engine. New files
+are first loaded into a scratch context: a certificate that does not match its key (the files caught
+between two writes) is refused, logged, and tried again at the next check, while the old pair keeps
+serving. A CA added to a CA file is trusted from then on; one removed stays trusted until a restart
 (OpenSSL adds CAs to a context, it never drops them).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import logging
 import ssl
@@ -74,31 +78,48 @@ def client_context(
     ``<fields>key_file`` (``fields`` e.g. ``webhooks.tls_``): servers verified against the system's CAs and
     ``ca_file``'s, and ``cert_file``/``key_file`` presented to a server that asks (mutual TLS); True when
     nothing is configured (aiohttp's default verification). A file that cannot be loaded is a
-    :class:`ConfigError` naming its field."""
+    :class:`ConfigError` naming its field.
+
+    One context per set of files in the process, kept in :func:`client_contexts` so the sidecar's watch
+    loads renewed files into it (a client certificate expires like a server's); the files are looked at
+    again when it is asked for, so a caller never gets content older than what is on disk."""
     if ca_file is None and cert_file is None:
         return True
-    context = ssl.create_default_context()
-    field = "ca_file"
-    try:
-        if ca_file is not None:
-            context.load_verify_locations(cafile=ca_file)
-        field = "cert_file"
-        if cert_file is not None:
-            context.load_cert_chain(cert_file, key_file)
-    except (OSError, ssl.SSLError) as error:
-        raise ConfigError(fields + field, f"cannot load: {error}") from None
-    return context
+    files = (cert_file, key_file, ca_file)
+    watched = _CLIENTS.get(files)
+    if watched is not None:
+        watched.reload_if_changed()
+        return watched.context
+
+    def load(cert: str | None, key: str | None, ca: str | None) -> ssl.SSLContext:
+        context = ssl.create_default_context()
+        field = "ca_file"
+        try:
+            if ca is not None:
+                context.load_verify_locations(cafile=ca)
+            field = "cert_file"
+            if cert is not None:
+                context.load_cert_chain(cert, key)
+        except (OSError, ssl.SSLError) as error:
+            raise ConfigError(fields + field, f"cannot load: {error}") from None
+        return context
+
+    watched = _CLIENTS[files] = WatchedTls(files, load)
+    return watched.context
 
 
-class ServerTls:
-    """The agent API's TLS context and the files it came from, re-read when their content changes (module
-    docstring). ``context`` is the one the listener holds: it is updated in place, never replaced."""
+class WatchedTls:
+    """A TLS context and the PEM files it was loaded from (certificate, key, CA; any may be unset), re-read
+    when their content changes (module docstring). ``context`` is the one its users hold (a listener, a
+    client session's connector): it is updated in place, never replaced, and every later handshake uses
+    the new content. ``load(cert, key, ca)`` builds a context from files, raising :class:`ConfigError`."""
 
-    def __init__(self, cert_file: str, key_file: str, client_ca_file: str | None = None) -> None:
-        self.files = (cert_file, key_file, client_ca_file)
-        context = server_context(cert_file, key_file, client_ca_file)
-        assert context is not None
-        self.context = context
+    def __init__(
+        self, files: tuple[str | None, str | None, str | None], load: Callable[..., ssl.SSLContext]
+    ) -> None:
+        self.files = files
+        self._load = load
+        self.context = load(*files)
         self._digest = self._read_digest()
         #: reloads applied, and the last refusal (empty when the last try loaded or nothing changed)
         self.reloads = 0
@@ -144,22 +165,57 @@ class ServerTls:
                 path = Path(folder) / name
                 path.write_bytes(content)
                 copies.append(str(path))
-            cert_file, key_file, client_ca_file = copies
-            assert cert_file is not None and key_file is not None
+            cert_file, key_file, ca_file = copies
             try:
-                server_context(cert_file, key_file, client_ca_file)  # scratch: nothing half-loaded goes live
+                self._load(cert_file, key_file, ca_file)  # scratch: nothing half-loaded goes live
             except ConfigError as error:
                 if str(error) != self.last_error:
-                    log.error("TLS files changed but do not load, the old certificate serves on: %s", error)
+                    log.error("TLS files changed but do not load, the old ones serve on: %s", error)
                 self.last_error = str(error)
                 return False
-            self.context.load_cert_chain(cert_file, key_file)
-            if client_ca_file is not None:
-                self.context.load_verify_locations(cafile=client_ca_file)
+            if cert_file is not None:
+                self.context.load_cert_chain(cert_file, key_file)
+            if ca_file is not None:
+                self.context.load_verify_locations(cafile=ca_file)
         self._digest, self.last_error = digest, ""
         self.reloads += 1
-        log.info("TLS certificate reloaded from %s", self.files[0])
+        log.info("TLS files reloaded: %s", ", ".join(name for name in self.files if name is not None))
         return True
+
+
+def server_tls(cert_file: str, key_file: str, client_ca_file: str | None = None) -> WatchedTls:
+    """The agent API's context (:func:`server_context`), watched for renewed files."""
+
+    def load(cert: str, key: str, ca: str | None) -> ssl.SSLContext:
+        context = server_context(cert, key, ca)
+        assert context is not None  # a certificate and its key are always given here
+        return context
+
+    return WatchedTls((cert_file, key_file, client_ca_file), load)
+
+
+_CLIENTS: dict[tuple[str | None, str | None, str | None], WatchedTls] = {}
+
+
+def client_contexts() -> list[WatchedTls]:
+    """Every client context :func:`client_context` has loaded in this process (the engine's, the gate's
+    upstreams', the alert receivers'), for the watch to keep current."""
+    return list(_CLIENTS.values())
+
+
+async def watch(every_s: float, stop: asyncio.Event, server: WatchedTls | None = None) -> None:
+    """Until ``stop``, every ``every_s`` (``agent.tls_watch_s``) load renewed files into ``server`` (a
+    listener's context) and every client context, those made after the watch began included."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=every_s)
+        if stop.is_set():
+            return
+        for tls in ([server] if server is not None else []) + client_contexts():
+            try:
+                tls.reload_if_changed()
+            except Exception:  # a bug here must not end the watch: the next renewal is tried
+                log.exception("TLS certificate reload failed")
 
 
 @web.middleware

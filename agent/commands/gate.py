@@ -117,6 +117,11 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
         loop.add_signal_handler(signal.SIGHUP, reloader.reload, "SIGHUP")
         if cfg.agent.config_watch_s > 0:
             watch = asyncio.create_task(_watch(reloader, cfg.agent.config_watch_s, stop))
+    tls_watch = None
+    if cfg.agent.tls_watch_s > 0:  # renewed upstream client certificates, as in the sidecar
+        from agent.tls import watch as watch_tls
+
+        tls_watch = asyncio.create_task(watch_tls(cfg.agent.tls_watch_s, stop))
     bound = await gate.start(args.host, args.port)
     metrics: web.AppRunner | None = None
     try:
@@ -131,6 +136,9 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
         print(f"servepilot gate: {where} -> {dict(cfg.gate.upstreams)}{shown}", flush=True)
         await stop.wait()
     finally:
+        stop.set()  # ends the TLS watch
+        if tls_watch is not None:
+            await tls_watch
         if watch is not None:
             watch.cancel()
         await gate.stop()

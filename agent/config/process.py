@@ -45,8 +45,9 @@ class AgentConfig(Section):
         60.0,
         ge=0,
         le=86400,
-        description="with TLS, re-read the certificate, key and client CA files this often and load new "
-        "content without a restart (a renewed Secret); 0: never",
+        description="re-read the TLS files this often (the API's certificate, key and client CA, and those "
+        "of engine.tls_*, gate.upstream_tls_*, webhooks.tls_*) and load new content without a restart (a "
+        "renewed Secret); 0: never",
     )
     state_path: str | None = Field(
         None, description="brain state (breaker, detector baselines) kept across restarts; null: off"

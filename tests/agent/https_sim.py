@@ -4,6 +4,7 @@ the engine's scrape and control API)."""
 from __future__ import annotations
 
 import ssl
+from datetime import datetime
 from pathlib import Path
 
 import trustme
@@ -28,8 +29,11 @@ async def https_sim(server_ca: trustme.CA, client_ca: trustme.CA | None = None) 
     return runner, f"https://127.0.0.1:{runner.addresses[0][1]}"
 
 
-def write_client_cert(ca: trustme.CA, name: str, cert_file: Path, key_file: Path) -> None:
-    """A client certificate ``ca`` signed for ``name``, written as PEM to ``cert_file`` and ``key_file``."""
-    cert = ca.issue_cert(name)
+def write_client_cert(
+    ca: trustme.CA, name: str, cert_file: Path, key_file: Path, not_after: datetime | None = None
+) -> None:
+    """A client certificate ``ca`` signed for ``name`` (valid until ``not_after``, by default trustme's),
+    written as PEM to ``cert_file`` and ``key_file``."""
+    cert = ca.issue_cert(name, not_after=not_after)
     cert.cert_chain_pems[0].write_to_path(str(cert_file))
     cert.private_key_pem.write_to_path(str(key_file))

@@ -4,8 +4,10 @@ cannot without them. The simulator over TLS stands in for the engine."""
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from agent.config import ConfigError, ControlConfig, EngineConfig, build, load
 from agent.control.base import ControlError
 from agent.control.client import ControlClient
 from agent.preflight import run_checks
-from agent.tls import engine_context
+from agent.tls import client_contexts, engine_context, watch
 from detectors.snapshot import SourceStatus
 from tests.agent.https_sim import https_sim, write_client_cert
 
@@ -111,3 +113,59 @@ async def test_servepilot_check_reaches_an_https_engine_as_the_sidecar_does(
     results = {r.name: r for r in await run_checks(build(raw))}
     assert results["engine"].status == results["control"].status == "error"
     assert "certificate verify failed" in results["control"].detail
+
+
+async def test_a_renewed_client_certificate_reaches_the_engine_without_a_restart(tmp_path: Path) -> None:
+    """The sidecar's client certificate expired (cert-manager renews it before that; here it was not yet):
+    the engine refuses the handshake. The renewed files, swapped in by the kubelet, are loaded into the
+    live context by the watch (``agent.tls_watch_s``), and the same collector reads the engine again."""
+    server_ca, clients = trustme.CA(), trustme.CA()
+    server_ca.cert_pem.write_to_path(str(tmp_path / "engine-ca.pem"))
+    cert_file, key_file = tmp_path / "sidecar.pem", tmp_path / "sidecar.key"
+    expired = datetime.now(UTC) - timedelta(hours=1)
+    write_client_cert(clients, "servepilot.example", cert_file, key_file, not_after=expired)
+    runner, url = await https_sim(server_ca, client_ca=clients)
+    engine = EngineConfig(
+        url=url,  # type: ignore[arg-type]
+        tls_ca_file=str(tmp_path / "engine-ca.pem"),
+        tls_cert_file=str(cert_file),
+        tls_key_file=str(key_file),
+    )
+    collector = EngineMetricsCollector(engine)
+    stop = asyncio.Event()
+    watching = asyncio.create_task(watch(0.02, stop))
+    try:
+        reading = await collector.collect(0.0)
+        assert reading.status is SourceStatus.ERROR
+        (watched,) = [tls for tls in client_contexts() if tls.files[0] == str(cert_file)]
+        write_client_cert(clients, "servepilot.example", cert_file, key_file)  # renewed
+        async with asyncio.timeout(10):  # the watch's next look, 20 ms away
+            while watched.reloads == 0:
+                await asyncio.sleep(0.01)
+        await collector.close()  # the pooled connection closed: the next one shakes hands anew
+        reading = await collector.collect(1.0)
+        assert reading.status is SourceStatus.OK, reading.error
+    finally:
+        stop.set()
+        await watching
+        await collector.close()
+        await runner.cleanup()
+
+
+def test_a_client_context_asked_for_again_has_what_is_on_disk_now(tmp_path: Path) -> None:
+    """One context per set of files, shared by the engine's scrape and control client; asked for after
+    its files changed (before the watch looked), it carries the new content."""
+    first, second = trustme.CA(), trustme.CA()
+    ca_file = tmp_path / "engine-ca.pem"
+    first.cert_pem.write_to_path(str(ca_file))
+    engine = EngineConfig(tls_ca_file=str(ca_file))
+    context = engine_context(engine)
+    assert engine_context(engine) is context
+    second.cert_pem.write_to_path(str(ca_file))
+    assert engine_context(engine) is context
+    (watched,) = [tls for tls in client_contexts() if tls.files[2] == str(ca_file)]
+    assert watched.reloads == 1
+    assert isinstance(context, ssl.SSLContext)
+    trusted = context.get_ca_certs(binary_form=True)
+    for ca in (first, second):  # OpenSSL adds CAs to a context, never drops one
+        assert ssl.PEM_cert_to_DER_cert(ca.cert_pem.bytes().decode()) in trusted

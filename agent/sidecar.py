@@ -38,7 +38,7 @@ from agent.knobs import Knobs
 from agent.loop import Loop
 from agent.modes import Mode
 from agent.store import Store
-from agent.tls import WatchedTls, server_tls
+from agent.tls import TlsFilesCollector, WatchedTls, server_tls
 from agent.tls import watch as watch_tls
 from detectors.base import Finding
 from detectors.snapshot import Snapshot
@@ -197,6 +197,7 @@ class Sidecar:
         self._tls_task: asyncio.Task[None] | None = None
         #: the agent API's TLS, once started with a certificate (agent/tls.py)
         self.tls: WatchedTls | None = None
+        self.exporter.registry.register(TlsFilesCollector(lambda: self.tls))
         self._control_task: asyncio.Task[None] | None = None
         #: saved pins on knobs the engine's control API binds once it answers (agent/persist.py)
         self._held_pins: dict[str, Any] = {}

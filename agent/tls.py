@@ -29,10 +29,11 @@ import hashlib
 import logging
 import ssl
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from agent.config import ConfigError, EngineConfig, GateConfig, WebhookConfig
 
@@ -125,13 +126,21 @@ class WatchedTls:
         self.reloads = 0
         self.last_error = ""
 
-    def _read(self) -> list[bytes | None] | None:
-        """The files' content, None for an unset one; None when one cannot be read (the kubelet's swap
-        under way: look again next time)."""
-        try:
-            return [Path(name).read_bytes() if name is not None else None for name in self.files]
-        except OSError:
-            return None
+    def _read(self) -> list[bytes | None]:
+        """The files' content, None for an unset one. Raises OSError when one cannot be read."""
+        return [Path(name).read_bytes() if name is not None else None for name in self.files]
+
+    @property
+    def label(self) -> str:
+        """The file that names this context in metrics and logs: the certificate, else the CA file."""
+        return next(name for name in (self.files[0], self.files[2]) if name is not None)
+
+    def _refuse(self, problem: str) -> bool:
+        """Keep the old content live and say why, once per distinct problem."""
+        if problem != self.last_error:
+            log.error("TLS files %s not loaded, the old ones serve on: %s", self.label, problem)
+        self.last_error = problem
+        return False
 
     @staticmethod
     def _digest_of(contents: list[bytes | None]) -> bytes:
@@ -142,19 +151,25 @@ class WatchedTls:
         return digest.digest()
 
     def _read_digest(self) -> bytes | None:
-        contents = self._read()
-        return self._digest_of(contents) if contents is not None else None
+        try:
+            return self._digest_of(self._read())
+        except OSError:  # loaded a moment ago: the next look reads them again
+            return None
 
     def reload_if_changed(self) -> bool:
         """Load the files into the live context when their content changed since the last load; True
         when it did. The content read once is what is checked and what goes live (copied to private
         files for OpenSSL), so a write between the two cannot put a certificate beside another's key. A
-        pair or CA file that does not load is logged and kept out; the old ones serve."""
-        contents = self._read()
-        if contents is None:
-            return False
+        pair or CA file that does not load, or a file that cannot be read, is logged and kept out, and
+        :attr:`last_error` says why until new files load (``servepilot_tls_files_current``); the old
+        ones serve."""
+        try:
+            contents = self._read()
+        except OSError as error:
+            return self._refuse(f"cannot read: {error}")
         digest = self._digest_of(contents)
         if digest == self._digest:
+            self.last_error = ""  # back to what is live (a bad write undone, a file readable again)
             return False
         with tempfile.TemporaryDirectory(prefix="servepilot-tls-") as folder:  # mode 0700
             copies: list[str | None] = []
@@ -169,17 +184,14 @@ class WatchedTls:
             try:
                 self._load(cert_file, key_file, ca_file)  # scratch: nothing half-loaded goes live
             except ConfigError as error:
-                if str(error) != self.last_error:
-                    log.error("TLS files changed but do not load, the old ones serve on: %s", error)
-                self.last_error = str(error)
-                return False
+                return self._refuse(f"changed but do not load: {error}")
             if cert_file is not None:
                 self.context.load_cert_chain(cert_file, key_file)
             if ca_file is not None:
                 self.context.load_verify_locations(cafile=ca_file)
         self._digest, self.last_error = digest, ""
         self.reloads += 1
-        log.info("TLS files reloaded: %s", ", ".join(name for name in self.files if name is not None))
+        log.info("TLS files %s reloaded", self.label)
         return True
 
 
@@ -203,6 +215,11 @@ def client_contexts() -> list[WatchedTls]:
     return list(_CLIENTS.values())
 
 
+def watched(server: WatchedTls | None = None) -> list[WatchedTls]:
+    """``server`` (a listener's context, if any) and every client context."""
+    return ([server] if server is not None else []) + client_contexts()
+
+
 async def watch(every_s: float, stop: asyncio.Event, server: WatchedTls | None = None) -> None:
     """Until ``stop``, every ``every_s`` (``agent.tls_watch_s``) load renewed files into ``server`` (a
     listener's context) and every client context, those made after the watch began included."""
@@ -211,11 +228,38 @@ async def watch(every_s: float, stop: asyncio.Event, server: WatchedTls | None =
             await asyncio.wait_for(stop.wait(), timeout=every_s)
         if stop.is_set():
             return
-        for tls in ([server] if server is not None else []) + client_contexts():
+        for tls in watched(server):
             try:
                 tls.reload_if_changed()
             except Exception:  # a bug here must not end the watch: the next renewal is tried
                 log.exception("TLS certificate reload failed")
+
+
+class TlsFilesCollector:
+    """``servepilot_tls_files_current{file}``: 0 while a context's files on disk could not be loaded (new
+    content that does not load, or a file that cannot be read) and the old content serves on, which ends
+    the day the old certificate expires (the ``ServepilotTlsFilesNotLoaded`` alert); and
+    ``servepilot_tls_reloads_total{file}``, renewals loaded. One series per context, named by
+    :attr:`WatchedTls.label`; read at scrape time from :func:`watched`."""
+
+    def __init__(self, server: Callable[[], WatchedTls | None]) -> None:
+        self._server = server
+
+    def collect(self) -> Iterator[Metric]:
+        current = GaugeMetricFamily(
+            "servepilot_tls_files_current",
+            "1 when a TLS context holds what its files on disk say; 0 while new or unreadable files could "
+            "not be loaded and the old certificate serves on",
+            labels=["file"],
+        )
+        reloads = CounterMetricFamily(
+            "servepilot_tls_reloads", "renewed TLS files loaded without a restart", labels=["file"]
+        )
+        for tls in watched(self._server()):
+            current.add_metric([tls.label], 0.0 if tls.last_error else 1.0)
+            reloads.add_metric([tls.label], float(tls.reloads))
+        yield current
+        yield reloads
 
 
 @web.middleware

@@ -392,6 +392,16 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
             "and none has succeeded since; the sidecar runs on its previous config, not the file.",
         ),
         _alert(
+            "ServepilotTlsFilesNotLoaded",
+            f"min by ({BY}, file) (servepilot_tls_files_current) == 0",
+            p.for_(900),
+            "warning",
+            "servepilot in {{ $labels.pod }} cannot load the renewed TLS files {{ $labels.file }}",
+            "For 15 minutes the TLS files next to {{ $labels.file }} changed on disk but do not load (a "
+            "certificate without its key, not PEM) or cannot be read; the old certificate serves on, "
+            "until it expires.",
+        ),
+        _alert(
             "ServepilotWebhookDeliveryFailing",
             f"max by ({BY}, sink) (servepilot_webhook_oldest_pending_age_seconds) > 300\n"
             f"or sum by ({BY}, sink) (increase(servepilot_webhook_deliveries_total"

@@ -100,6 +100,8 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
     from agent.config import priority_targets
     from agent.gate.proxy import Gate
     from agent.gate.upstreams import engine_upstream
+    from agent.tls import TlsFilesCollector
+    from agent.tls import watch as watch_tls
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -107,6 +109,7 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     registry = CollectorRegistry()
     build_info.register(registry)
+    registry.register(TlsFilesCollector(lambda: None))  # the upstreams' client TLS, watched below
     # judged by the SLO the sidecar uses (policies.*_slo_s), so SLO-bad and late counts work here too
     gate = Gate(cfg.gate, registry)
     gate.set_slo(cfg.policies.ttft_slo_s, cfg.policies.itl_slo_s, priority_targets(cfg.policies))
@@ -119,8 +122,6 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
             watch = asyncio.create_task(_watch(reloader, cfg.agent.config_watch_s, stop))
     tls_watch = None
     if cfg.agent.tls_watch_s > 0:  # renewed upstream client certificates, as in the sidecar
-        from agent.tls import watch as watch_tls
-
         tls_watch = asyncio.create_task(watch_tls(cfg.agent.tls_watch_s, stop))
     bound = await gate.start(args.host, args.port)
     metrics: web.AppRunner | None = None

@@ -18,7 +18,7 @@ from agent.config import ConfigError, ControlConfig, EngineConfig, build, load
 from agent.control.base import ControlError
 from agent.control.client import ControlClient
 from agent.preflight import run_checks
-from agent.tls import client_contexts, engine_context, watch
+from agent.tls import client_context, client_contexts, engine_context, watch
 from detectors.snapshot import SourceStatus
 from tests.agent.https_sim import https_sim, write_client_cert
 
@@ -169,3 +169,19 @@ def test_a_client_context_asked_for_again_has_what_is_on_disk_now(tmp_path: Path
     trusted = context.get_ca_certs(binary_form=True)
     for ca in (first, second):  # OpenSSL adds CAs to a context, never drops one
         assert ssl.PEM_cert_to_DER_cert(ca.cert_pem.bytes().decode()) in trusted
+
+
+def test_a_file_that_cannot_be_read_keeps_the_old_content_and_says_so(tmp_path: Path) -> None:
+    """A CA file gone (a Secret unmounted, a mode that keeps the sidecar's uid out): the context keeps what
+    it had, and says why until the file is back (``servepilot_tls_files_current`` 0, then 1)."""
+    ca_file = tmp_path / "receiver-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(ca_file))
+    context = client_context("webhooks.tls_", str(ca_file))
+    (watched,) = [tls for tls in client_contexts() if tls.files[2] == str(ca_file)]
+    content = ca_file.read_bytes()
+    ca_file.unlink()
+    assert not watched.reload_if_changed()
+    assert watched.last_error.startswith("cannot read: ") and watched.label == str(ca_file)
+    ca_file.write_bytes(content)  # back as it was: nothing to load, and nothing wrong any more
+    assert not watched.reload_if_changed() and watched.last_error == "" and watched.reloads == 0
+    assert client_context("webhooks.tls_", str(ca_file)) is context

@@ -175,6 +175,9 @@ async def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path)
             assert not sidecar.tls.reload_if_changed()
             assert "agent.tls_cert_file" in sidecar.tls.last_error and sidecar.tls.reloads == 1
             assert (await http.get(url, ssl=trusting(second))).status == 200
+            metrics = await (await http.get(url.replace("healthz", "metrics"), ssl=trusting(second))).text()
+            assert f'servepilot_tls_files_current{{file="{cert_file}"}} 0.0' in metrics  # the alert's
+            assert f'servepilot_tls_reloads_total{{file="{cert_file}"}} 1.0' in metrics
     finally:
         await sidecar.stop()
 

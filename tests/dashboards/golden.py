@@ -3,11 +3,11 @@
 Produced by running the real control loop, collectors and exporter against loopback servers that
 replay real captures (vLLM 0.32 CPU scrapes, with and without speculative decoding, an allocator-probe
 scrape) and the in-process fake NVML backend, with the webhook dispatcher, the admission gate, engine
-control, the audit log and the config reloader attached to the agent's registry, the breaker policy in
-the loop, the configured SLO targets and a live forecaster restored from a seeded state (see
-:mod:`tests.dashboards.forecast_seed`), as the sidecar wires them. The result is a sorted list of
-``sample_name{label,...}`` lines, independent of values, so it only changes when the agent's exported
-surface changes. Regenerate with::
+control, the audit log, the config reloader and the watched TLS contexts attached to the agent's
+registry, the breaker policy in the loop, the configured SLO targets and a live forecaster restored from
+a seeded state (see :mod:`tests.dashboards.forecast_seed`), as the sidecar wires them. The result is a
+sorted list of ``sample_name{label,...}`` lines, independent of values, so it only changes when the
+agent's exported surface changes. Regenerate with::
 
     SERVEPILOT_UPDATE_GOLDEN=1 .venv/bin/pytest tests/dashboards/test_series.py
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import trustme
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from prometheus_client import generate_latest
@@ -39,6 +40,7 @@ from agent.knobs import Knobs
 from agent.loop import Loop
 from agent.reload import Reloader
 from agent.store import Store
+from agent.tls import TlsFilesCollector
 from agent.webhooks.dispatcher import WebhookDispatcher
 from agent.webhooks.sinks import GenericSink
 from policies.breaker import Breaker
@@ -128,8 +130,15 @@ async def agent_exposition(tmp_path: Path) -> str:
     Reloader(config_file, {}, config.load(config_file), exporter.registry, audit)
     loop = Loop(collectors, Store(100, 4096), interval_s=1.0, source_timeout_s=1.0, policies=[Breaker()])
     loop.subscribe(exporter.publish)
+    # a receiver with a private CA: a client TLS context, watched (servepilot_tls_*, agent/tls.py)
+    trustme.CA().cert_pem.write_to_path(str(tmp_path / "receiver-ca.pem"))
+    exporter.registry.register(TlsFilesCollector(lambda: None))
     hooks = WebhookDispatcher(
-        WebhookConfig(enabled=True, queue_path=str(tmp_path / "outbox.sqlite")),
+        WebhookConfig(
+            enabled=True,
+            queue_path=str(tmp_path / "outbox.sqlite"),
+            tls_ca_file=str(tmp_path / "receiver-ca.pem"),
+        ),
         exporter.registry,
         sinks=[GenericSink("http://127.0.0.1:9/hook", b"k")],
     )

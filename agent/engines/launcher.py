@@ -20,6 +20,7 @@ import random
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -132,6 +133,16 @@ def ensure_model(spec: EngineSpec, environ: Mapping[str, str] | None = None) -> 
 
 
 @dataclass(frozen=True)
+class ServedTls:
+    """PEM files of an engine served over https: its certificate and key, and with ``client_ca_file`` a
+    client certificate that CA signed is required (vLLM's ``--ssl-ca-certs`` with ``--ssl-cert-reqs 2``)."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str | None = None
+
+
+@dataclass(frozen=True)
 class LaunchOptions:
     """Server sizing. ``parallel`` is llama.cpp's slot count and vLLM's ``max_num_seqs``.
 
@@ -149,6 +160,9 @@ class LaunchOptions:
     ``speculative_ngram`` (vLLM only): draft this many tokens per step by n-gram prompt lookup
     (``--speculative-config`` method ``ngram``, matching 1-3 tokens), which the CPU backend runs; vLLM then
     serves its ``vllm:spec_decode_*`` counters. 0 (the default) drafts nothing.
+
+    ``tls`` (vLLM only): serve https (the URL's scheme says so), and ask for a client certificate when
+    it names a client CA.
     """
 
     parallel: int = 4
@@ -158,6 +172,7 @@ class LaunchOptions:
     embeddings: bool = False
     scheduling_policy: str = "fcfs"
     speculative_ngram: int = 0
+    tls: ServedTls | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -167,6 +182,8 @@ def command(
     """The server's argv and the environment additions it needs."""
     py = str(spec.python())
     if spec.name == "llamacpp":
+        if opts.tls is not None:
+            raise EngineError("serving over TLS is launched for vLLM only")
         argv = [py, str(HERE / "serve_llamacpp.py"), "-m", str(model), "--host", "127.0.0.1"]
         argv += ["--port", str(port), "-c", str(opts.ctx), "-np", str(opts.parallel)]
         argv += ["-t", str(opts.threads), "--alias", SERVED_MODEL]
@@ -198,6 +215,11 @@ def command(
             "--speculative-config",
             json.dumps({**ngram, "prompt_lookup_min": 1, "prompt_lookup_max": 3}),
         ]
+    if opts.tls is not None:
+        argv += ["--ssl-certfile", opts.tls.cert_file, "--ssl-keyfile", opts.tls.key_file]
+        if opts.tls.client_ca_file is not None:
+            required = str(int(ssl.CERT_REQUIRED))
+            argv += ["--ssl-ca-certs", opts.tls.client_ca_file, "--ssl-cert-reqs", required]
     return argv, env
 
 
@@ -211,11 +233,12 @@ class RunningEngine:
         port: int,
         log_path: Path,
         scratch: Path | None = None,
+        scheme: str = "http",
     ) -> None:
         self.spec, self.proc, self.port, self.log_path = spec, proc, port, log_path
         #: a folder of the server's own (vLLM's IPC sockets), removed once it has stopped
         self.scratch = scratch
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{scheme}://127.0.0.1:{port}"
         self.started_at = time.monotonic()
         self.ready_s: float | None = None
 
@@ -316,7 +339,7 @@ def start(
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
         raise
-    return RunningEngine(spec, proc, port, log_path, scratch)
+    return RunningEngine(spec, proc, port, log_path, scratch, "https" if opts.tls is not None else "http")
 
 
 if __name__ == "__main__":  # a quick manual check: python -m agent.engines.launcher llamacpp

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
@@ -37,13 +37,16 @@ def require(name: str) -> None:
 
 
 @contextmanager
-def running(name: str, opts: LaunchOptions | None = None) -> Iterator[RunningEngine]:
-    """A started, ready engine; stopped on exit. A start failure fails the test with the log's last line."""
+def running(
+    name: str, opts: LaunchOptions | None = None, poll: Callable[[str], bool] | None = None
+) -> Iterator[RunningEngine]:
+    """A started, ready engine; stopped on exit. A start failure fails the test with the log's last line.
+    ``poll(url)`` says whether its /health answers (the launcher's plain GET by default)."""
     require(name)
     started = time.monotonic()
     try:
         engine = start(name, opts=opts)
-        engine.wait_ready(READY_TIMEOUT_S[name])
+        engine.wait_ready(READY_TIMEOUT_S[name], poll)
     except EngineError as error:
         pytest.fail(str(error))
     SETUP_S[name] = time.monotonic() - started

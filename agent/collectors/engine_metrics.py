@@ -14,6 +14,7 @@ and the new name (vLLM V1 during deprecation) reads the new one.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,10 +26,18 @@ import aiohttp
 from agent.collectors.base import SCRAPE_HEADERS
 from agent.collectors.derive import Trackers, WindowStats, tokens_per_observation
 from agent.collectors.exposition import Counter, Exposition, Gauge, Histogram, parse_exposition
-from agent.collectors.metric_mapping import MetricMapping, SignalSpec, detect_engine, load_mappings
+from agent.collectors.metric_mapping import (
+    PROCESS_START,
+    MetricMapping,
+    SignalSpec,
+    detect_engine,
+    load_mappings,
+)
 from agent.config import EngineConfig
 from agent.tls import engine_context
 from detectors.snapshot import Reading, SourceStatus
+
+log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a /metrics page is ~100 kB; anything near this is not one
 MAX_SPLIT = 32
@@ -57,6 +66,8 @@ class Scrape:
     errors: tuple[str, ...] = ()
     dropped: int = 0
     series: int = 0
+    started_at: float | None = None
+    """When the engine process started (``process_start_time_seconds``), where it says."""
 
     @property
     def empty(self) -> bool:
@@ -164,6 +175,7 @@ def parse(text: str, mapping: MetricMapping, now: float) -> Scrape:
         if mapping.model_label:
             models.update(dict(s.labels).get(mapping.model_label, "") for s in series)
     models.discard("")
+    started = [one.value for one in expo.gauges.get(PROCESS_START, ()) if not isinstance(one, Histogram)]
     return Scrape(
         observed_at=now,
         engine=mapping.engine,
@@ -175,6 +187,7 @@ def parse(text: str, mapping: MetricMapping, now: float) -> Scrape:
         errors=tuple(errors),
         dropped=expo.dropped,
         series=expo.series_count,
+        started_at=max(started) if started else None,
     )
 
 
@@ -184,8 +197,12 @@ class SignalDeriver:
     def __init__(self, mapping: MetricMapping, window_s: float) -> None:
         self.mapping = mapping
         self.trackers = Trackers(window_s)
+        #: the engine process's start time at the last scrape that said it, and restarts seen by it
+        self.started_at: float | None = None
+        self.restarts = 0
 
     def update(self, scrape: Scrape, now: float) -> dict[str, float]:
+        self._follow_restarts(scrape.started_at)
         values: dict[str, float] = {}
         for name, value in scrape.gauges.items():
             values[name] = value
@@ -215,6 +232,21 @@ class SignalDeriver:
                 values[spec.name] = self.trackers.mean(spec.name, scrape.gauges[spec.of], now)
         self.trackers.prune(now)
         return {f"engine.{name}": value for name, value in values.items()}
+
+    def _follow_restarts(self, started_at: float | None) -> None:
+        """Start every window over when the engine process restarted. A restart shows in a counter that
+        went down, but not in one that had counted little before and more since (a histogram's buckets
+        that all grew back past their old counts): that one would keep its old base while the others
+        start from zero, and windows read together (ITL per token: tokens, first tokens and ITL
+        observations over one span) would no longer cover the same span. The next scrape is the new
+        base of all."""
+        if started_at is None:
+            return
+        if self.started_at is not None and abs(started_at - self.started_at) > 1e-3:
+            self.trackers.clear()
+            self.restarts += 1
+            log.info("the engine restarted (its process start time changed): every window starts over")
+        self.started_at = started_at
 
     def _per_token(
         self,

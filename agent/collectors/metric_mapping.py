@@ -47,6 +47,11 @@ class SignalSpec:
     token, as an engine that observes each token (SGLang) reports them (:mod:`agent.collectors.derive`)."""
 
 
+#: prometheus_client's process collector, which vLLM's API server exports (SGLang's multiprocess registry
+#: and llama.cpp do not): it changes when the engine process restarts.
+PROCESS_START = "process_start_time_seconds"
+
+
 @dataclass(frozen=True, slots=True)
 class MetricMapping:
     """The table for one engine kind."""
@@ -58,8 +63,9 @@ class MetricMapping:
 
     @property
     def wanted(self) -> frozenset[str]:
-        """Every engine metric name this mapping reads: the parser keeps only these families."""
-        return frozenset(alias for spec in self.signals for alias in spec.aliases)
+        """Every engine metric name this mapping reads, and the engine process's start time (a restart
+        where no counter went down is still a restart): the parser keeps only these families."""
+        return frozenset((PROCESS_START, *(alias for spec in self.signals for alias in spec.aliases)))
 
 
 def _strings(value: Any, where: str) -> tuple[str, ...]:

@@ -236,9 +236,12 @@ def test_real_ngram_speculation_maps_to_drafts_acceptance_and_acceptance_by_posi
 
 
 def _zeroed(text: str) -> str:
-    """``text`` with every sample at 0: the same server before its first request."""
+    """``text`` with every sample at 0 but the process's start time: the same server before its first
+    request."""
     return "".join(
-        line if line.startswith("#") or not line.strip() else line.rsplit(" ", 1)[0] + " 0.0\n"
+        line
+        if line.startswith(("#", "process_start_time_seconds")) or not line.strip()
+        else line.rsplit(" ", 1)[0] + " 0.0\n"
         for line in text.splitlines(keepends=True)
     )
 
@@ -311,6 +314,31 @@ def test_per_token_holds_off_when_the_token_counter_and_the_histogram_cover_diff
     assert doubled != greedy
     values = deriver.update(parse(doubled, mapping, 20.0), 20.0)
     assert values["engine.itl_seconds.mean"] == pytest.approx(2.3478382600005716 / 536)
+
+
+def test_a_restart_no_counter_shows_starts_every_window_over() -> None:
+    """One vLLM, then another (its process start time changed): tokens and ITL observations went down,
+    TTFT observations did not (7 before, 16 since), so that histogram alone would keep its old base and
+    its window would span the other engine's requests too. The start time changing starts every window
+    over; the next scrape reads the new engine alone, per token included."""
+    mapping = MAPPINGS["vllm"]
+    old = _read("vllm-0.32-cpu/vllm-0.32.0-cpu-metrics_after.prom")
+    greedy, sampled = (
+        _read(f"vllm-0.32-cpu/vllm-0.32.0-cpu-ngram3-metrics_{run}.prom") for run in ("greedy", "sampled")
+    )
+    assert parse(old, mapping, 0.0).started_at == 1795968446.72
+    deriver = SignalDeriver(mapping, window_s=60.0)
+    for now, text in enumerate((old, greedy, sampled)):
+        values = deriver.update(parse(text, mapping, float(now)), float(now))
+    assert deriver.restarts == 1
+    ttft = "vllm:time_to_first_token_seconds"
+    assert values["engine.ttft_seconds.mean"] == pytest.approx(
+        (_sample(sampled, ttft + "_sum") - _sample(greedy, ttft + "_sum")) / 16
+    )
+    assert values["engine.decode_tokens_per_step"] == pytest.approx(1520 / 1460)
+    assert values["engine.itl_seconds.mean"] == pytest.approx(_vllm_tpot(greedy, sampled), rel=1e-3)
+    without = "".join(line for line in greedy.splitlines(keepends=True) if "process_start" not in line)
+    assert parse(without, mapping, 0.0).started_at is None  # SGLang, llama.cpp: what went down tells
 
 
 def test_values_outside_the_valid_range_are_dropped() -> None:

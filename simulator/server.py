@@ -283,14 +283,18 @@ class SimServer:
                     await send(openai_api.chunk(kind, rid, model, created, None, role=True, index=index))
 
             async def relay(index: int, queue: streams.TokenQueue) -> int:
-                """Sequence ``index``'s tokens, then its closing chunk; returns how many it had."""
+                """Sequence ``index``'s tokens, the last with its finish reason; returns how many it had."""
 
                 async def token(text: str) -> None:
                     await send(openai_api.chunk(kind, rid, model, created, text, index=index))
 
-                finish_reason, emitted = await streams.relay_tokens(queue, token)
-                end = None if kind == "chat" else ""
-                await send(openai_api.chunk(kind, rid, model, created, end, finish_reason, index=index))
+                async def last(text: str, reason: str) -> None:  # the finish reason on the last token
+                    await send(openai_api.chunk(kind, rid, model, created, text, reason, index=index))
+
+                finish_reason, emitted, closed = await streams.relay_tokens(queue, token, last)
+                if not closed:  # it ended with no token in its last step: a closing event of its own
+                    end = None if kind == "chat" else ""
+                    await send(openai_api.chunk(kind, rid, model, created, end, finish_reason, index=index))
                 return emitted
 
             emitted = sum(await streams.side_by_side([relay(i, q) for i, q in enumerate(queues)]))

@@ -21,19 +21,36 @@ Write = Callable[[bytes], Awaitable[None]]
 """Writes one event to the client's stream."""
 
 
-async def relay_tokens(queue: TokenQueue, piece: Callable[[str], Awaitable[None]]) -> tuple[str, int]:
+async def relay_tokens(
+    queue: TokenQueue,
+    piece: Callable[[str], Awaitable[None]],
+    last: Callable[[str, str], Awaitable[None]] | None = None,
+) -> tuple[str, int, bool]:
     """Call ``piece(text)`` once per engine step with the text of the tokens the core emitted into
-    ``queue`` in it, until it ends the request; return the finish reason and the number of tokens. A
-    step brings one token, or under speculative decoding 1 + the accepted drafts, which vLLM streams as
-    one event (its ``inter_token_latency`` observes the step once too). Every streamed API writes its
-    events through it."""
+    ``queue`` in it, until it ends the request; return the finish reason, the number of tokens, and
+    whether ``last`` was called. A step brings one token, or under speculative decoding 1 + the
+    accepted drafts, which vLLM streams as one event (its ``inter_token_latency`` observes the step once
+    too). Every streamed API writes its events through it.
+
+    With ``last``, the step that ends the request goes to ``last(text, reason)`` instead: vLLM's OpenAI
+    streams carry the finish reason on the last token's event, not on an event of its own (the core
+    queues a step's tokens and the end of the request it finished together, so the end is already there
+    when its tokens are read)."""
     emitted = 0
+    pending: tuple[str, Any] | None = None
     while True:
-        what, value = await queue.get()
+        what, value = pending if pending is not None else await queue.get()
+        pending = None
         if what != "tokens":
-            return value, emitted
-        await piece("".join(openai_api.token_text(emitted + i) for i in range(value)))
+            return value, emitted, False
+        text = "".join(openai_api.token_text(emitted + i) for i in range(value))
         emitted += value
+        if last is not None and not queue.empty():
+            pending = queue.get_nowait()
+            if pending[0] != "tokens":
+                await last(text, pending[1])
+                return pending[1], emitted, True
+        await piece(text)
 
 
 async def gather_tokens(queue: TokenQueue) -> tuple[list[str], str]:
@@ -74,7 +91,7 @@ async def message_events(
     async def token(text: str) -> None:
         await write(messages_api.block_delta(text))
 
-    finish_reason, emitted = await relay_tokens(queue, token)
+    finish_reason, emitted, _ = await relay_tokens(queue, token)
     await write(messages_api.block_stop())
     await write(messages_api.message_delta(finish_reason, parsed.prompt_tokens, emitted))
     await write(messages_api.message_stop())
@@ -118,7 +135,7 @@ async def response_events(
         delta = {**where, "delta": pieces[-1], "logprobs": []}
         await write(api.event("response.output_text.delta", next(sequence), delta))
 
-    finish_reason, emitted = await relay_tokens(queue, token)
+    finish_reason, emitted, _ = await relay_tokens(queue, token)
     text = "".join(pieces)
     done = {**where, "logprobs": [], "text": text}
     await write(api.event("response.output_text.done", next(sequence), done))

@@ -142,7 +142,7 @@ async def test_sigterm_drains_the_gate_of_servepilot_run(tmp_path: Path) -> None
     assert code == 0, output
     for status, body in results:
         assert status == 200
-        assert body.count(b"data: ") == TOKENS + 2  # every token, the finish event and [DONE]
+        assert body.count(b"data: ") == TOKENS + 1  # every token (the last one finishes) and [DONE]
         assert body.endswith(b"data: [DONE]\n\n")
     assert "gate draining: 3 request(s) in progress" in output
     assert "(0 cut at the limit)" in output

@@ -41,10 +41,10 @@ async def test_a_completion_stream_interleaves_its_sequences_like_vllms(sim: Any
     assert response.status == 200
     chunks = _chunks(await response.read())
     order = _order(chunks)
-    assert Counter(order) == {0: 5, 1: 5}  # 4 tokens and a closing chunk each
+    assert Counter(order) == {0: 4, 1: 4}  # 4 tokens each, the last with the finish reason
     assert order != sorted(order)  # side by side, not one after the other
     vllms = _order(_chunks((FIXTURES / "vllm-0.32.0-cpu-completions-n2-stream.sse").read_bytes()))
-    assert set(vllms) == set(order)  # the same indices name the sequences in vLLM's stream
+    assert Counter(vllms) == Counter(order)  # the same events per sequence as vLLM's stream, same indices
     for index in (0, 1):
         mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == index]
         assert sum(1 for c in mine if c["text"]) == 4 and mine[-1]["finish_reason"] == "length"
@@ -60,7 +60,11 @@ async def test_a_chat_stream_opens_each_sequence_with_its_role(sim: Any) -> None
         choice = chunk["choices"][0]
         first.setdefault(choice["index"], choice["delta"])
     assert first == {i: {"role": "assistant", "content": ""} for i in range(3)}
-    assert Counter(_order(chunks)) == {0: 5, 1: 5, 2: 5}  # role, 3 tokens, closing chunk
+    assert Counter(_order(chunks)) == {0: 4, 1: 4, 2: 4}  # role, 3 tokens (the last one closes)
+    vllms = _chunks((FIXTURES / "vllm-0.32.0-cpu-chat-n2-stream.sse").read_bytes())
+    assert Counter(_order(vllms)) == {0: 5, 1: 5}  # vLLM's, with max_tokens 4: role, 4 tokens
+    assert vllms[-1]["choices"][0]["delta"]["content"] and vllms[-1]["choices"][0]["finish_reason"]
+    assert chunks[-1]["choices"][0]["delta"]["content"] and chunks[-1]["choices"][0]["finish_reason"]
 
 
 async def test_a_whole_answer_has_a_choice_per_sequence_and_counts_the_prompt_once(sim: Any) -> None:
@@ -124,7 +128,7 @@ async def test_a_list_of_prompts_is_a_sequence_per_prompt_and_per_n(sim: Any) ->
     assert answer["usage"] == {"prompt_tokens": 10 + 20, "completion_tokens": 12, "total_tokens": 42}
     assert core.stats.request_success["length"] - before == 4
     streamed = await sim.post("/v1/completions", json={**body, "stream": True})
-    assert Counter(_order(_chunks(await streamed.read()))) == {i: 4 for i in range(4)}
+    assert Counter(_order(_chunks(await streamed.read()))) == {i: 3 for i in range(4)}
 
 
 async def test_echo_and_logprobs_take_one_prompt(sim: Any) -> None:

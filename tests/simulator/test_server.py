@@ -35,9 +35,9 @@ async def test_streaming_completion_sends_one_chunk_per_token_then_done(sim: Any
     events = await _sse_events(response)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
-    tokens = [c for c in chunks if c["choices"][0]["finish_reason"] is None]
-    assert len(tokens) == 7
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert len(chunks) == 7 and all(c["choices"][0]["text"] for c in chunks)  # one event per token
+    # the finish reason on the last token's event, as vLLM sends it (not on an empty event of its own)
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * 6 + ["length"]
     assert all(c["object"] == "text_completion" for c in chunks)
 
 
@@ -240,7 +240,7 @@ async def test_stamped_stream_times_the_arrival_and_every_event_on_the_monotonic
     events = body.split(b"\n\n")[:-1]
     stamps = [int(event.split(b"\n")[0].removeprefix(b": sent_ns=")) for event in events]
     assert all(event.startswith(b": sent_ns=") for event in events)
-    assert [event.split(b"\n")[1][:6] for event in events] == [b"data: "] * 6  # 4 tokens, finish, [DONE]
+    assert [event.split(b"\n")[1][:6] for event in events] == [b"data: "] * 5  # 4 tokens, [DONE]
     assert before <= received <= stamps[0]
     assert stamps == sorted(stamps) and stamps[-1] <= after
 

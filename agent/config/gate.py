@@ -155,6 +155,15 @@ class GateConfig(Section):
     health_interval_s: float = Field(5.0, ge=0.1, le=600, description="upstream health-check period")
     length_edges: tuple[int, ...] = Field((256, 1024, 4096), description="prompt-token bucket edges")
     stats_window_s: float = Field(60.0, ge=1, le=3600, description="window of the gate's quantile signals")
+    access_log: str | None = Field(
+        None,
+        description="one JSON line per request (arrival, path, status, line, priority, upstream, outcome, "
+        "queue wait, TTFT, tokens): - for stdout, else a file; none when unset",
+    )
+    access_log_max_mb: float = Field(
+        100.0, gt=0, le=1 << 20, description="the access log file is rotated at this size"
+    )
+    access_log_backups: int = Field(5, ge=0, le=1000, description="rotated access log files kept")
     isolation_threshold_tokens: int = Field(
         0, ge=0, le=10_000_000, description="prompts this long (est. tokens) go to the long pool; 0 = off"
     )

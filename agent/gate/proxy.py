@@ -27,7 +27,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from agent.collectors.derive import MAX_TOKENS_PER_STEP
-from agent.config import GateConfig
+from agent.config import ConfigError, GateConfig
+from agent.gate.access_log import AccessLog
 from agent.gate.admission import MAX_WAIT_S, AdmissionQueue, Priority, Ticket, TicketState, class_wait_scales
 from agent.gate.cache import Entry, Fill, ResponseCache, cache_key, response_identity
 from agent.gate.ejection import BlindWatch, StallEjector
@@ -67,6 +68,11 @@ def client_max_wait_s(header: str | None) -> float | None:
     if not math.isfinite(milliseconds) or milliseconds < 0:
         raise ValueError(f"must be a number of milliseconds >= 0, got {header!r}")
     return milliseconds / 1000.0
+
+
+#: a request's record, and whether the cache answered it, for its access line
+RECORD = web.RequestKey("servepilot_record", RequestRecord)
+CACHED = web.RequestKey("servepilot_cached", bool)
 
 
 class Gate:
@@ -138,6 +144,14 @@ class Gate:
         self._watch_line_shares(cfg)
         self.blind = BlindWatch(on_blind=self._went_blind)
         self._blind_task: asyncio.Task[None] | None = None
+        self.access_log: AccessLog | None = None
+        if cfg.access_log is not None:
+            try:
+                self.access_log = AccessLog(
+                    cfg.access_log, registry, int(cfg.access_log_max_mb * (1 << 20)), cfg.access_log_backups
+                )
+            except OSError as error:
+                raise ConfigError("gate.access_log", f"cannot open {cfg.access_log}: {error}") from None
         # the clock and the config are read through self: tests replace the clock after the start, and a
         # reload the config
         #: upstream -> decode tokens per event of its streams (:meth:`set_tokens_per_event`)
@@ -183,6 +197,8 @@ class Gate:
     async def start(self, host: str | None = None, port: int | None = None) -> int:
         """Listen on ``host:port`` (config defaults; port 0 picks a free one) and return the port."""
         session = self.forwarder.open()
+        if self.access_log is not None:
+            self.access_log.start()
         self._runner = web.AppRunner(
             self.app,
             access_log=None,
@@ -251,6 +267,8 @@ class Gate:
         await self.forwarder.close()
         if self.cache is not None:
             self.cache.close()
+        if self.access_log is not None:
+            self.access_log.stop()
 
     # --- knobs and signals -------------------------------------------------------------------------
     @property
@@ -431,16 +449,43 @@ class Gate:
         return b"".join(chunks)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        """Counts requests in progress, and those a drain cuts at ``drain_s`` (see :meth:`drain`)."""
+        """Counts requests in progress, and those a drain cuts at ``drain_s`` (see :meth:`drain`); writes
+        each one's access line (``gate.access_log``)."""
         self.in_progress += 1
+        started = self.clock()
+        response: web.StreamResponse | None = None
         try:
-            return await self._serve(request)
+            response = await self._serve(request)
+            return response
         except asyncio.CancelledError:
             if self._draining:
                 self.cut += 1
             raise
         finally:
             self.in_progress -= 1
+            if self.access_log is not None:
+                self._log_access(request, response, started)
+
+    def _log_access(self, request: web.Request, response: web.StreamResponse | None, started: float) -> None:
+        record = request.get(RECORD)
+        if response is not None:
+            status = response.status
+        elif record is not None and record.status:
+            status = record.status  # the client left: 499, as the record says
+        else:
+            status = 499 if request.transport is None or request.transport.is_closing() else 500
+        assert self.access_log is not None
+        self.access_log.write(
+            method=request.method,
+            path=request.rel_url.path,
+            status=status,
+            held_s=max(0.0, self.clock() - started),
+            headers=request.headers,
+            remote=request.remote,
+            record=record,
+            bucket=self.stats.bucket_of(record) if record is not None else None,
+            cached=request.get(CACHED, False),
+        )
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         arrived = self.clock()
@@ -467,6 +512,7 @@ class Gate:
             message = f"{self.cfg.max_wait_header}: {error}"
             return json_error(400, message, "invalid_request_error", "bad_request")
         record = RequestRecord(line, priority.name.lower(), path, info.prompt_tokens, arrived)
+        request[RECORD] = record
         self.stats.last_seen[record.priority] = arrived
         record.max_tokens, record.choices = info.max_tokens * info.choices, info.choices
         record.prompts = info.prompts
@@ -482,6 +528,7 @@ class Gate:
             else:
                 entry = self.cache.get(key)
                 if entry is not None:
+                    request[CACHED] = True
                     return await self._serve_cached(request, entry)
                 fill = Fill(key, self.cache.admit(key), self.cfg.cache_max_entry_bytes)
         isolation = self.isolation

@@ -253,6 +253,10 @@ class GateStats:
         answered, slo_bad = self.by_priority.get(priority, (0, 0))
         self.by_priority[priority] = (answered + 1, slo_bad)
 
+    def bucket_of(self, rec: RequestRecord) -> str:
+        """``rec``'s request-length bucket: by one prompt's length, not a batch's."""
+        return self.buckets.name(rec.prompt_tokens / max(1, rec.prompts))
+
     def record(self, rec: RequestRecord, now: float) -> None:
         """Account one finished (or refused) request."""
         self.requests.labels(rec.line, rec.priority, rec.outcome).inc()
@@ -272,7 +276,7 @@ class GateStats:
             if rec.upstream:
                 answered, errors, slo_bad = self.by_upstream.get(rec.upstream, (0, 0, 0))
                 self.by_upstream[rec.upstream] = (answered + 1, errors + error, slo_bad + missed)
-        bucket = self.buckets.name(rec.prompt_tokens / max(1, rec.prompts))  # a prompt's, not a batch's
+        bucket = self.bucket_of(rec)
         self.queue_wait.labels(rec.priority).observe(rec.queue_wait_s)
         self.tokens.labels(rec.line, "prompt").inc(rec.prompt_tokens)
         self.tokens.labels(rec.line, "output").inc(rec.output_tokens)

@@ -319,6 +319,9 @@ def main() -> int:
         "generator on the others: the system under test apart from what drives it (default: every "
         "process on every CPU)",
     )
+    parser.add_argument(
+        "--access-log", action="store_true", help="the gate writes its access log (gate.access_log) to a file"
+    )
     args = parser.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     if args.pin and len(cpus) < 2:
@@ -343,9 +346,10 @@ def main() -> int:
         procs.append(sim)
         # Relay only: no line rate limit (the default, 1000/min, would refuse most of the load) and an
         # in-flight limit above the concurrency, so every request goes straight upstream.
+        access_log = f"  access_log: {tmp / 'access.jsonl'}\n" if args.access_log else ""
         (tmp / "gate.yaml").write_text(
             f"agent:\n  event_loop: {args.event_loop}\n"
-            "gate:\n  default_requests_per_min: 10000000\n  max_in_flight: 4096\n"
+            "gate:\n  default_requests_per_min: 10000000\n  max_in_flight: 4096\n" + access_log
         )
         gate = subprocess.Popen(
             [args.gate_python, "-m", "agent.commands.gate", "--config", str(tmp / "gate.yaml"),

@@ -36,6 +36,8 @@ from agent.gate.records import RequestRecord
 
 #: Lines waiting for the writer thread before new ones are dropped.
 QUEUE_LINES = 10_000
+#: Lines written together at most, when the writer finds several queued.
+WRITE_BATCH = 256
 #: How long a stop waits for a stalled writer.
 STOP_WAIT_S = 2.0
 REQUEST_ID = "X-Request-Id"
@@ -47,12 +49,12 @@ class _CountsFailures(logging.Handler):
     """A handler whose failed write calls ``failed`` (which counts it) instead of printing a traceback
     for each line, as :meth:`logging.Handler.handleError` does."""
 
-    #: called once per failed write
-    failed: Callable[[], None] | None = None
+    #: called with each failed write's record (its lines)
+    failed: Callable[[logging.LogRecord], None] | None = None
 
     def handleError(self, record: logging.LogRecord) -> None:
         if self.failed is not None:
-            self.failed()
+            self.failed(record)
 
 
 class _Stdout(_CountsFailures, logging.StreamHandler):  # type: ignore[type-arg]
@@ -88,6 +90,11 @@ class AccessLog:
         self._thread: threading.Thread | None = None
         self._failure = ""
 
+    @property
+    def pending(self) -> int:
+        """Lines queued, not yet written."""
+        return self._lines.qsize()
+
     def start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(
@@ -104,17 +111,28 @@ class AccessLog:
                 self._lines.put(None, timeout=STOP_WAIT_S)  # the end, after every line queued
             thread.join(STOP_WAIT_S)
             if thread.is_alive():
-                log.warning("the access log writer is stalled: %d lines not written", self._lines.qsize())
+                log.warning("the access log writer is stalled: %d lines not written", self.pending)
                 return
         with contextlib.suppress(OSError):  # what the last flush could not write was counted already
             self._handler.close()
 
     def _write_lines(self) -> None:
-        while (line := self._lines.get()) is not None:
-            self._handler.handle(logging.makeLogRecord({"msg": line}))
+        """Write lines as they come, those queued meanwhile together (one write and flush for a batch)."""
+        while True:
+            batch = [self._lines.get()]
+            while batch[-1] is not None and len(batch) < WRITE_BATCH:
+                try:
+                    batch.append(self._lines.get_nowait())
+                except queue.Empty:
+                    break
+            lines = [line for line in batch if line is not None]
+            if lines:
+                self._handler.handle(logging.makeLogRecord({"msg": "\n".join(lines)}))
+            if batch[-1] is None:
+                return
 
-    def _write_failed(self) -> None:
-        self.dropped.inc()
+    def _write_failed(self, lines: logging.LogRecord) -> None:
+        self.dropped.inc(str(lines.msg).count("\n") + 1)
         failure = repr(sys.exc_info()[1])
         if failure != self._failure:  # once per kind of failure, not per line
             log.error("the access log %s cannot be written: %s", self.target, failure)

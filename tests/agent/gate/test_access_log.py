@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,12 @@ async def engine() -> AsyncIterator[str]:
 
 def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _one(log: AccessLog, path: str = "/") -> None:
+    log.write(
+        method="GET", path=path, status=200, held_s=0.0, headers={}, remote=None, record=None, bucket=None
+    )
 
 
 async def test_every_request_gets_one_line_saying_what_became_of_it(engine: str, tmp_path: Path) -> None:
@@ -97,16 +104,7 @@ def test_lines_are_dropped_and_counted_when_the_writer_falls_behind(tmp_path: Pa
     registry = CollectorRegistry()
     log = AccessLog(str(tmp_path / "access.jsonl"), registry)  # not started: nothing drains the queue
     for i in range(QUEUE_LINES + 5):
-        log.write(
-            method="GET",
-            path=f"/{i}",
-            status=200,
-            held_s=0.0,
-            headers={},
-            remote=None,
-            record=None,
-            bucket=None,
-        )
+        _one(log, f"/{i}")
     assert registry.get_sample_value("servepilot_gate_access_log_dropped_total") == 5
     log.start()
     log.stop()
@@ -116,27 +114,16 @@ def test_lines_are_dropped_and_counted_when_the_writer_falls_behind(tmp_path: Pa
 def test_the_file_is_rotated_and_a_path_that_cannot_be_opened_names_the_field(tmp_path: Path) -> None:
     log = AccessLog(str(tmp_path / "access.jsonl"), CollectorRegistry(), max_bytes=2000, backups=2)
     log.start()
-    for i in range(100):
-        log.write(
-            method="GET",
-            path=f"/{i}",
-            status=200,
-            held_s=0.0,
-            headers={},
-            remote=None,
-            record=None,
-            bucket=None,
-        )
+    for batch in range(4):  # lines queued together are written together: rotation between batches
+        for i in range(20):
+            _one(log, f"/{batch}/{i}")
+        deadline = time.monotonic() + 5
+        while log.pending and time.monotonic() < deadline:
+            time.sleep(0.01)
     log.stop()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["access.jsonl", "access.jsonl.1", "access.jsonl.2"]
     with pytest.raises(ConfigError, match=r"^gate\.access_log cannot open /nonexistent/access\.jsonl"):
         Gate(GateConfig(enabled=True, access_log="/nonexistent/access.jsonl"), CollectorRegistry())
-
-
-def _one(log: AccessLog, path: str = "/") -> None:
-    log.write(
-        method="GET", path=path, status=200, held_s=0.0, headers={}, remote=None, record=None, bucket=None
-    )
 
 
 def test_a_write_that_fails_is_counted_once_per_line_without_a_traceback(
@@ -159,7 +146,6 @@ def test_a_stalled_writer_does_not_hold_the_stop(monkeypatch: pytest.MonkeyPatch
     """stdout's reader stopped reading: the writer thread blocks in a write, and the stop gives up on it
     after STOP_WAIT_S rather than hang the sidecar's shutdown."""
     import threading
-    import time
 
     from agent.gate import access_log
 

@@ -24,7 +24,7 @@ from multidict import CIMultiDict
 
 from agent.gate.cache import Fill
 from agent.gate.ejection import UpstreamStalled
-from agent.gate.openai import error_body, usage_from_json, usage_from_sse_tail
+from agent.gate.openai import ROLE_ONLY, error_body, usage_from_json, usage_from_sse_tail
 from agent.gate.ratelimit import retry_after_header
 from agent.gate.records import RequestRecord
 from agent.gate.sequences import SequenceGaps
@@ -149,9 +149,15 @@ class Relay:
                     await resp.prepare(request)  # the client may have gone while the upstream was busy
                 if record is not None:
                     record.heard_at = now
-                carried = chunk.count(token_event) if token_event else chunk.count(b"data:")
+                if token_event:
+                    carried = chunk.count(token_event)
+                    arrived = carried > 0
+                else:  # every event but a chat stream's opening role-only one carries tokens
+                    opening = chunk.count(ROLE_ONLY[0]) + chunk.count(ROLE_ONLY[1])
+                    carried = chunk.count(b"data:") - opening
+                    arrived = carried > 0 or not opening  # a chunk with no whole event: a token's rest
                 events += carried
-                if carried or not token_event:
+                if arrived:
                     if last is None:
                         if record is not None:
                             record.ttft_s = now - record.arrived

@@ -39,7 +39,9 @@ def _index(event: bytes) -> int | None:
     doc = json.loads(data)
     choices = doc.get("choices")
     if choices is not None:
-        return choices[0]["index"] if choices else None
+        if not choices or choices[0].get("delta") == {"role": "assistant", "content": ""}:
+            return None  # the usage, or a chat sequence's opening role: no token
+        return choices[0]["index"]
     return int(doc["index"])
 
 
@@ -60,7 +62,7 @@ def _expected(events: list[bytes], times: list[float]) -> list[float]:
     ("name", "sequences", "gaps"),
     [
         ("vllm-0.32.0-cpu-completions-n2-stream.sse", 2, 6),  # 4 tokens each: 3 gaps each
-        ("vllm-0.32.0-cpu-chat-n2-stream.sse", 2, 8),  # the role event first, then 4 tokens
+        ("vllm-0.32.0-cpu-chat-n2-stream.sse", 2, 6),  # the role event (no token), then 4 tokens
         ("llamacpp-prompts2-stream.sse", 2, 8),  # top-level index; a leading "data: null"
     ],
 )
@@ -216,3 +218,31 @@ async def test_the_simulators_n_2_stream_is_timed_per_sequence_through_the_gate(
     assert registry.get_sample_value("servepilot_gate_itl_seconds_count", bucket) == 6
     output = registry.get_sample_value("servepilot_gate_tokens_total", {"line": "default", "kind": "output"})
     assert output == 8.0  # from the usage: both sequences' tokens
+
+
+@pytest.mark.parametrize("n", [1, 2])
+async def test_a_chat_streams_opening_role_is_neither_a_token_nor_a_gap(n: int) -> None:
+    """A chat stream opens each sequence with its role and no content (vLLM's recorded stream does too):
+    without usage, the gate counts the tokens themselves, 5 a sequence, and times 4 gaps of each, where
+    the role event made it 6 and 5 (one token too many per answer, and a gap of about 0)."""
+    from simulator.engine import make_core
+    from simulator.server import SimServer
+
+    sim = SimServer(make_core("h100-sxm", "llama-3-8b", "fp16", 64), speed=10.0)
+    runner = web.AppRunner(sim.app())
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "n": n, "stream": True}
+    try:
+        async with (
+            gate_for(f"http://127.0.0.1:{runner.addresses[0][1]}") as (_, base, registry),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+            client.post(f"{base}/v1/chat/completions", json=body) as resp,
+        ):
+            assert resp.status == 200
+            assert (await resp.read()).count(b'"role":"assistant","content":""') == n
+    finally:
+        await runner.cleanup()
+    assert registry.get_sample_value("servepilot_gate_itl_seconds_count", {"bucket": "le256"}) == 4 * n
+    output = registry.get_sample_value("servepilot_gate_tokens_total", {"line": "default", "kind": "output"})
+    assert output == 5.0 * n

@@ -158,7 +158,7 @@ class GateConfig(Section):
     access_log: str | None = Field(
         None,
         description="one JSON line per request (arrival, path, status, line, priority, upstream, outcome, "
-        "queue wait, TTFT, tokens): - for stdout, else a file; none when unset",
+        "queue wait, TTFT, tokens): stdout, or a file path; none when unset",
     )
     access_log_max_mb: float = Field(
         100.0, gt=0, le=1 << 20, description="the access log file is rotated at this size"

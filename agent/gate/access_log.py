@@ -10,7 +10,7 @@ Requests the gate passes through unadmitted (``/metrics``, ``/health``), refuses
 are never written.
 
 Writing must not slow the data path: a line is put on a bounded queue and a thread of its own writes
-it, to stdout (``-``, the container's log) or to a file rotated at ``access_log_max_mb`` with
+it, to stdout (``stdout``, the container's log) or to a file rotated at ``access_log_max_mb`` with
 ``access_log_backups`` kept (``logging.handlers.RotatingFileHandler``). Should the writer fall behind
 by :data:`QUEUE_LINES` lines (a full disk, a stalled pipe), or a write fail, lines are dropped and
 counted in ``servepilot_gate_access_log_dropped_total``; requests never wait for the log, and a stop
@@ -41,6 +41,8 @@ WRITE_BATCH = 256
 #: How long a stop waits for a stalled writer.
 STOP_WAIT_S = 2.0
 REQUEST_ID = "X-Request-Id"
+#: ``gate.access_log``'s value for the process's standard output
+STDOUT = "stdout"
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ class _RotatingFile(_CountsFailures, logging.handlers.RotatingFileHandler):
 
 
 class AccessLog:
-    """Writes access lines to ``target`` (``-`` for stdout, else a file path) from a thread of its own,
+    """Writes access lines to ``target`` (``stdout``, else a file path) from a thread of its own,
     between :meth:`start` and :meth:`stop`. A file that cannot be opened raises OSError at construction."""
 
     def __init__(
@@ -79,7 +81,7 @@ class AccessLog:
             registry=registry,
         )
         handler: _Stdout | _RotatingFile
-        if target == "-":
+        if target == STDOUT:
             handler = _Stdout(sys.stdout)
         else:
             handler = _RotatingFile(target, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")

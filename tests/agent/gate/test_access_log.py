@@ -161,10 +161,24 @@ def test_a_stalled_writer_does_not_hold_the_stop(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(access_log, "STOP_WAIT_S", 0.1)
     monkeypatch.setattr(access_log.sys, "stdout", Stalled())
-    log = AccessLog("-", CollectorRegistry())
+    log = AccessLog("stdout", CollectorRegistry())
     log.start()
     _one(log)
     started = time.monotonic()
     log.stop()
     assert time.monotonic() - started < 1.0
     release.set()
+
+
+def test_stdout_is_the_containers_log_and_an_env_override_can_name_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from agent.config import build
+
+    cfg = build({}, {"SERVEPILOT_GATE__ACCESS_LOG": "stdout"})  # "-" would read as a YAML list
+    log = AccessLog(cfg.gate.access_log or "", CollectorRegistry())
+    log.start()
+    _one(log, "/health")
+    log.stop()
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line)["path"] == "/health"

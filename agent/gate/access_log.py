@@ -4,10 +4,10 @@ The gate is in the pod's data path, so "why did my request get a 429 at 14:03" i
 histograms cannot answer for one request. Each line says when the request arrived, its method and path,
 the status the client got, how long the gate held it, and what the gate knew of it: business line,
 priority, upstream, outcome (``ok``, ``rejected``, ``expired``, ``disconnected``...), queue wait, TTFT,
-prompt and output tokens, request-length bucket, and the client's ``X-Request-Id`` when it sent one.
-Requests the gate passes through unadmitted (``/metrics``, ``/health``), refuses before admission (400,
-413) or answers from its cache get a line too, with what is known of them. Bodies, headers and API keys
-are never written.
+prompt and output tokens, request-length bucket, and the client's ``X-Request-Id`` and the
+``X-Forwarded-For`` of a proxy in front, when they came. Requests the gate passes through unadmitted
+(``/metrics``, ``/health``), refuses before admission (400, 413) or answers from its cache get a line
+too, with what is known of them. Bodies, other headers and API keys are never written.
 
 Writing must not slow the data path: a line is put on a bounded queue and a thread of its own writes
 it, to stdout (``stdout``, the container's log) or to a file rotated at ``access_log_max_mb`` with
@@ -41,6 +41,7 @@ WRITE_BATCH = 256
 #: How long a stop waits for a stalled writer.
 STOP_WAIT_S = 2.0
 REQUEST_ID = "X-Request-Id"
+FORWARDED_FOR = "X-Forwarded-For"
 #: ``gate.access_log``'s value for the process's standard output
 STDOUT = "stdout"
 
@@ -167,6 +168,9 @@ class AccessLog:
             line["request_id"] = request_id[:128]
         if remote:
             line["remote"] = remote
+        forwarded = headers.get(FORWARDED_FOR)
+        if forwarded:  # the client behind an ingress or a load balancer
+            line["forwarded_for"] = forwarded[:256]
         if cached:
             line["cache"] = "hit"
         if record is not None:

@@ -61,7 +61,11 @@ async def test_every_request_gets_one_line_saying_what_became_of_it(engine: str,
     }
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as http:
-            async with http.post(f"{base}/v1/completions", json=body, headers={"X-Request-Id": "req-1"}) as r:
+            async with http.post(
+                f"{base}/v1/completions",
+                json=body,
+                headers={"X-Request-Id": "req-1", "X-Forwarded-For": "203.0.113.7"},
+            ) as r:
                 assert r.status == 200 and (await r.read()).endswith(b"data: [DONE]\n\n")
             for _ in range(2):  # the line's one request a minute: the second is refused
                 async with http.post(
@@ -90,7 +94,8 @@ async def test_every_request_gets_one_line_saying_what_became_of_it(engine: str,
         streamed["upstream"] == "primary" and streamed["output_tokens"] == 8 and streamed["bucket"] == "le256"
     )
     assert 0 < streamed["ttft_s"] <= streamed["duration_s"] and streamed["start"].endswith("Z")
-    assert streamed["remote"] == "127.0.0.1" and streamed["queue_wait_s"] >= 0
+    assert streamed["remote"] == "127.0.0.1" and streamed["forwarded_for"] == "203.0.113.7"
+    assert streamed["queue_wait_s"] >= 0
     assert (batch_ok["line"], batch_ok["status"], batch_ok["outcome"]) == ("batch", 200, "ok")
     assert (batch_refused["status"], batch_refused["outcome"]) == (429, "rejected")
     assert "upstream" not in batch_refused and "ttft_s" not in batch_refused

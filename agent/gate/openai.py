@@ -353,10 +353,17 @@ def _usage(usage: Any) -> tuple[float, float] | None:
     return float(prompt), float(completion)
 
 
-#: A chat stream's opening event per sequence: its role, and no token (vLLM, SGLang: content ""; llama.cpp:
-#: null), as these engines write it, without spaces. Not counted as a token, nor timed as one: counted, it
-#: added one token per answer to every chat stream without usage, and a gap of about 0 to its ITL.
-ROLE_ONLY = (b'"delta":{"role":"assistant","content":""}', b'"delta":{"role":"assistant","content":null}')
+#: Stream events that carry no token, as the engines write them (without spaces): the end, ``[DONE]``, and
+#: in a chat stream a sequence's opening event, its role alone (vLLM, SGLang: content ""; llama.cpp: null),
+#: and llama.cpp's closing one, an empty delta beside its finish reason. Not counted as tokens, nor timed as
+#: arrivals: timed, each added a gap (about 0 where it comes with a token) to the answer's ITL, and the
+#: chat ones a token to every chat answer without usage.
+NO_TOKEN = (
+    b"data: [DONE]",
+    b'"delta":{"role":"assistant","content":""}',
+    b'"delta":{"role":"assistant","content":null}',
+    b'"delta":{}',
+)
 
 
 def usage_from_json(body: bytes) -> tuple[float, float] | None:
@@ -392,11 +399,25 @@ def usage_from_sse_tail(tail: bytes) -> tuple[float, float] | None:
 
 
 def _llamacpp_usage(tail: bytes) -> tuple[float, float] | None:
-    """A llama.cpp ``/completion`` stream's counts: its last event's own ``tokens_evaluated`` and
-    ``tokens_predicted`` (cumulative), if that whole event is in the tail."""
+    """A llama.cpp stream's counts, if its last event is in the tail: a ``/completion`` stream's own
+    ``tokens_evaluated`` and ``tokens_predicted`` (cumulative), or an OpenAI-shaped stream's ``timings``,
+    which llama.cpp adds to its last event whether usage was asked for or not: ``predicted_n`` tokens
+    generated, ``prompt_n`` prompt tokens computed and ``cache_n`` taken from its cache."""
     at = tail.rfind(b'"tokens_predicted"')
     start = tail.rfind(b"data:", 0, at) if at >= 0 else -1
-    return _usage(_json_at(tail[start + 5 :])) if start >= 0 else None
+    if start >= 0:
+        return _usage(_json_at(tail[start + 5 :]))
+    at = tail.rfind(b'"timings"')
+    rest = tail[at + len(b'"timings"') :].lstrip() if at >= 0 else b""
+    timings = _json_at(rest[1:]) if rest.startswith(b":") else None
+    if not isinstance(timings, dict):
+        return None
+    counts = [timings.get(key, 0) for key in ("prompt_n", "cache_n", "predicted_n")]
+    if "predicted_n" not in timings or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts
+    ):
+        return None
+    return float(counts[0] + counts[1]), float(counts[2])
 
 
 _DECODER = json.JSONDecoder()

@@ -24,7 +24,7 @@ from multidict import CIMultiDict
 
 from agent.gate.cache import Fill
 from agent.gate.ejection import UpstreamStalled
-from agent.gate.openai import ROLE_ONLY, error_body, usage_from_json, usage_from_sse_tail
+from agent.gate.openai import NO_TOKEN, error_body, usage_from_json, usage_from_sse_tail
 from agent.gate.ratelimit import retry_after_header
 from agent.gate.records import RequestRecord
 from agent.gate.sequences import SequenceGaps
@@ -152,10 +152,10 @@ class Relay:
                 if token_event:
                     carried = chunk.count(token_event)
                     arrived = carried > 0
-                else:  # every event but a chat stream's opening role-only one carries tokens
-                    opening = chunk.count(ROLE_ONLY[0]) + chunk.count(ROLE_ONLY[1])
-                    carried = chunk.count(b"data:") - opening
-                    arrived = carried > 0 or not opening  # a chunk with no whole event: a token's rest
+                else:  # every event carries tokens but "[DONE]" and a chat stream's opening and closing ones
+                    empty = sum(chunk.count(marker) for marker in NO_TOKEN)
+                    carried = chunk.count(b"data:") - empty
+                    arrived = carried > 0 or not empty  # a chunk with no whole event: a token's rest
                 events += carried
                 if arrived:
                     if last is None:
@@ -208,10 +208,8 @@ class Relay:
             usage = usage_from_sse_tail(tail)
             if usage is not None:
                 record.prompt_tokens, record.output_tokens = usage
-            elif token_event:  # one token per token event is the norm
-                record.output_tokens = self._counted(float(events), record)
-            else:  # one token per event is the norm; "[DONE]" is not a token
-                record.output_tokens = self._counted(float(max(0, events - 1)), record)
+            else:  # one token per token event is the norm
+                record.output_tokens = self._counted(float(max(0, events)), record)
             record.outcome = _outcome(up.status)
             self.finish(record)
         if fill is not None and self.filled is not None and up.status == 200:

@@ -6,7 +6,8 @@ the engine look n times faster than its clients saw it. Every event names its se
 can be taken per sequence instead: OpenAI's completions and chat in ``choices[].index`` (vLLM, SGLang
 and llama.cpp alike), llama.cpp's native ``/completion`` and SGLang's native ``/generate`` at the top
 level (``index``). An event that names none (the last one with the usage, ``[DONE]``, llama.cpp's
-``data: null``) is nobody's token, nor is a chat sequence's opening event (its role, no content).
+``data: null``) is nobody's token, nor is a chat sequence's opening event (its role, no content) or an
+empty closing one.
 
 Only multi-sequence streams pay for this: each event is parsed as JSON, where the single-sequence path
 only counts ``data:`` markers. Events split across network chunks are put back together first.
@@ -71,21 +72,17 @@ def _sequences(event: bytes) -> Iterator[int]:
     choices = doc.get("choices")
     if isinstance(choices, list):
         for choice in choices:
-            if isinstance(choice, dict) and _is_index(choice.get("index")) and not _role_only(choice):
+            if isinstance(choice, dict) and _is_index(choice.get("index")) and not _no_token(choice):
                 yield choice["index"]
     elif _is_index(doc.get("index")):
         yield doc["index"]
 
 
-def _role_only(choice: dict[str, Any]) -> bool:
-    """A chat sequence's opening event: its role and no token (:data:`agent.gate.openai.ROLE_ONLY`)."""
+def _no_token(choice: dict[str, Any]) -> bool:
+    """A chat sequence's event with no token (:data:`agent.gate.openai.NO_TOKEN`): its opening role
+    alone, or an empty closing delta."""
     delta = choice.get("delta")
-    return (
-        isinstance(delta, dict)
-        and "role" in delta
-        and set(delta) <= {"role", "content"}
-        and not delta.get("content")
-    )
+    return isinstance(delta, dict) and set(delta) <= {"role", "content"} and not delta.get("content")
 
 
 def _is_index(value: object) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from aiohttp import web
 
 from agent.gate.sequences import MAX_EVENT_BYTES, SequenceGaps
 from tests.agent.gate.parked import ParkedEngine, serving
-from tests.engines.client import gate_for
+from tests.engines.client import gate_for, gate_tokens
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gate"
 TIMEOUT = 5.0
@@ -246,3 +247,60 @@ async def test_a_chat_streams_opening_role_is_neither_a_token_nor_a_gap(n: int) 
     assert registry.get_sample_value("servepilot_gate_itl_seconds_count", {"bucket": "le256"}) == 4 * n
     output = registry.get_sample_value("servepilot_gate_tokens_total", {"line": "default", "kind": "output"})
     assert output == 5.0 * n
+
+
+class ReplayedChat(ParkedEngine):
+    """``/v1/chat/completions``: llama.cpp's recorded chat stream (its role event, 6 tokens, a closing
+    event with an empty delta and its ``timings``, ``[DONE]``), an event every ``STEP_S`` of the gate's
+    virtual clock; without ``timings`` when ``strip`` (an engine that reports no counts)."""
+
+    path = "/v1/chat/completions"
+    STEP_S = 0.05
+
+    def __init__(self, now: list[float], strip: bool) -> None:
+        super().__init__()
+        self.now, self.strip, self.reads = now, strip, 0
+
+    def clock(self) -> float:
+        self.reads += 1
+        return self.now[0]
+
+    async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        events = _events("llamacpp-chat-stream.sse")
+        if self.strip:
+            events = [re.sub(rb',"timings":\{[^}]*\}', b"", event) for event in events]
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for event in events:
+            self.now[0] += self.STEP_S
+            reads = self.reads
+            await resp.write(event)
+            while self.reads == reads:  # the gate reads its clock for each chunk it relays
+                await asyncio.sleep(0.001)
+        await resp.write_eof()
+        return resp
+
+
+@pytest.mark.parametrize("strip", [False, True], ids=["timings", "no counts"])
+async def test_llamacpps_chat_stream_is_counted_by_its_tokens_alone(strip: bool) -> None:
+    """Its opening role event and its closing empty delta carry no token: neither is counted or timed.
+    The closing event's ``timings`` give the exact counts (57 prompt tokens computed, 6 generated);
+    without them the 6 token events are counted. The first token came 100 ms after the request (the role
+    50 ms before it), then one every 50 ms: 5 gaps."""
+    now = [100.0]
+    async for engine in serving(ReplayedChat(now, strip)):
+        body = {"messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 6, "stream": True}
+        async with (
+            gate_for(engine.url) as (gate, base, registry),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+        ):
+            gate.clock = engine.clock
+            async with client.post(f"{base}/v1/chat/completions", json=body) as resp:
+                await resp.read()
+    bucket = {"bucket": "le256"}
+    assert registry.get_sample_value("servepilot_gate_itl_seconds_count", bucket) == 5
+    assert registry.get_sample_value("servepilot_gate_itl_seconds_sum", bucket) == pytest.approx(0.25)
+    assert registry.get_sample_value("servepilot_gate_ttft_seconds_sum", bucket) == pytest.approx(0.1)
+    tokens = gate_tokens(registry)
+    assert tokens["output"] == 6.0
+    assert (tokens["prompt"] == 57.0) is not strip  # the estimate from the message, without timings

@@ -164,6 +164,11 @@ class GateConfig(Section):
         100.0, gt=0, le=1 << 20, description="the access log file is rotated at this size"
     )
     access_log_backups: int = Field(5, ge=0, le=1000, description="rotated access log files kept")
+    request_ids: bool = Field(
+        True,
+        description="give a request without an X-Request-Id one: sent to the engine (vLLM names the request "
+        "by it in its log), returned to the client and written in the access log",
+    )
     isolation_threshold_tokens: int = Field(
         0, ge=0, le=10_000_000, description="prompts this long (est. tokens) go to the long pool; 0 = off"
     )

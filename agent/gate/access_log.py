@@ -32,6 +32,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
+from agent.gate.openai import MAX_REQUEST_ID, REQUEST_ID
 from agent.gate.records import RequestRecord
 
 #: Lines waiting for the writer thread before new ones are dropped.
@@ -40,7 +41,6 @@ QUEUE_LINES = 10_000
 WRITE_BATCH = 256
 #: How long a stop waits for a stalled writer.
 STOP_WAIT_S = 2.0
-REQUEST_ID = "X-Request-Id"
 FORWARDED_FOR = "X-Forwarded-For"
 #: ``gate.access_log``'s value for the process's standard output
 STDOUT = "stdout"
@@ -163,9 +163,9 @@ class AccessLog:
             "status": status,
             "duration_s": round(held_s, 6),
         }
-        request_id = headers.get(REQUEST_ID)
+        request_id = record.request_id if record is not None else headers.get(REQUEST_ID, "")[:MAX_REQUEST_ID]
         if request_id:
-            line["request_id"] = request_id[:128]
+            line["request_id"] = request_id
         if remote:
             line["remote"] = remote
         forwarded = headers.get(FORWARDED_FOR)

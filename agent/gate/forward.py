@@ -29,7 +29,7 @@ from agent.config import GateConfig
 from agent.gate.cache import Fill
 from agent.gate.held import HeldRequests
 from agent.gate.metrics import GateMetrics
-from agent.gate.openai import RequestInfo
+from agent.gate.openai import REQUEST_ID, RequestInfo
 from agent.gate.records import GateStats, RequestRecord
 from agent.gate.relay import Relay, Unanswered, forward_headers, json_error
 from agent.gate.upstreams import Upstream, UpstreamPool
@@ -115,6 +115,8 @@ class Forwarder:
         its answer (the gate's ``stalled_upstreams``): the client has had nothing yet."""
         assert self.session is not None, "Gate.start() was not called"
         headers = forward_headers(request.headers)
+        if record is not None and record.request_id and REQUEST_ID not in headers:
+            headers[REQUEST_ID] = record.request_id  # one the gate gave it
         candidates = self.pool.candidates(self.rng.random())
         if prefer is not None:
             candidates.sort(key=lambda up: up.name != prefer)  # stable: the rest keep their order

@@ -353,6 +353,11 @@ def _usage(usage: Any) -> tuple[float, float] | None:
     return float(prompt), float(completion)
 
 
+#: The header naming a request across the client, the gate's access log and the engine (vLLM's request id)
+REQUEST_ID = "X-Request-Id"
+#: Characters of a client's request id kept (a longer one is cut, not refused)
+MAX_REQUEST_ID = 128
+
 #: Stream events that carry no token, as the engines write them (without spaces): the end, ``[DONE]``, and
 #: in a chat stream a sequence's opening event, its role alone (vLLM, SGLang: content ""; llama.cpp: null),
 #: and llama.cpp's closing one, an empty delta beside its finish reason. Not counted as tokens, nor timed as

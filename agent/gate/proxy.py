@@ -20,6 +20,7 @@ import logging
 import math
 import random
 import time
+import uuid
 from collections.abc import Callable, Mapping
 
 import aiohttp
@@ -39,6 +40,8 @@ from agent.gate.line_slots import LineSlots, line_cap
 from agent.gate.metrics import GateMetrics
 from agent.gate.openai import (
     ADMITTED_PATHS,
+    MAX_REQUEST_ID,
+    REQUEST_ID,
     BadRequest,
     RequestInfo,
     parse_any,
@@ -463,6 +466,11 @@ class Gate:
             raise
         finally:
             self.in_progress -= 1
+            record = request.get(RECORD)
+            if response is not None and not response.prepared and record is not None and record.request_id:
+                response.headers.setdefault(
+                    REQUEST_ID, record.request_id
+                )  # a refusal, an error: not sent yet
             if self.access_log is not None:
                 self._log_access(request, response, started)
 
@@ -512,6 +520,9 @@ class Gate:
             message = f"{self.cfg.max_wait_header}: {error}"
             return json_error(400, message, "invalid_request_error", "bad_request")
         record = RequestRecord(line, priority.name.lower(), path, info.prompt_tokens, arrived)
+        record.request_id = request.headers.get(REQUEST_ID, "")[:MAX_REQUEST_ID]
+        if not record.request_id and self.cfg.request_ids:
+            record.request_id = uuid.uuid4().hex
         request[RECORD] = record
         self.stats.last_seen[record.priority] = arrived
         record.max_tokens, record.choices = info.max_tokens * info.choices, info.choices

@@ -24,7 +24,7 @@ from multidict import CIMultiDict
 
 from agent.gate.cache import Fill
 from agent.gate.ejection import UpstreamStalled
-from agent.gate.openai import NO_TOKEN, error_body, usage_from_json, usage_from_sse_tail
+from agent.gate.openai import NO_TOKEN, REQUEST_ID, error_body, usage_from_json, usage_from_sse_tail
 from agent.gate.ratelimit import retry_after_header
 from agent.gate.records import RequestRecord
 from agent.gate.sequences import SequenceGaps
@@ -47,6 +47,15 @@ Filled = Callable[[Fill, aiohttp.ClientResponse, bool, "RequestRecord | None"], 
 def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
     """``headers`` without the hop-by-hop ones: what goes on to the other side."""
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
+
+
+def answer_headers(up: aiohttp.ClientResponse, record: RequestRecord | None) -> CIMultiDict[str]:
+    """The upstream's answer headers for the client, with the request's ``X-Request-Id`` where the
+    upstream did not echo it."""
+    headers = forward_headers(up.headers)
+    if record is not None and record.request_id and REQUEST_ID not in headers:
+        headers[REQUEST_ID] = record.request_id
+    return headers
 
 
 def json_error(
@@ -116,7 +125,7 @@ class Relay:
             fill.feed(payload)
             fill.head = payload  # the whole JSON: its model fields name the model
             self.filled(fill, up, False, record)
-        return web.Response(status=up.status, body=payload, headers=forward_headers(up.headers))
+        return web.Response(status=up.status, body=payload, headers=answer_headers(up, record))
 
     async def _stream(
         self,
@@ -127,7 +136,7 @@ class Relay:
         token_event: bytes,
     ) -> web.StreamResponse:
         clock = self.clock  # read per chunk
-        resp = web.StreamResponse(status=up.status, headers=forward_headers(up.headers))
+        resp = web.StreamResponse(status=up.status, headers=answer_headers(up, record))
         last: float | None = None  # the last chunk that carried tokens
         events = 0  # SSE events (every one carries tokens), or token events (with token_event)
         tail = b""

@@ -1,0 +1,78 @@
+"""One id per request across the client, the gate and the engine (``gate.request_ids``): the client's
+``X-Request-Id``, or one the gate gives it, is sent to the engine (vLLM names its request by it, in its
+log and its abort messages), returned to the client, refusals included, and written in the access log."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from agent.config import GateLineConfig
+from tests.agent.gate.parked import ParkedEngine, serving
+from tests.engines.client import gate_for
+
+TIMEOUT = 5.0
+
+
+class Echo(ParkedEngine):
+    """``/v1/completions`` answered at once; keeps the ``X-Request-Id`` each request came with."""
+
+    path = "/v1/completions"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go.set()
+        self.ids: list[str | None] = []
+
+    async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        self.ids.append(request.headers.get("X-Request-Id"))
+        usage = {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
+        return web.json_response({"choices": [{"text": "a"}], "usage": usage})
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Echo]:
+    async for served in serving(Echo()):
+        yield served
+
+
+async def test_a_request_without_an_id_gets_one_the_engine_the_client_and_the_log_share(
+    engine: Echo, tmp_path: Path
+) -> None:
+    log = tmp_path / "access.jsonl"
+    lines = {"batch": GateLineConfig(requests_per_min=1, burst_ratio=1.0)}
+    body = {"prompt": "hi", "max_tokens": 1}
+    async with (
+        gate_for(engine.url, access_log=str(log), lines=lines) as (_, base, _registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+    ):
+        async with client.post(f"{base}/v1/completions", json=body) as r:
+            given = r.headers["X-Request-Id"]
+        async with client.post(f"{base}/v1/completions", json=body, headers={"X-Request-Id": "mine-1"}) as r:
+            assert r.headers["X-Request-Id"] == "mine-1"
+        refused = []
+        for _ in range(2):  # the line's one request a minute: the second is refused, its id said
+            async with client.post(
+                f"{base}/v1/completions", json=body, headers={"x-servepilot-line": "batch"}
+            ) as r:
+                refused.append((r.status, r.headers.get("X-Request-Id")))
+    assert len(given) == 32 and engine.ids[:2] == [given, "mine-1"]
+    assert refused[1][0] == 429 and refused[1][1] and refused[1][1] != refused[0][1]
+    logged = [json.loads(line)["request_id"] for line in log.read_text().splitlines()]
+    assert logged == [given, "mine-1", refused[0][1], refused[1][1]]
+
+
+async def test_request_ids_off_adds_none(engine: Echo) -> None:
+    async with (
+        gate_for(engine.url, request_ids=False) as (_, base, _registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+        client.post(f"{base}/v1/completions", json={"prompt": "hi", "max_tokens": 1}) as r,
+    ):
+        assert "X-Request-Id" not in r.headers
+    assert engine.ids == [None]

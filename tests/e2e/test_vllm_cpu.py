@@ -189,6 +189,21 @@ async def test_the_responses_api_is_admitted_by_the_gate_and_counted_from_vllms_
     assert ttft == 3 + _first_token_is_whole(plain[1]["usage"])
 
 
+async def test_the_gates_request_id_is_vllms(engine: RunningEngine) -> None:
+    """A request without an ``X-Request-Id`` gets one from the gate (``gate.request_ids``), and vLLM names
+    the request by it: its answer's ``id`` is ``cmpl-<id>``, and a client's own id is taken the same way."""
+    body = {"model": "tiny-random-llama", "prompt": "Say hello", "max_tokens": 3}
+    async with gate_for(engine.url) as (_, base, _registry), aiohttp.ClientSession() as session:
+        async with session.post(f"{base}/v1/completions", json=body) as r:
+            given, answer = r.headers["X-Request-Id"], await r.json()
+        async with session.post(
+            f"{base}/v1/completions", json=body, headers={"X-Request-Id": "client-7"}
+        ) as r:
+            own = await r.json()
+    assert len(given) == 32 and answer["id"] == f"cmpl-{given}"
+    assert own["id"] == "cmpl-client-7"
+
+
 async def test_anthropic_messages_are_admitted_and_every_route_is_judged(engine: RunningEngine) -> None:
     """``POST /v1/messages`` (Anthropic's API, which vLLM serves) through the gate, streamed and not: held
     to the limit, its first token timed at the first ``content_block_delta``, its tokens counted from the

@@ -16,9 +16,11 @@ process without CUDA), which does not fail the run.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import aiohttp
 
@@ -326,9 +328,34 @@ async def run_checks(cfg: Config) -> list[CheckResult]:
         found = next((r.info.get("engine") for _, r in sources if r.source == "engine"), None)
         kind = cfg.engine.kind if cfg.engine.kind != "auto" else found
         results.extend(check_engine_priority(cfg, kind))
+        if cfg.gate.access_log is not None:
+            results.append(check_access_log(cfg))
     if cfg.webhooks.enabled:
         results.extend(await check_webhooks(cfg))
     return results
+
+
+def check_access_log(cfg: Config) -> CheckResult:
+    """Whether the gate could write its access log there, without creating or touching the file."""
+    from agent.gate.access_log import STDOUT
+
+    target = cfg.gate.access_log
+    assert target is not None
+    started = time.perf_counter()
+    if target == STDOUT:
+        return CheckResult("access log", "ok", "to stdout", time.perf_counter() - started, target)
+    path = Path(target)
+    folder = path.parent
+    if not folder.is_dir():
+        problem = f"its folder {folder} does not exist"
+    elif path.exists() and not (path.is_file() and os.access(path, os.W_OK)):
+        problem = "it is not a file this process may write"
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        problem = f"this process may not create files in {folder} (rotation does)"
+    else:
+        rotated = f"rotated at {cfg.gate.access_log_max_mb:g} MB, {cfg.gate.access_log_backups} kept"
+        return CheckResult("access log", "ok", rotated, time.perf_counter() - started, target)
+    return CheckResult("access log", "error", problem, time.perf_counter() - started, target)
 
 
 def check_engine_priority(cfg: Config, kind: str | None) -> list[CheckResult]:

@@ -429,3 +429,21 @@ async def test_alert_receivers_are_reached_and_sent_nothing(tmp_path: Path) -> N
         for runner in runners:
             await runner.cleanup()
     assert posts == []  # nothing was sent to either receiver
+
+
+def test_the_access_log_row_says_whether_the_gate_could_write_there(tmp_path: Path) -> None:
+    """Read only: the file is neither created nor touched."""
+    from agent.preflight import check_access_log
+
+    def row(target: str) -> tuple[str, str]:
+        result = check_access_log(config.build({"gate": {"enabled": True, "access_log": target}}))
+        return result.status, result.detail
+
+    assert row("stdout") == ("ok", "to stdout")
+    assert row(str(tmp_path / "access.jsonl")) == ("ok", "rotated at 100 MB, 5 kept")
+    assert not (tmp_path / "access.jsonl").exists()
+    assert row(str(tmp_path / "gone" / "access.jsonl")) == (
+        "error",
+        f"its folder {tmp_path / 'gone'} does not exist",
+    )
+    assert row(str(tmp_path)) == ("error", "it is not a file this process may write")

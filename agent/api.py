@@ -23,7 +23,8 @@ import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 
 from agent.exporter import Exporter
 from agent.gate.upstreams import UpstreamPool
@@ -136,9 +137,12 @@ def _upstreams_handler(pool: UpstreamPool) -> Callable[[web.Request], Awaitable[
 
 
 def _metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], Awaitable[web.Response]]:
-    async def metrics(_: web.Request) -> web.Response:
-        body = generate_latest(registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    """``GET /metrics``: the Prometheus text format, or OpenMetrics for a scraper that asks for it (as
+    Prometheus does), which carries the gate's exemplars (a request id on its latency histograms)."""
+
+    async def metrics(request: web.Request) -> web.Response:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(body=encoder(registry), headers={"Content-Type": content_type})
 
     return metrics
 

@@ -165,8 +165,10 @@ def overview() -> dashboard.Dashboard:
                     "histogram_quantile(0.99, sum by (le, bucket) "
                     "(rate(servepilot_gate_ttft_seconds_bucket{@POD}[$__rate_interval])))",
                     "{{bucket}}",
-                ),
+                ).exemplar(True),  # request ids: from a slow point to its access line and engine log
                 q("servepilot_slo_ttft_seconds{@POD}", "SLO", "B"),
+                desc="Dots are exemplars (Prometheus with --enable-feature=exemplar-storage): a request of "
+                "that latency, by its X-Request-Id, to find in the gate's access log and the engine's log.",
             )
         )
         .with_panel(

@@ -33,6 +33,9 @@ LATENCY_BUCKETS = (
     1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0, 120.0,
 )  # fmt: skip
 QUANTILES = (("p50", 50.0), ("p95", 95.0), ("p99", 99.0))
+#: Characters of a request id an exemplar carries (OpenMetrics allows 128 for its labels' names and
+#: values together)
+EXEMPLAR_ID = 64
 OUTCOMES = ("ok", "upstream_error", "rejected", "expired", "disconnected", "client_error")
 
 
@@ -280,16 +283,18 @@ class GateStats:
                 answered, errors, slo_bad = self.by_upstream.get(rec.upstream, (0, 0, 0))
                 self.by_upstream[rec.upstream] = (answered + 1, errors + error, slo_bad + missed)
         bucket = self.bucket_of(rec)
-        self.queue_wait.labels(rec.priority).observe(rec.queue_wait_s)
+        # a request id on the latency series: from a slow bucket in Grafana to that request's access line
+        exemplar = {"request_id": rec.request_id[:EXEMPLAR_ID]} if rec.request_id else None
+        self.queue_wait.labels(rec.priority).observe(rec.queue_wait_s, exemplar)
         self.tokens.labels(rec.line, "prompt").inc(rec.prompt_tokens)
         self.tokens.labels(rec.line, "output").inc(rec.output_tokens)
         self._win[(bucket, "done")].add(now, 1.0)
         if rec.outcome != "ok":
             return
-        self.e2e.labels(bucket).observe(rec.e2e_s)
+        self.e2e.labels(bucket).observe(rec.e2e_s, exemplar)
         self._win[(bucket, "e2e")].add(now, rec.e2e_s)
         if rec.ttft_s is not None:
-            self.ttft.labels(bucket).observe(rec.ttft_s)
+            self.ttft.labels(bucket).observe(rec.ttft_s, exemplar)
             self._win[(bucket, "ttft")].add(now, rec.ttft_s)
         if rec.itl_s:  # with several sequences, each one's own gaps (agent.gate.sequences)
             itl_hist = self.itl.labels(bucket)

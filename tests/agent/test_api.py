@@ -56,6 +56,11 @@ async def test_healthz_state_and_metrics(aiohttp_client: Any) -> None:
     metrics = await (await client.get("/metrics")).text()
     assert "servepilot_engine_requests_running 4.0" in metrics
     assert "servepilot_engine_up 1.0" in metrics
+    # OpenMetrics for a scraper that asks for it, as Prometheus does: it carries the gate's exemplars
+    asked = await client.get("/metrics", headers={"Accept": "application/openmetrics-text;version=1.0.0"})
+    assert asked.headers["Content-Type"].startswith("application/openmetrics-text")
+    text = await asked.text()
+    assert "servepilot_engine_requests_running 4.0" in text and text.endswith("# EOF\n")
 
 
 async def test_readyz_is_503_while_the_engine_is_stalled_unless_turned_off(aiohttp_client: Any) -> None:

@@ -232,6 +232,7 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
         f"--config.file={_prometheus_config(tmp_path, agent_port, engine_port, am_port)}",
         f"--storage.tsdb.path={tmp_path / 'tsdb'}",
         f"--web.listen-address=127.0.0.1:{prom_port}",
+        "--enable-feature=exemplar-storage",  # the gate's request ids on its latency histograms
     ]
     am_args = [
         am_bin,
@@ -300,6 +301,19 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
                 await until(  # two scrapes of it in the panel's window
                     lambda: instant(f"rate({turned_away}[{RATE_WINDOW}])"), 30, "the refusals in Prometheus"
                 )
+
+                # the gate's TTFT buckets carry request ids as exemplars (OpenMetrics, which Prometheus
+                # asks for): from a slow bucket to that request's access line and the engine's log
+                async def exemplars() -> list[dict[str, Any]]:
+                    now = time.time()
+                    params = {"query": "servepilot_gate_ttft_seconds_bucket", "start": now - 300, "end": now}
+                    async with http.get(f"{prom_url}/api/v1/query_exemplars", params=params) as r:
+                        body = await r.json()
+                    assert body["status"] == "success", body
+                    return [e for series in body["data"] for e in series["exemplars"]]
+
+                found = await until(exemplars, 30, "exemplars in Prometheus")
+                assert all(len(e["labels"]["request_id"]) == 32 for e in found), found[:3]
                 with_data, quiet, empty = await _dashboard_results(instant)
                 assert empty == [], "dashboard queries without data:\n" + "\n".join(empty)
                 assert with_data > 2 * len(quiet), (with_data, quiet)

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 
 from agent.config import GateLineConfig
 from tests.agent.gate.parked import ParkedEngine, serving
@@ -49,7 +50,7 @@ async def test_a_request_without_an_id_gets_one_the_engine_the_client_and_the_lo
     lines = {"batch": GateLineConfig(requests_per_min=1, burst_ratio=1.0)}
     body = {"prompt": "hi", "max_tokens": 1}
     async with (
-        gate_for(engine.url, access_log=str(log), lines=lines) as (_, base, _registry),
+        gate_for(engine.url, access_log=str(log), lines=lines) as (_, base, registry),
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
     ):
         async with client.post(f"{base}/v1/completions", json=body) as r:
@@ -66,6 +67,10 @@ async def test_a_request_without_an_id_gets_one_the_engine_the_client_and_the_lo
     assert refused[1][0] == 429 and refused[1][1] and refused[1][1] != refused[0][1]
     logged = [json.loads(line)["request_id"] for line in log.read_text().splitlines()]
     assert logged == [given, "mine-1", refused[0][1], refused[1][1]]
+    # and on the latency histograms, as exemplars (OpenMetrics): from a slow bucket to its access line
+    exposed = openmetrics(registry).decode()
+    e2e = [line for line in exposed.splitlines() if line.startswith("servepilot_gate_e2e_seconds_bucket")]
+    assert any(f'# {{request_id="{given}"}}' in line for line in e2e), e2e
 
 
 async def test_request_ids_off_adds_none(engine: Echo) -> None:

@@ -123,12 +123,10 @@ def test_an_event_that_never_ends_is_dropped_not_kept_growing() -> None:
     assert seen == [1.0] and clock.sequences == 1
 
 
-class SteppedUpstream(ParkedEngine):
-    """``/v1/completions`` with ``n`` = 2: the recorded vLLM stream regrouped as an engine sends it, both
-    sequences' tokens of a decode step in one write, a step every ``STEP_S`` of the gate's (virtual)
-    clock. The next step waits until the gate has read the last one (its clock was read)."""
+class Stepped(ParkedEngine):
+    """Writes a stream's steps one per ``STEP_S`` of the gate's (virtual) clock, :meth:`clock`; the next
+    step waits until the gate has read the last one (its clock was read)."""
 
-    path = "/v1/completions"
     STEP_S = 0.05
 
     def __init__(self, now: list[float]) -> None:
@@ -140,14 +138,7 @@ class SteppedUpstream(ParkedEngine):
         self.reads += 1
         return self.now[0]
 
-    async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-        events = _events("vllm-0.32.0-cpu-completions-n2-stream.sse")
-        by_sequence: dict[int, list[bytes]] = {0: [], 1: []}
-        for event in events[:-1]:
-            index = _index(event)
-            assert index is not None
-            by_sequence[index].append(event)
-        steps = [a + b for a, b in zip(by_sequence[0], by_sequence[1], strict=True)] + [events[-1]]
+    async def send(self, request: web.Request, steps: list[bytes]) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for step in steps:
@@ -158,6 +149,24 @@ class SteppedUpstream(ParkedEngine):
                 await asyncio.sleep(0.001)
         await resp.write_eof()
         return resp
+
+
+class SteppedUpstream(Stepped):
+    """``/v1/completions`` with ``n`` = 2: the recorded vLLM stream regrouped as an engine sends it, both
+    sequences' tokens of a decode step in one write, a step every ``STEP_S`` of the gate's (virtual)
+    clock. The next step waits until the gate has read the last one (its clock was read)."""
+
+    path = "/v1/completions"
+
+    async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        events = _events("vllm-0.32.0-cpu-completions-n2-stream.sse")
+        by_sequence: dict[int, list[bytes]] = {0: [], 1: []}
+        for event in events[:-1]:
+            index = _index(event)
+            assert index is not None
+            by_sequence[index].append(event)
+        steps = [a + b for a, b in zip(by_sequence[0], by_sequence[1], strict=True)] + [events[-1]]
+        return await self.send(request, steps)
 
 
 @pytest.fixture
@@ -249,36 +258,22 @@ async def test_a_chat_streams_opening_role_is_neither_a_token_nor_a_gap(n: int) 
     assert output == 5.0 * n
 
 
-class ReplayedChat(ParkedEngine):
+class ReplayedChat(Stepped):
     """``/v1/chat/completions``: llama.cpp's recorded chat stream (its role event, 6 tokens, a closing
     event with an empty delta and its ``timings``, ``[DONE]``), an event every ``STEP_S`` of the gate's
     virtual clock; without ``timings`` when ``strip`` (an engine that reports no counts)."""
 
     path = "/v1/chat/completions"
-    STEP_S = 0.05
 
     def __init__(self, now: list[float], strip: bool) -> None:
-        super().__init__()
-        self.now, self.strip, self.reads = now, strip, 0
-
-    def clock(self) -> float:
-        self.reads += 1
-        return self.now[0]
+        super().__init__(now)
+        self.strip = strip
 
     async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         events = _events("llamacpp-chat-stream.sse")
         if self.strip:
             events = [re.sub(rb',"timings":\{[^}]*\}', b"", event) for event in events]
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for event in events:
-            self.now[0] += self.STEP_S
-            reads = self.reads
-            await resp.write(event)
-            while self.reads == reads:  # the gate reads its clock for each chunk it relays
-                await asyncio.sleep(0.001)
-        await resp.write_eof()
-        return resp
+        return await self.send(request, events)
 
 
 @pytest.mark.parametrize("strip", [False, True], ids=["timings", "no counts"])

@@ -196,10 +196,9 @@ async def test_the_gate_records_each_sequences_own_token_gaps(stepped: SteppedUp
     assert registry.get_sample_value("servepilot_gate_ttft_seconds_sum", bucket) == pytest.approx(0.05)
 
 
-async def test_the_simulators_n_2_stream_is_timed_per_sequence_through_the_gate() -> None:
-    """The simulator serves ``n`` as vLLM does (tests/simulator/test_n_sequences.py): through the gate,
-    each of the two sequences (4 tokens, the last with the finish reason) gives 3 gaps, as vLLM's recorded
-    stream does, and the tokens of both count."""
+async def _through_a_gate_to_the_simulator(path: str, body: dict[str, Any]) -> tuple[bytes, Any]:
+    """``body`` sent to ``path`` through a gate in front of the simulator: the answer, and the gate's
+    registry."""
     from simulator.engine import make_core
     from simulator.server import SimServer
 
@@ -207,6 +206,22 @@ async def test_the_simulators_n_2_stream_is_timed_per_sequence_through_the_gate(
     runner = web.AppRunner(sim.app())
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        async with (
+            gate_for(f"http://127.0.0.1:{runner.addresses[0][1]}") as (_, base, registry),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+            client.post(f"{base}{path}", json=body) as resp,
+        ):
+            assert resp.status == 200
+            return await resp.read(), registry
+    finally:
+        await runner.cleanup()
+
+
+async def test_the_simulators_n_2_stream_is_timed_per_sequence_through_the_gate() -> None:
+    """The simulator serves ``n`` as vLLM does (tests/simulator/test_n_sequences.py): through the gate,
+    each of the two sequences (4 tokens, the last with the finish reason) gives 3 gaps, as vLLM's recorded
+    stream does, and the tokens of both count."""
     body = {
         "prompt": "x" * 40,
         "max_tokens": 4,
@@ -214,16 +229,7 @@ async def test_the_simulators_n_2_stream_is_timed_per_sequence_through_the_gate(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    try:
-        async with (
-            gate_for(f"http://127.0.0.1:{runner.addresses[0][1]}") as (_, base, registry),
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
-            client.post(f"{base}/v1/completions", json=body) as resp,
-        ):
-            assert resp.status == 200
-            await resp.read()
-    finally:
-        await runner.cleanup()
+    _, registry = await _through_a_gate_to_the_simulator("/v1/completions", body)
     bucket = {"bucket": "le256"}
     assert registry.get_sample_value("servepilot_gate_itl_seconds_count", bucket) == 6
     output = registry.get_sample_value("servepilot_gate_tokens_total", {"line": "default", "kind": "output"})
@@ -235,24 +241,9 @@ async def test_a_chat_streams_opening_role_is_neither_a_token_nor_a_gap(n: int) 
     """A chat stream opens each sequence with its role and no content (vLLM's recorded stream does too):
     without usage, the gate counts the tokens themselves, 5 a sequence, and times 4 gaps of each, where
     the role event made it 6 and 5 (one token too many per answer, and a gap of about 0)."""
-    from simulator.engine import make_core
-    from simulator.server import SimServer
-
-    sim = SimServer(make_core("h100-sxm", "llama-3-8b", "fp16", 64), speed=10.0)
-    runner = web.AppRunner(sim.app())
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "n": n, "stream": True}
-    try:
-        async with (
-            gate_for(f"http://127.0.0.1:{runner.addresses[0][1]}") as (_, base, registry),
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
-            client.post(f"{base}/v1/chat/completions", json=body) as resp,
-        ):
-            assert resp.status == 200
-            assert (await resp.read()).count(b'"role":"assistant","content":""') == n
-    finally:
-        await runner.cleanup()
+    answer, registry = await _through_a_gate_to_the_simulator("/v1/chat/completions", body)
+    assert answer.count(b'"role":"assistant","content":""') == n
     assert registry.get_sample_value("servepilot_gate_itl_seconds_count", {"bucket": "le256"}) == 4 * n
     output = registry.get_sample_value("servepilot_gate_tokens_total", {"line": "default", "kind": "output"})
     assert output == 5.0 * n

@@ -164,6 +164,11 @@ class GateConfig(Section):
         100.0, gt=0, le=1 << 20, description="the access log file is rotated at this size"
     )
     access_log_backups: int = Field(5, ge=0, le=1000, description="rotated access log files kept")
+    rate_limit_headers: bool = Field(
+        True,
+        description="answer with OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens} headers of "
+        "the request's business line, for clients that pace themselves by them",
+    )
     request_ids: bool = Field(
         True,
         description="give a request without an X-Request-Id one: sent to the engine (vLLM names the request "

@@ -49,7 +49,7 @@ from agent.gate.openai import (
 )
 from agent.gate.ratelimit import LineLimiter, LineLimits, LineResolver
 from agent.gate.records import GateStats, LengthBuckets, RequestRecord
-from agent.gate.relay import Relay, json_error
+from agent.gate.relay import Relay, add_gate_headers, json_error
 from agent.gate.upstreams import UpstreamPool, health_loop
 
 log = logging.getLogger(__name__)
@@ -467,10 +467,8 @@ class Gate:
         finally:
             self.in_progress -= 1
             record = request.get(RECORD)
-            if response is not None and not response.prepared and record is not None and record.request_id:
-                response.headers.setdefault(
-                    REQUEST_ID, record.request_id
-                )  # a refusal, an error: not sent yet
+            if response is not None and not response.prepared and record is not None:
+                add_gate_headers(response.headers, record)  # a refusal or an error, not sent yet
             if self.access_log is not None:
                 self._log_access(request, response, started)
 
@@ -529,6 +527,8 @@ class Gate:
         record.prompts = info.prompts
         est_tokens = info.prompt_tokens + record.max_tokens  # max_tokens for each of its sequences
         verdict = limiter.admit(est_tokens, arrived)
+        if self.cfg.rate_limit_headers:
+            record.rate_limit = limiter.headers(arrived)
         if not verdict.granted:
             return self._refuse(record, 429, verdict.reason, "rate_limit_exceeded", verdict.retry_after_s)
         fill: Fill | None = None

@@ -98,6 +98,21 @@ class LineLimiter:
             self.tokens.take(est_tokens, now)
         return Verdict(True)
 
+    def headers(self, now: float) -> tuple[tuple[str, str], ...]:
+        """OpenAI's rate-limit headers for this line at ``now``, for clients that pace themselves by them:
+        ``x-ratelimit-limit-requests`` (the bucket's size: a minute's rate times its burst),
+        ``-remaining-requests`` (what it holds) and ``-reset-requests`` (until it is full again, as
+        ``1s``, ``6m0s``, ``20ms``); the ``-tokens`` three too where the line has a token budget."""
+        out: list[tuple[str, str]] = []
+        for kind, bucket in (("requests", self.requests), ("tokens", self.tokens)):
+            if bucket is None:
+                continue
+            level = bucket.tokens(now)
+            out.append((f"x-ratelimit-limit-{kind}", str(int(bucket.capacity))))
+            out.append((f"x-ratelimit-remaining-{kind}", str(max(0, math.floor(level)))))
+            out.append((f"x-ratelimit-reset-{kind}", duration((bucket.capacity - level) / bucket.rate_per_s)))
+        return tuple(out)
+
     def refund(self, est_tokens: float) -> None:
         self.requests.refund(1.0)
         if self.tokens is not None:
@@ -154,6 +169,16 @@ class LineLimits:
         for name, old in self._lines.items():
             new.get(name, now).carry_from(old, now)
         return new
+
+
+def duration(seconds: float) -> str:
+    """A wait as OpenAI's rate-limit headers write one: ``20ms``, ``1.5s``, ``6m0s``."""
+    if seconds < 1.0:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    if seconds < 60.0:
+        return f"{math.ceil(seconds * 10) / 10:g}s"
+    minutes, rest = divmod(math.ceil(seconds), 60)
+    return f"{minutes}m{rest}s"
 
 
 def retry_after_header(seconds: float) -> str:

@@ -94,6 +94,8 @@ class RequestRecord:
     last, so it has no TTFT of its own to record and is judged by when the whole answer came."""
     outcome: str = "ok"
     status: int = 0
+    rate_limit: tuple[tuple[str, str], ...] = ()
+    """Its line's rate-limit headers as it was admitted or refused (``gate.rate_limit_headers``)."""
     request_id: str = ""
     """The client's ``X-Request-Id``, or one the gate gave it (``gate.request_ids``): sent to the engine
     (vLLM names the request by it in its log), returned to the client and written in the access log."""

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -50,12 +50,20 @@ def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
 
 
 def answer_headers(up: aiohttp.ClientResponse, record: RequestRecord | None) -> CIMultiDict[str]:
-    """The upstream's answer headers for the client, with the request's ``X-Request-Id`` where the
-    upstream did not echo it."""
+    """The upstream's answer headers for the client, with what the gate adds (:func:`add_gate_headers`)."""
     headers = forward_headers(up.headers)
-    if record is not None and record.request_id and REQUEST_ID not in headers:
-        headers[REQUEST_ID] = record.request_id
+    if record is not None:
+        add_gate_headers(headers, record)
     return headers
+
+
+def add_gate_headers(headers: MutableMapping[str, str], record: RequestRecord) -> None:
+    """The request's ``X-Request-Id`` where the upstream did not echo it, and its line's rate-limit
+    headers."""
+    if record.request_id and REQUEST_ID not in headers:
+        headers[REQUEST_ID] = record.request_id
+    for name, value in record.rate_limit:
+        headers[name] = value
 
 
 def json_error(

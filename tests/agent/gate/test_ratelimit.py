@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from agent.config import GateConfig, GateLineConfig
-from agent.gate.ratelimit import LineLimiter, LineLimits, LineResolver, TokenBucket, retry_after_header
+from agent.gate.ratelimit import (
+    LineLimiter,
+    LineLimits,
+    LineResolver,
+    TokenBucket,
+    duration,
+    retry_after_header,
+)
 
 
 def test_bucket_rate_is_within_2_percent_of_configured_over_60_s() -> None:
@@ -113,3 +120,26 @@ def test_a_reload_that_lowers_a_burst_caps_what_the_line_holds() -> None:
     limits = LineLimits(GateConfig(lines={"a": GateLineConfig(requests_per_min=600)}), now=0.0)
     limits = limits.reconfigured(GateConfig(lines={"a": GateLineConfig(requests_per_min=60)}), now=0.0)
     assert _spent(limits, "a", 0.0) == 120  # the new capacity (2 x 60), not the 1200 it held
+
+
+def test_rate_limit_headers_say_the_lines_bucket_as_openai_writes_them() -> None:
+    """A line of 60 requests a minute with a burst of 2 (a bucket of 120) and 6,000 tokens a minute: after
+    one request of 500 tokens, 119 requests and 11,500 tokens are left, full again in 1 s and 5 s."""
+    line = GateLineConfig(requests_per_min=60, burst_ratio=2.0, tokens_per_min=6000)
+    limiter = LineLimiter("search", line, now=0.0)
+    assert limiter.admit(500, now=0.0).granted
+    assert dict(limiter.headers(0.0)) == {
+        "x-ratelimit-limit-requests": "120",
+        "x-ratelimit-remaining-requests": "119",
+        "x-ratelimit-reset-requests": "1s",
+        "x-ratelimit-limit-tokens": "12000",
+        "x-ratelimit-remaining-tokens": "11500",
+        "x-ratelimit-reset-tokens": "5s",
+    }
+    plain = LineLimiter("default", GateLineConfig(requests_per_min=1000), now=0.0)
+    assert [name for name, _ in plain.headers(0.0)] == [
+        "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
+    ]  # fmt: skip
+    assert [duration(s) for s in (0.0, 0.0204, 1.5, 59.99, 360.0, 3725.2)] == [
+        "0ms", "21ms", "1.5s", "60s", "6m0s", "62m6s",
+    ]  # fmt: skip

@@ -1,6 +1,9 @@
-"""One id per request across the client, the gate and the engine (``gate.request_ids``): the client's
+"""What the gate adds to its answers.
+
+One id per request across the client, the gate and the engine (``gate.request_ids``): the client's
 ``X-Request-Id``, or one the gate gives it, is sent to the engine (vLLM names its request by it, in its
-log and its abort messages), returned to the client, refusals included, and written in the access log."""
+log and its abort messages), returned to the client, refusals included, and written in the access log.
+And the business line's rate-limit headers in OpenAI's shape (``gate.rate_limit_headers``)."""
 
 from __future__ import annotations
 
@@ -83,3 +86,30 @@ async def test_request_ids_off_adds_none(engine: Echo) -> None:
     ):
         assert "X-Request-Id" not in r.headers
     assert engine.ids == [None]
+
+
+async def test_answers_and_refusals_carry_the_lines_rate_limit_headers(engine: Echo) -> None:
+    """OpenAI's ``x-ratelimit-*`` headers (``gate.rate_limit_headers``): the line's bucket after the
+    request was admitted, or at its refusal, where nothing is left and ``Retry-After`` says the wait."""
+    lines = {"batch": GateLineConfig(requests_per_min=2, burst_ratio=1.0)}
+    body = {"prompt": "hi", "max_tokens": 1}
+    seen = []
+    async with (
+        gate_for(engine.url, lines=lines) as (_, base, _registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+    ):
+        for _ in range(3):
+            async with client.post(
+                f"{base}/v1/completions", json=body, headers={"x-servepilot-line": "batch"}
+            ) as r:
+                seen.append((r.status, {k: v for k, v in r.headers.items() if k.startswith("x-ratelimit-")}))
+    assert [status for status, _ in seen] == [200, 200, 429]
+    assert [h["x-ratelimit-remaining-requests"] for _, h in seen] == ["1", "0", "0"]
+    assert {h["x-ratelimit-limit-requests"] for _, h in seen} == {"2"}
+    assert seen[2][1]["x-ratelimit-reset-requests"].endswith("s")  # about a minute until it is full
+    async with (
+        gate_for(engine.url, rate_limit_headers=False) as (_, base, _registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+        client.post(f"{base}/v1/completions", json=body) as r,
+    ):
+        assert not any(k.startswith("x-ratelimit-") for k in r.headers)

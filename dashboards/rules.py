@@ -402,6 +402,16 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
             "until it expires.",
         ),
         _alert(
+            "ServepilotAccessLogDropping",
+            f"sum by ({BY}) (increase(servepilot_gate_access_log_dropped_total[{p.w('30m')}])) > 0",
+            p.for_(300),
+            "warning",
+            "the gate in {{ $labels.pod }} is losing access log lines",
+            "Lines of the gate's access log were dropped over the last 30 minutes: its writer falls behind (a "
+            "stalled stdout, a slow disk) or cannot write (a full disk). Requests are served; their per-request "
+            "record is lost.",
+        ),
+        _alert(
             "ServepilotWebhookDeliveryFailing",
             f"max by ({BY}, sink) (servepilot_webhook_oldest_pending_age_seconds) > 300\n"
             f"or sum by ({BY}, sink) (increase(servepilot_webhook_deliveries_total"

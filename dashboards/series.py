@@ -77,6 +77,7 @@ AGENT: list[Series] = _agent(
     "servepilot_engine_control_up",
     "servepilot_actuator_waiting",  # the GPU actuator before the probe names the engine's GPUs
     "servepilot_config_last_reload_successful",
+    "servepilot_gate_access_log_dropped_total",  # gate.access_log
     "servepilot_tls_files_current",  # a TLS context, the API's or a client's (agent.tls_*, *.tls_*)
     "servepilot_slo_ttft_seconds",
     "servepilot_slo_itl_seconds",

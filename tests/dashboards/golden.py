@@ -115,7 +115,7 @@ async def agent_exposition(tmp_path: Path) -> str:
     knobs = Knobs(
         config.build(
             {
-                "gate": {"enabled": True},
+                "gate": {"enabled": True, "access_log": str(tmp_path / "access.jsonl")},
                 "control": {"enabled": True},
                 "audit": {"path": None},
                 "actuators": gpu,

@@ -407,9 +407,9 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
             p.for_(300),
             "warning",
             "the gate in {{ $labels.pod }} is losing access log lines",
-            "Lines of the gate's access log were dropped over the last 30 minutes: its writer falls behind (a "
-            "stalled stdout, a slow disk) or cannot write (a full disk). Requests are served; their per-request "
-            "record is lost.",
+            "Lines of the gate's access log were dropped over the last 30 minutes: its writer falls behind "
+            "(a stalled stdout, a slow disk) or cannot write (a full disk). Requests are served; their "
+            "per-request record is lost.",
         ),
         _alert(
             "ServepilotWebhookDeliveryFailing",

@@ -14,7 +14,9 @@ agent's exported surface changes. Regenerate with::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import trustme
 from aiohttp import web
@@ -77,7 +79,7 @@ def surface(exposition: str) -> list[str]:
     return sorted(lines)
 
 
-async def agent_exposition(tmp_path: Path) -> str:
+async def agent_exposition(tmp_path: Path, encoder: Callable[[Any], bytes] = generate_latest) -> str:
     """Run four ticks of the real loop against replayed captures; return the agent's /metrics text."""
     scrapes = [p.read_text(encoding="utf-8") for p in ENGINE_SCRAPES]
     served = {"n": 0}
@@ -150,7 +152,7 @@ async def agent_exposition(tmp_path: Path) -> str:
             for k in range(10):
                 nvml.sampler.sample_once(tick + k * 0.1)
             await loop.tick(now)
-        return generate_latest(exporter.registry).decode("utf-8")
+        return encoder(exporter.registry).decode("utf-8")
     finally:
         await hooks.stop()
         audit.close()

@@ -55,6 +55,22 @@ def test_agent_metrics_match_the_golden_file(tmp_path: Path) -> None:
     assert lines == read_golden(), "agent /metrics changed: SERVEPILOT_UPDATE_GOLDEN=1 to accept"
 
 
+def test_the_agent_metrics_are_valid_openmetrics_too(tmp_path: Path) -> None:
+    """Prometheus asks for OpenMetrics (the gate's exemplars need it): the same registry must parse under
+    OpenMetrics' stricter rules (no gauge named like a counter, an ``# EOF``), or every scrape fails."""
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+
+    text = asyncio.run(agent_exposition(tmp_path, openmetrics))
+    families = list(parse_openmetrics(text))  # raises on anything OpenMetrics does not allow
+    (tmp_path / "plain").mkdir()
+    plain = asyncio.run(agent_exposition(tmp_path / "plain"))
+    # the same families (the text format writes a counter's ``_created`` as a family of its own)
+    written = {f.name for f in text_string_to_metric_families(plain) if not f.name.endswith("_created")}
+    named = {f.name + ("_info" if f.type == "info" else "") for f in families}  # an info's name, as text
+    assert named == written and len(written) > 100
+
+
 def test_every_queried_series_is_listed_or_recorded() -> None:
     known = set(series.ALL) | queries.recorded_names(rules.build())
     unknown = {name: where for name, where in _used_names().items() if name not in known}

@@ -555,7 +555,7 @@ class Gate:
                 line, lambda: line_cap(share, admission.limit), deadline, info.choices
             )
             if not held:
-                limiter.refund(est_tokens)
+                self._refund(limiter, est_tokens, record)
                 cap = line_cap(share, admission.limit)
                 message = (
                     f"business line {line!r} holds its share of the gate ({cap} of {admission.limit} slots)"
@@ -571,6 +571,13 @@ class Gate:
         finally:
             if held:
                 self.line_slots.release(line, held)
+
+    def _refund(self, limiter: LineLimiter, est_tokens: float, record: RequestRecord) -> None:
+        """Give back what the line's buckets were charged for a request the gate then did not serve, and
+        say the refunded level in its answer's rate-limit headers."""
+        limiter.refund(est_tokens)
+        if record.rate_limit:
+            record.rate_limit = limiter.headers(self.clock())
 
     def _deadline(self, own_wait_s: float | None, priority: Priority) -> float:
         """How long a request may wait to be admitted: the gate's deadline for its original class, or the
@@ -599,10 +606,10 @@ class Gate:
         if ticket.state is TicketState.WAITING:
             refusal = await self._wait(ticket, record, admission, own_wait_s)
             if refusal is not None:
-                limiter.refund(est_tokens)
+                self._refund(limiter, est_tokens, record)
                 return refusal
         elif ticket.state is TicketState.REJECTED:
-            limiter.refund(est_tokens)
+            self._refund(limiter, est_tokens, record)
             return self._refuse(record, 429, "the gate's queue is full", "queue_full", self.cfg.aging_s)
         record.queue_wait_s += ticket.queue_wait_s
         record.engine_class = record.priority  # admitted: an engine with priority scheduling is told it

@@ -7,6 +7,7 @@ And the business line's rate-limit headers in OpenAI's shape (``gate.rate_limit_
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
@@ -113,3 +114,42 @@ async def test_answers_and_refusals_carry_the_lines_rate_limit_headers(engine: E
         client.post(f"{base}/v1/completions", json=body) as r,
     ):
         assert not any(k.startswith("x-ratelimit-") for k in r.headers)
+
+
+class Held(Echo):
+    """Answers once ``go`` is set: the first request holds the gate's only slot meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go.clear()
+
+    async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        await self.go.wait()
+        return await super().answer(request, body)
+
+
+async def test_a_request_refused_after_its_charge_says_the_refunded_level() -> None:
+    """The line's bucket is charged as a request is admitted to the queue; one the full queue turns away
+    is given its charge back, and its 429 says the level after the refund (2 of 3), not before it (1)."""
+    lines = {"batch": GateLineConfig(requests_per_min=3, burst_ratio=1.0)}
+    body = {"prompt": "hi", "max_tokens": 1}
+    headers = {"x-servepilot-line": "batch"}
+    async for held in serving(Held()):
+        async with (
+            gate_for(held.url, lines=lines, max_in_flight=1, queue_size=0, high_reserved_ratio=0.0) as (
+                gate,
+                base,
+                _registry,
+            ),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+        ):
+            first = asyncio.ensure_future(client.post(f"{base}/v1/completions", json=body, headers=headers))
+            async with asyncio.timeout(TIMEOUT):
+                while gate.admission.in_flight < 1:
+                    await asyncio.sleep(0.01)
+            async with client.post(f"{base}/v1/completions", json=body, headers=headers) as r:
+                refused = (r.status, r.headers["x-ratelimit-remaining-requests"])
+            held.go.set()
+            async with await first as r:
+                answered = (r.status, r.headers["x-ratelimit-remaining-requests"])
+    assert answered == (200, "2") and refused == (429, "2")

@@ -120,7 +120,12 @@ async def test_the_collector_and_the_gate_read_vllms_per_step_itl_per_token_as_v
         f"\nITL: {per_step * 1e3:.2f} ms per step, {per_token * 1e3:.2f} ms per token (vLLM's TPOT); "
         f"collector {collected * 1e3:.2f} ms, gate {gated * 1e3:.2f} ms"
     )
-    assert gated == pytest.approx(per_token, rel=0.2)  # 2026-12-05: 2.05 ms at the gate, 1.98 in vLLM
+    # The gate times the stream as it relays it, on the 2 cores vLLM's CPU backend saturates: its clock
+    # reads lag the engine's by whatever the load makes them. 2026-12-05: 2.05 ms at the gate, 1.98 in vLLM;
+    # 1.82 and 1.76; once, in CI, 2.17 and 1.48. Read per step it would be ~3x (per_step above): nearer
+    # to the per-token figure than to that, and within 60% of it.
+    assert abs(gated - per_token) < abs(gated - per_step), (gated, per_token, per_step)
+    assert gated == pytest.approx(per_token, rel=0.6)
 
 
 async def test_the_gate_counts_streams_without_usage_by_the_engine_s_decode_tokens_per_step(

@@ -359,7 +359,8 @@ REQUEST_ID = "X-Request-Id"
 MAX_REQUEST_ID = 128
 
 #: Stream events that carry no token, as the engines write them (without spaces): the end, ``[DONE]``, and
-#: in a chat stream a sequence's opening event, its role alone (vLLM, SGLang: content ""; llama.cpp: null),
+#: in a chat stream a sequence's opening event, its role alone (vLLM: content ""; llama.cpp: null; both
+#: recorded in tests/fixtures/gate; an engine that writes it otherwise is counted as before),
 #: and llama.cpp's closing one, an empty delta beside its finish reason. Not counted as tokens, nor timed as
 #: arrivals: timed, each added a gap (about 0 where it comes with a token) to the answer's ITL, and the
 #: chat ones a token to every chat answer without usage.

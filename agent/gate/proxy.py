@@ -468,7 +468,7 @@ class Gate:
             self.in_progress -= 1
             record = request.get(RECORD)
             if response is not None and not response.prepared and record is not None:
-                add_gate_headers(response.headers, record)  # a refusal or an error, not sent yet
+                add_gate_headers(response.headers, record)  # a JSON answer, a refusal or an error
             if self.access_log is not None:
                 self._log_access(request, response, started)
 

@@ -50,7 +50,8 @@ def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
 
 
 def answer_headers(up: aiohttp.ClientResponse, record: RequestRecord | None) -> CIMultiDict[str]:
-    """The upstream's answer headers for the client, with what the gate adds (:func:`add_gate_headers`)."""
+    """The upstream's answer headers for the client, with what the gate adds (:func:`add_gate_headers`):
+    for a stream, whose headers leave with its first byte, before the gate's handler sees the response."""
     headers = forward_headers(up.headers)
     if record is not None:
         add_gate_headers(headers, record)
@@ -133,7 +134,8 @@ class Relay:
             fill.feed(payload)
             fill.head = payload  # the whole JSON: its model fields name the model
             self.filled(fill, up, False, record)
-        return web.Response(status=up.status, body=payload, headers=answer_headers(up, record))
+        # not sent yet: the gate adds its own headers on the way out (Gate._handle), as to its refusals
+        return web.Response(status=up.status, body=payload, headers=forward_headers(up.headers))
 
     async def _stream(
         self,

@@ -39,6 +39,12 @@ class Echo(ParkedEngine):
     async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         self.ids.append(request.headers.get("X-Request-Id"))
         usage = {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
+        if body.get("stream"):  # its headers leave with its first byte, before the gate's handler ends
+            stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await stream.prepare(request)
+            await stream.write(b'data: {"choices":[{"text":"a"}]}\n\ndata: [DONE]\n\n')
+            await stream.write_eof()
+            return stream
         return web.json_response({"choices": [{"text": "a"}], "usage": usage})
 
 
@@ -62,21 +68,24 @@ async def test_a_request_without_an_id_gets_one_the_engine_the_client_and_the_lo
             given = r.headers["X-Request-Id"]
         async with client.post(f"{base}/v1/completions", json=body, headers={"X-Request-Id": "mine-1"}) as r:
             assert r.headers["X-Request-Id"] == "mine-1"
+        async with client.post(f"{base}/v1/completions", json={**body, "stream": True}) as r:
+            streamed = r.headers["X-Request-Id"]
+            assert (await r.read()).endswith(b"[DONE]\n\n")
         refused = []
         for _ in range(2):  # the line's one request a minute: the second is refused, its id said
             async with client.post(
                 f"{base}/v1/completions", json=body, headers={"x-servepilot-line": "batch"}
             ) as r:
                 refused.append((r.status, r.headers.get("X-Request-Id")))
-    assert len(given) == 32 and engine.ids[:2] == [given, "mine-1"]
+    assert len(given) == 32 and engine.ids[:3] == [given, "mine-1", streamed]
     assert refused[1][0] == 429 and refused[1][1] and refused[1][1] != refused[0][1]
     logged = [json.loads(line)["request_id"] for line in log.read_text().splitlines()]
-    assert logged == [given, "mine-1", refused[0][1], refused[1][1]]
+    assert logged == [given, "mine-1", streamed, refused[0][1], refused[1][1]]
     # and on the latency histograms, as exemplars (OpenMetrics): from a slow bucket to its access line
     exposed = openmetrics(registry).decode()
     e2e = [line for line in exposed.splitlines() if line.startswith("servepilot_gate_e2e_seconds_bucket")]
     carried = set(re.findall(r'# \{request_id="([^"]+)"\}', "\n".join(e2e)))  # a bucket keeps its latest
-    assert carried and carried <= {given, "mine-1", refused[0][1]}, e2e  # the answered, not the refused
+    assert carried and carried <= {given, "mine-1", streamed, refused[0][1]}, e2e  # the answered, not the refused
 
 
 async def test_request_ids_off_adds_none(engine: Echo) -> None:
@@ -99,9 +108,9 @@ async def test_answers_and_refusals_carry_the_lines_rate_limit_headers(engine: E
         gate_for(engine.url, lines=lines) as (_, base, _registry),
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
     ):
-        for _ in range(3):
+        for stream in (False, True, False):  # a JSON answer, a stream, a refusal
             async with client.post(
-                f"{base}/v1/completions", json=body, headers={"x-servepilot-line": "batch"}
+                f"{base}/v1/completions", json={**body, "stream": stream}, headers={"x-servepilot-line": "batch"}
             ) as r:
                 seen.append((r.status, {k: v for k, v in r.headers.items() if k.startswith("x-ratelimit-")}))
     assert [status for status, _ in seen] == [200, 200, 429]

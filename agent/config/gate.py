@@ -169,6 +169,11 @@ class GateConfig(Section):
         description="answer with OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens} headers of "
         "the request's business line, for clients that pace themselves by them",
     )
+    stream_usage: bool = Field(
+        True,
+        description="ask the engine for a completion or chat stream's usage (stream_options.include_usage) "
+        "where the client did not, for exact token counts, and take that event out of the client's answer",
+    )
     request_ids: bool = Field(
         True,
         description="give a request without an X-Request-Id one: sent to the engine (vLLM names the request "

@@ -358,17 +358,23 @@ REQUEST_ID = "X-Request-Id"
 #: Characters of a client's request id kept (a longer one is cut, not refused)
 MAX_REQUEST_ID = 128
 
+USAGE_EVENT = b'"choices":[]'
+"""What marks a stream's usage event (``stream_options.include_usage``), after its last token: no
+choices, as vLLM and llama.cpp write it (recorded in tests/fixtures/gate)."""
+
 #: Stream events that carry no token, as the engines write them (without spaces): the end, ``[DONE]``, and
 #: in a chat stream a sequence's opening event, its role alone (vLLM: content ""; llama.cpp: null; both
 #: recorded in tests/fixtures/gate; an engine that writes it otherwise is counted as before),
-#: and llama.cpp's closing one, an empty delta beside its finish reason. Not counted as tokens, nor timed as
-#: arrivals: timed, each added a gap (about 0 where it comes with a token) to the answer's ITL, and the
-#: chat ones a token to every chat answer without usage.
+#: and llama.cpp's closing one, an empty delta beside its finish reason; and the usage event
+#: (:data:`USAGE_EVENT`). Not counted as tokens, nor timed as arrivals: timed, each added a gap (about 0
+#: where it comes with a token) to the answer's ITL, and the chat ones a token to every chat answer
+#: without usage.
 NO_TOKEN = (
     b"data: [DONE]",
     b'"delta":{"role":"assistant","content":""}',
     b'"delta":{"role":"assistant","content":null}',
     b'"delta":{}',
+    USAGE_EVENT,
 )
 
 

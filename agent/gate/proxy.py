@@ -50,6 +50,7 @@ from agent.gate.openai import (
 from agent.gate.ratelimit import LineLimiter, LineLimits, LineResolver
 from agent.gate.records import GateStats, LengthBuckets, RequestRecord
 from agent.gate.relay import Relay, add_gate_headers, json_error
+from agent.gate.stream_usage import ask_stream_usage
 from agent.gate.upstreams import UpstreamPool, health_loop
 
 log = logging.getLogger(__name__)
@@ -613,6 +614,10 @@ class Gate:
             return self._refuse(record, 429, "the gate's queue is full", "queue_full", self.cfg.aging_s)
         record.queue_wait_s += ticket.queue_wait_s
         record.engine_class = record.priority  # admitted: an engine with priority scheduling is told it
+        if info.stream and self.cfg.stream_usage:  # exact token counts (agent/gate/stream_usage.py)
+            asked = ask_stream_usage(record.path, body)
+            if asked is not None:
+                body, record.usage_asked = asked, True
         try:
             prefer = None if lane is None else lane.upstream
             return await self.forwarder.forward(request, body, record, info, prefer, fill)

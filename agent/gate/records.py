@@ -96,6 +96,9 @@ class RequestRecord:
     status: int = 0
     rate_limit: tuple[tuple[str, str], ...] = ()
     """Its line's rate-limit headers as it was admitted or refused (``gate.rate_limit_headers``)."""
+    usage_asked: bool = False
+    """The gate asked the upstream for this stream's usage event, which its client did not
+    (``gate.stream_usage``): the event is taken out of the answer."""
     request_id: str = ""
     """The client's ``X-Request-Id``, or one the gate gave it (``gate.request_ids``): sent to the engine
     (vLLM names the request by it in its log), returned to the client and written in the access log."""

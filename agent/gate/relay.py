@@ -4,7 +4,8 @@ A JSON answer is read whole and sent on. An SSE stream is written chunk by chunk
 response headers go with the first byte: until then the client has had nothing, so a hang can still be
 taken back (:class:`Unanswered`) and the request sent to another upstream. The record gets the TTFT, the
 gaps between chunks (its ITL; per sequence when it has several, :mod:`agent.gate.sequences`), the usage
-the answer reports (else one token per event), the status and the outcome, and ``finish`` counts it. A
+the answer reports (else one token per event; a usage event the gate asked for is not the client's and
+is taken out, :mod:`agent.gate.stream_usage`), the status and the outcome, and ``finish`` counts it. A
 client that leaves closes the upstream connection, so the engine aborts the request instead of
 generating for nobody.
 """
@@ -28,6 +29,7 @@ from agent.gate.openai import NO_TOKEN, REQUEST_ID, error_body, usage_from_json,
 from agent.gate.ratelimit import retry_after_header
 from agent.gate.records import RequestRecord
 from agent.gate.sequences import SequenceGaps
+from agent.gate.stream_usage import UsageEventFilter
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +148,10 @@ class Relay:
         token_event: bytes,
     ) -> web.StreamResponse:
         clock = self.clock  # read per chunk
-        done, role_empty, role_null, closing = NO_TOKEN  # counted per chunk: unrolled, a third cheaper
+        # counted per chunk: unrolled, a third cheaper than a generator
+        done, role_empty, role_null, closing, usage_event = NO_TOKEN
+        # the usage event the gate asked for on the client's behalf is taken out (agent/gate/stream_usage.py)
+        unasked = UsageEventFilter() if record is not None and record.usage_asked else None
         resp = web.StreamResponse(status=up.status, headers=answer_headers(up, record))
         last: float | None = None  # the last chunk that carried tokens
         events = 0  # SSE events (every one carries tokens), or token events (with token_event)
@@ -178,6 +183,7 @@ class Relay:
                         + chunk.count(role_empty)
                         + chunk.count(role_null)
                         + chunk.count(closing)
+                        + chunk.count(usage_event)
                     )
                     carried = chunk.count(b"data:") - empty
                     arrived = carried > 0 or not empty  # a chunk with no whole event: a token's rest
@@ -192,11 +198,18 @@ class Relay:
                 if per_sequence is not None:
                     per_sequence.feed(chunk, now)
                 tail = chunk if len(chunk) > 256 else (tail + chunk)[-4096:]
+                if unasked is not None:
+                    chunk = unasked.feed(chunk)
                 if fill is not None:
                     fill.feed(chunk)
-                await resp.write(chunk)
+                if chunk:
+                    await resp.write(chunk)
             if not resp.prepared:  # an empty stream
                 await resp.prepare(request)
+            if unasked is not None and (rest := unasked.rest()):
+                if fill is not None:
+                    fill.feed(rest)
+                await resp.write(rest)
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError) as error:
             up.close()  # the client is gone: drop the upstream connection so the engine aborts

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 #: Between SSE events: a blank line (``\n\n``; ``\r\n\r\n`` from some servers).
-_EVENT_END = re.compile(rb"\r?\n\r?\n")
+EVENT_END = re.compile(rb"\r?\n\r?\n")
 #: An unfinished event longer than this is dropped rather than kept growing (a stream that never sends
 #: a blank line is not SSE the gate can time; its client still gets every byte).
 MAX_EVENT_BYTES = 1 << 20
@@ -41,7 +41,7 @@ class SequenceGaps:
 
     def feed(self, chunk: bytes, now: float) -> None:
         """Account the complete events in ``chunk`` (with what was left of the last chunk) at ``now``."""
-        *events, rest = _EVENT_END.split(self._partial + chunk)
+        *events, rest = EVENT_END.split(self._partial + chunk)
         self._partial = rest if len(rest) <= MAX_EVENT_BYTES else b""
         last = self._last
         for event in events:

@@ -204,6 +204,34 @@ async def test_the_gates_request_id_is_vllms(engine: RunningEngine) -> None:
     assert own["id"] == "cmpl-client-7"
 
 
+async def test_the_gate_counts_streams_from_the_usage_it_asks_vllm_for(engine: RunningEngine) -> None:
+    """A chat and a completion stream whose client asked for no usage: the gate asks vLLM for it
+    (``gate.stream_usage``) and counts the prompt and output tokens vLLM reports, as a client asking
+    directly is told, while its client gets no usage event, as from vLLM directly."""
+    chat = {
+        "model": "tiny-random-llama",
+        "messages": [{"role": "user", "content": "Say hello"}],
+        "max_tokens": 12,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    plain = completion("Say hello, and tell me about the weather", 20)
+    asks = {"stream_options": {"include_usage": True}}
+    requests = [(chat, "/v1/chat/completions"), (plain, "/v1/completions")]
+    async with aiohttp.ClientSession() as session:
+        direct = [await stream(session, engine.url, {**body, **asks}, path) for body, path in requests]
+        async with gate_for(engine.url) as (_, base, registry):
+            gated = [await stream(session, base, body, path) for body, path in requests]
+    assert [r.status for r in direct + gated] == [200] * 4
+    assert all(b'"usage"' not in r.body and r.events[-1] == "[DONE]" for r in gated), gated[0].body[-300:]
+    expected = {
+        "prompt": float(sum(r.usage["prompt_tokens"] for r in direct)),
+        "output": float(sum(r.usage["completion_tokens"] for r in direct)),
+    }
+    assert expected["output"] == 12 + 20
+    assert gate_tokens(registry) == expected
+
+
 async def test_anthropic_messages_are_admitted_and_every_route_is_judged(engine: RunningEngine) -> None:
     """``POST /v1/messages`` (Anthropic's API, which vLLM serves) through the gate, streamed and not: held
     to the limit, its first token timed at the first ``content_block_delta``, its tokens counted from the

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
 from agent.assembly import build_detectors
 from agent.collectors.engine_metrics import EngineMetricsCollector
@@ -134,15 +135,19 @@ async def test_the_gate_counts_streams_without_usage_by_the_engine_s_decode_toke
     """Most clients do not ask for the usage. A drafting vLLM sends a step's tokens in one event, so one
     token per event saw about a third of them. Told the engine's decode tokens per step, as the sidecar
     tells it each tick (engine.decode_tokens_per_step), the gate counts 16 greedy answers of 96 tokens
-    within 15%: the engine's window mean, not each answer's own."""
+    within 15%: the engine's window mean, not each answer's own. Asking vLLM for the usage itself
+    (``gate.stream_usage``, on by default; off for the first two counts), it counts them exactly, and
+    its clients still get no usage event."""
     collector = EngineMetricsCollector(EngineConfig(url=engine.url, kind="vllm", timeout_s=5.0))
     counted: dict[str, float] = {}
+    limit = {"max_in_flight": 4, "high_reserved_ratio": 0.0}
     async with (
-        gate_for(engine.url, max_in_flight=4, high_reserved_ratio=0.0) as (gate, base, registry),
+        gate_for(engine.url, stream_usage=False, **limit) as (gate, base, registry),
+        gate_for(engine.url, **limit) as (_, asking_base, asking_registry),
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session,
     ):
 
-        async def sixteen(seeds: range) -> float:
+        async def sixteen(seeds: range, base: str = base, registry: CollectorRegistry = registry) -> float:
             async def client(seed: int) -> None:
                 rng = random.Random(seed)
                 for _ in range(4):
@@ -160,10 +165,12 @@ async def test_the_gate_counts_streams_without_usage_by_the_engine_s_decode_toke
         per_step = reading.values["engine.decode_tokens_per_step"]
         gate.set_tokens_per_event("primary", per_step)
         counted["per step"] = await sixteen(range(4, 8))  # other prompts than those it was measured on
+        counted["asked"] = await sixteen(range(8, 12), asking_base, asking_registry)
     await collector.close()
     print(f"\ngate output tokens of 16 x 96 = 1536: {counted}, {per_step:.2f} tokens per step")
     assert counted["per event"] < 1536 / 1.5  # most events brought accepted drafts
     assert counted["per step"] == pytest.approx(1536, rel=0.15)
+    assert counted["asked"] == 1536
 
 
 def _spec_findings(state: AgentState) -> list[Finding]:

@@ -57,6 +57,34 @@ class ParkedEngine:
         self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
 
 
+class Stepped(ParkedEngine):
+    """Writes a stream's steps one per ``STEP_S`` of the gate's (virtual) clock, :meth:`clock`; the next
+    step waits until the gate has read the last one (its clock was read)."""
+
+    STEP_S = 0.05
+
+    def __init__(self, now: list[float]) -> None:
+        super().__init__()
+        self.now = now
+        self.reads = 0
+
+    def clock(self) -> float:
+        self.reads += 1
+        return self.now[0]
+
+    async def send(self, request: web.Request, steps: list[bytes]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for step in steps:
+            self.now[0] += self.STEP_S
+            reads = self.reads
+            await resp.write(step)
+            while self.reads == reads:  # the gate reads its clock for each chunk it relays
+                await asyncio.sleep(0.001)
+        await resp.write_eof()
+        return resp
+
+
 E = TypeVar("E", bound=ParkedEngine)
 
 

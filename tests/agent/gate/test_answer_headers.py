@@ -85,7 +85,9 @@ async def test_a_request_without_an_id_gets_one_the_engine_the_client_and_the_lo
     exposed = openmetrics(registry).decode()
     e2e = [line for line in exposed.splitlines() if line.startswith("servepilot_gate_e2e_seconds_bucket")]
     carried = set(re.findall(r'# \{request_id="([^"]+)"\}', "\n".join(e2e)))  # a bucket keeps its latest
-    assert carried and carried <= {given, "mine-1", streamed, refused[0][1]}, e2e  # the answered, not the refused
+    assert carried and carried <= {given, "mine-1", streamed, refused[0][1]}, (
+        e2e
+    )  # the answered, not the refused
 
 
 async def test_request_ids_off_adds_none(engine: Echo) -> None:
@@ -110,7 +112,9 @@ async def test_answers_and_refusals_carry_the_lines_rate_limit_headers(engine: E
     ):
         for stream in (False, True, False):  # a JSON answer, a stream, a refusal
             async with client.post(
-                f"{base}/v1/completions", json={**body, "stream": stream}, headers={"x-servepilot-line": "batch"}
+                f"{base}/v1/completions",
+                json={**body, "stream": stream},
+                headers={"x-servepilot-line": "batch"},
             ) as r:
                 seen.append((r.status, {k: v for k, v in r.headers.items() if k.startswith("x-ratelimit-")}))
     assert [status for status, _ in seen] == [200, 200, 429]

@@ -1443,7 +1443,9 @@ async def test_a_drafting_engine_s_streams_without_usage_are_counted_by_its_toke
     """The simulator drafting 3 tokens (each accepted with p 0.8) streams a step's tokens as one event,
     as vLLM does: 96-token answers come in about 33 events. Counted one token per event, the gate saw a
     third of them; told the engine's decode tokens per step (the sidecar passes
-    ``engine.decode_tokens_per_step``), it counts them within a few percent. Usage, when asked for, wins."""
+    ``engine.decode_tokens_per_step``), it counts them within a few percent. Usage, when asked for, wins.
+    (The gate asks for it itself unless ``gate.stream_usage`` is off, as here: tests/agent/gate/
+    test_stream_usage.py.)"""
     from simulator.engine import make_core
     from simulator.server import SimServer
     from simulator.specdec import SpecDecodeConfig
@@ -1454,7 +1456,7 @@ async def test_a_drafting_engine_s_streams_without_usage_are_counted_by_its_toke
     runner = web.AppRunner(sim.app())
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
-    gate = await _gate({"primary": f"http://127.0.0.1:{runner.addresses[0][1]}"})
+    gate = await _gate({"primary": f"http://127.0.0.1:{runner.addresses[0][1]}"}, stream_usage=False)
 
     async def output_tokens(**extra: Any) -> float:
         before = _totals(gate.stats.tokens, "kind").get("output", 0.0)

@@ -8,7 +8,6 @@ between events of the same sequence, however the bytes are cut into network chun
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
@@ -20,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from agent.gate.sequences import MAX_EVENT_BYTES, SequenceGaps
-from tests.agent.gate.parked import ParkedEngine, serving
+from tests.agent.gate.parked import Stepped, serving
 from tests.engines.client import gate_for, gate_tokens
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gate"
@@ -121,34 +120,6 @@ def test_an_event_that_never_ends_is_dropped_not_kept_growing() -> None:
     clock.feed(b'"}]}\n\ndata: {"choices": [{"index": 0}]}\n\n', 3.0)
     clock.feed(b'data: {"choices": [{"index": 0}]}\n\n', 4.0)
     assert seen == [1.0] and clock.sequences == 1
-
-
-class Stepped(ParkedEngine):
-    """Writes a stream's steps one per ``STEP_S`` of the gate's (virtual) clock, :meth:`clock`; the next
-    step waits until the gate has read the last one (its clock was read)."""
-
-    STEP_S = 0.05
-
-    def __init__(self, now: list[float]) -> None:
-        super().__init__()
-        self.now = now
-        self.reads = 0
-
-    def clock(self) -> float:
-        self.reads += 1
-        return self.now[0]
-
-    async def send(self, request: web.Request, steps: list[bytes]) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for step in steps:
-            self.now[0] += self.STEP_S
-            reads = self.reads
-            await resp.write(step)
-            while self.reads == reads:  # the gate reads its clock for each chunk it relays
-                await asyncio.sleep(0.001)
-        await resp.write_eof()
-        return resp
 
 
 class SteppedUpstream(Stepped):

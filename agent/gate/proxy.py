@@ -689,6 +689,9 @@ class Gate:
         if not entry.streaming:
             return web.Response(status=200, body=entry.body, headers=headers)
         resp = web.StreamResponse(status=200, headers=headers)
+        record = request.get(RECORD)
+        if record is not None:  # its headers leave now, before the gate's handler sees the response
+            add_gate_headers(resp.headers, record)
         await resp.prepare(request)
         for event in entry.events():
             await resp.write(event)

@@ -36,6 +36,9 @@ class ModelUpstream:
         for i in range(3):
             chunk = {**head, "choices": [{"text": f"{self.seen}.{i}"}]}
             await resp.write(f"data: {web.json_response(chunk).text}\n\n".encode())
+        if body.get("stream_options", {}).get("include_usage"):  # as vLLM writes it
+            usage = {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}
+            await resp.write(f'data: {{"choices":[],"usage":{web.json_response(usage).text}}}\n\n'.encode())
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -80,6 +83,7 @@ async def _ask(client: aiohttp.ClientSession, gate: Gate, **body: Any) -> tuple[
     doc = {"model": "m", "prompt": "same", "max_tokens": 3, "temperature": 0, **body}
     async with client.post(f"http://127.0.0.1:{gate.port}/v1/completions", json=doc) as resp:
         assert resp.status == 200
+        assert len(resp.headers["X-Request-Id"]) == 32  # a cached answer is a request of its own too
         return await resp.read(), resp.headers.get("X-Servepilot-Cache") == "hit"
 
 
@@ -117,6 +121,13 @@ async def test_stream_is_replayed_as_a_stream(
     stored, _ = await _ask(client, gate, stream=True)
     replayed, hit = await _ask(client, gate, stream=True)
     assert hit and replayed == stored and replayed.count(b"data:") == 4 and upstream.seen == 2
+    assert (
+        b"usage" not in stored
+    )  # the usage event the gate asked for (gate.stream_usage) was not its client's
+    await _ask(client, gate, stream=True, stream_options={"include_usage": True})
+    asked, _ = await _ask(client, gate, stream=True, stream_options={"include_usage": True})
+    replayed, hit = await _ask(client, gate, stream=True, stream_options={"include_usage": True})
+    assert hit and replayed == asked and replayed.count(b'"usage"') == 1  # a client that asked gets it
 
 
 async def test_cache_signals_and_metrics(

@@ -20,7 +20,12 @@ class GateLineConfig(Section):
     burst_ratio: float = Field(
         2.0, ge=1, le=100, description="bucket size as a multiple of one minute's rate"
     )
-    tokens_per_min: float | None = Field(None, gt=0, description="optional prompt+output token budget")
+    tokens_per_min: float | None = Field(
+        None,
+        gt=0,
+        description="optional prompt+output token budget: a request reserves its estimate (prompt + "
+        "max_tokens per sequence) and pays what its answer used",
+    )
     priority: Literal["high", "normal", "low"] = Field("normal", description="class when no header says")
     max_in_flight_share: float | None = Field(
         None,

@@ -532,6 +532,8 @@ class Gate:
             record.rate_limit = limiter.headers(arrived)
         if not verdict.granted:
             return self._refuse(record, 429, verdict.reason, "rate_limit_exceeded", verdict.retry_after_s)
+        if limiter.tokens is not None:
+            record.charged_tokens = est_tokens  # settled by the answer's counts (_finish)
         fill: Fill | None = None
         if self.cache is not None:
             key = cache_key(path, body, line, request.headers, self.cfg.cache_lines)
@@ -577,6 +579,7 @@ class Gate:
         """Give back what the line's buckets were charged for a request the gate then did not serve, and
         say the refunded level in its answer's rate-limit headers."""
         limiter.refund(est_tokens)
+        record.charged_tokens = 0.0
         if record.rate_limit:
             record.rate_limit = limiter.headers(self.clock())
 
@@ -667,7 +670,26 @@ class Gate:
         )
 
     def _finish(self, record: RequestRecord) -> None:
-        self.stats.record(record, self.clock())
+        now = self.clock()
+        if record.charged_tokens:
+            self._settle(record, now)
+        self.stats.record(record, now)
+
+    def _settle(self, record: RequestRecord, now: float) -> None:
+        """Replace the estimate its line's token budget was charged at admission by what the answer used:
+        its prompt and output tokens as the engine counted them (or a stream's token events), or nothing
+        for an answer the engine refused (4xx). A line whose clients ask for ``max_tokens`` far above what
+        they get was held to a fraction of its budget; a request without ``max_tokens`` was charged its
+        prompt alone, whatever it generated. A failed answer, a client that left, or a JSON answer without
+        usage keeps its charge: what it used is not known."""
+        if record.outcome == "ok" and record.counted:
+            used = record.prompt_tokens + record.output_tokens
+        elif record.outcome == "client_error":
+            used = 0.0
+        else:
+            return
+        self.lines.get(record.line, now).settle(record.charged_tokens, used, now)
+        record.charged_tokens = 0.0
 
     # --- the response cache ------------------------------------------------------------------------
     def _fill_cache(

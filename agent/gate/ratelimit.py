@@ -7,7 +7,8 @@ A bucket of capacity ``b`` refills at ``r`` per second (golang's ``rate.Limiter`
 A request takes 1 from the line's request bucket and, when a tokens-per-minute budget is set, its
 estimated prompt + output tokens from the token bucket. A token charge larger than the whole bucket is
 allowed from a full bucket and leaves it in debt (negative), so one huge request is served and then pays
-for itself, instead of being refused forever.
+for itself, instead of being refused forever. Once its answer says the tokens it used, the charge is
+settled (:meth:`LineLimiter.settle`): reserved at admission, paid by use.
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ class TokenBucket:
     def refund(self, n: float) -> None:
         """Give back tokens charged for a request that was not served after all (shed, expired)."""
         self._tokens = min(self.capacity, self._tokens + n)
+
+    def settle(self, charged: float, used: float, now: float) -> None:
+        """A request was charged ``charged`` and used ``used``: give back the rest, or take what it used
+        beyond its charge (into debt, as a large request's charge may go)."""
+        self._refill(now)
+        self._tokens = min(self.capacity, self._tokens + charged - used)
 
     def carry_from(self, old: TokenBucket, now: float) -> None:
         """Start from what ``old`` holds at ``now`` (capped at this capacity, debt kept), not full: a
@@ -117,6 +124,12 @@ class LineLimiter:
         self.requests.refund(1.0)
         if self.tokens is not None:
             self.tokens.refund(est_tokens)
+
+    def settle(self, charged: float, used: float, now: float) -> None:
+        """Replace a served request's charge to the token budget (its estimate) by the tokens its answer
+        says it used."""
+        if self.tokens is not None:
+            self.tokens.settle(charged, used, now)
 
     def carry_from(self, old: LineLimiter, now: float) -> None:
         """Keep ``old``'s bucket levels under this limiter's rates (a token budget new to the line

@@ -96,6 +96,12 @@ class RequestRecord:
     status: int = 0
     rate_limit: tuple[tuple[str, str], ...] = ()
     """Its line's rate-limit headers as it was admitted or refused (``gate.rate_limit_headers``)."""
+    charged_tokens: float = 0.0
+    """What its line's token budget was charged when it was admitted (estimated prompt + ``max_tokens``
+    for each sequence); 0 when the line has none, or the charge was given back."""
+    counted: bool = False
+    """Its token counts are its answer's: the usage it reported, or a finished stream's token events (a
+    JSON answer without usage says none)."""
     usage_asked: bool = False
     """The gate asked the upstream for this stream's usage event, which its client did not
     (``gate.stream_usage``): the event is taken out of the answer."""

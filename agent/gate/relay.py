@@ -128,6 +128,7 @@ class Relay:
             usage = usage_from_json(payload) if up.status < 300 else None
             if usage is not None:
                 record.prompt_tokens, record.output_tokens = usage
+                record.counted = True
             if record.output_tokens <= 1:  # a pooling answer or a single token: its first is its whole
                 record.ttft_s = record.e2e_s
             record.outcome = _outcome(up.status)
@@ -248,6 +249,7 @@ class Relay:
                 record.prompt_tokens, record.output_tokens = usage
             else:  # one token per token event is the norm
                 record.output_tokens = self._counted(float(max(0, events)), record)
+            record.counted = True
             record.outcome = _outcome(up.status)
             self.finish(record)
         if fill is not None and self.filled is not None and up.status == 200:

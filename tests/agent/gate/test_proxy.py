@@ -219,14 +219,57 @@ async def test_a_lines_token_rate_is_charged_max_tokens_for_each_sequence(
     upstream: Upstream, client: aiohttp.ClientSession
 ) -> None:
     """A 300-token bucket: ``max_tokens`` 100 with ``n`` = 4 may generate 400 tokens, more than it holds:
-    served from the full bucket, it leaves the line in debt, and the next request waits (until 2026-12-03
-    it was charged 100 whatever ``n``, and the line still held 199)."""
+    served from the full bucket, it leaves the line in debt while it runs, and the next request waits
+    (until 2026-12-03 it was charged 100 whatever ``n``, and the line still held 199)."""
     lines = {"default": GateLineConfig(tokens_per_min=300, burst_ratio=1)}
     gate = await _gate({"primary": upstream.url}, lines=lines)
+    upstream.release.clear()
     try:
-        assert (await _post(client, gate, _body(max_tokens=100, n=4))).status == 200
+        first = asyncio.create_task(_post(client, gate, _body(max_tokens=100, n=4)))
+        await asyncio.wait_for(_until(lambda: upstream.running == 1), TIMEOUT)
         resp = await _post(client, gate, _body(max_tokens=1))
         assert resp.status == 429 and "token rate" in (await resp.json())["error"]["message"]
+        upstream.release.set()
+        assert (await first).status == 200
+    finally:
+        await gate.stop()
+
+
+async def test_a_lines_token_budget_is_settled_by_what_its_answers_used(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """Charged its estimate at admission (prompt + ``max_tokens``), a request pays, once answered, what
+    its answer used: the upstream's usage (7 prompt + 3 output tokens), or a stream's token events (3)
+    beside the prompt's estimate. Ten requests of ``max_tokens`` 100 each through a 300-token budget:
+    before 2026-12-06 the third was refused, a line held to a tenth of its budget. A request the engine
+    refused (4xx) pays nothing; one that failed (5xx) keeps its charge, what it used being unknown."""
+    lines = {"default": GateLineConfig(tokens_per_min=300, burst_ratio=1)}
+    gate = await _gate({"primary": upstream.url}, lines=lines)
+
+    def level() -> float:
+        now = gate.clock()
+        bucket = gate.lines.get("default", now).tokens
+        assert bucket is not None
+        return bucket.tokens(now)
+
+    try:
+        statuses = [(await _post(client, gate, _body(max_tokens=100))).status for _ in range(10)]
+        assert statuses == [200] * 10
+        before = level()
+        assert (await _post(client, gate, _body(max_tokens=100))).status == 200
+        assert level() == pytest.approx(before - 10, abs=2)  # 5 tokens a second refill meanwhile
+        before = level()
+        resp = await _post(client, gate, _body(stream=True, prompt="x" * 40, max_tokens=100))
+        await resp.read()
+        assert level() == pytest.approx(before - (10 + 3), abs=2)  # the prompt's estimate, 3 events
+        upstream.fail_status = 400
+        before = level()
+        assert (await _post(client, gate, _body(max_tokens=100))).status == 400
+        assert level() == pytest.approx(before, abs=2)
+        upstream.fail_status = 500
+        before = level()
+        assert (await _post(client, gate, _body(max_tokens=100))).status == 500
+        assert level() == pytest.approx(before - (1.25 + 100), abs=2)
     finally:
         await gate.stop()
 

@@ -51,6 +51,19 @@ def test_oversized_token_charge_passes_from_a_full_bucket_and_leaves_debt() -> N
     assert bucket.take(1, 1.0) > 0
 
 
+def test_settling_gives_back_the_unused_charge_or_takes_the_excess() -> None:
+    bucket = TokenBucket(10.0, 1000, now=0.0)
+    bucket.take(600, 0.0)
+    bucket.settle(600, 50, 0.0)  # reserved 600, used 50
+    assert bucket.tokens(0.0) == 950
+    bucket.take(900, 0.0)
+    bucket.settle(900, 0, 100.0)  # given back at most to the full bucket, refilled meanwhile
+    assert bucket.tokens(100.0) == 1000
+    bucket.take(100, 100.0)
+    bucket.settle(100, 2100, 130.0)  # a request without max_tokens generated 2000 more: refilled first
+    assert bucket.tokens(130.0) == -1000  # full again at 110 s, then 2000 taken: debt
+
+
 def test_line_refuses_over_its_token_budget_with_a_reason() -> None:
     limiter = LineLimiter("batch", GateLineConfig(tokens_per_min=600, burst_ratio=1), now=0.0)
     assert limiter.admit(600, 0.0).granted

@@ -161,10 +161,13 @@ class Relay:
         # several sequences' events interleave: each one's gaps are taken from its own events instead
         per_sequence = SequenceGaps(itl) if record is not None and record.choices > 1 else None
 
-        def failed(status: int) -> None:
+        def ended(outcome: str, status: int) -> None:
+            """The stream ended before its end: its record counts the tokens relayed until then."""
             if record is not None:
-                record.outcome, record.status = "upstream_error", status
+                record.outcome, record.status = outcome, status
                 record.e2e_s = self.clock() - record.arrived
+                record.output_tokens = self._counted(float(max(0, events)), record)
+                record.counted = True
                 self.finish(record)
 
         try:
@@ -214,10 +217,7 @@ class Relay:
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError) as error:
             up.close()  # the client is gone: drop the upstream connection so the engine aborts
-            if record is not None:
-                record.outcome, record.status = "disconnected", 499
-                record.e2e_s = self.clock() - record.arrived
-                self.finish(record)
+            ended("disconnected", 499)
             if isinstance(error, asyncio.CancelledError):
                 raise
             return resp  # nobody to answer: not a server error worth a traceback in the log
@@ -226,7 +226,7 @@ class Relay:
             if not resp.prepared:  # before its first byte: the client has had nothing, ask another
                 raise Unanswered from None
             log.warning("ended a stream from a hung upstream: %s", stalled)
-            failed(504)
+            ended("upstream_error", 504)
             event = error_body(f"upstream {stalled}", "upstream_error", "upstream_stalled")
             with contextlib.suppress(ConnectionResetError):
                 await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
@@ -235,7 +235,7 @@ class Relay:
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as error:
             up.close()
             log.warning("upstream stream broke: %s", error)
-            failed(up.status if resp.prepared else 502)
+            ended("upstream_error", up.status if resp.prepared else 502)
             if not resp.prepared:  # nothing sent yet: a clear error rather than an empty 200
                 message = f"the upstream's stream broke before its first byte: {error}"
                 return json_error(502, message, "upstream_error", "bad_gateway")

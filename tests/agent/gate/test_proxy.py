@@ -173,14 +173,21 @@ async def test_sse_is_relayed_chunk_by_chunk(upstream: Upstream, client: aiohttp
 async def test_client_disconnect_aborts_the_upstream_request(
     upstream: Upstream, client: aiohttp.ClientSession
 ) -> None:
+    """And its record counts the tokens relayed until then (one event), which its line's token budget
+    is settled by (charged its prompt's estimate, 1.25, and ``max_tokens`` 3)."""
     upstream.chunked = True
-    gate = await _gate({"primary": upstream.url})
+    lines = {"default": GateLineConfig(tokens_per_min=60, burst_ratio=10)}  # 600, refilled 1 a second
+    gate = await _gate({"primary": upstream.url}, lines=lines)
     try:
         resp = await _post(client, gate, _body(stream=True))
         await asyncio.wait_for(resp.content.readuntil(b"\n\n"), TIMEOUT)
         resp.close()  # the client goes away mid-stream
         assert await asyncio.wait_for(upstream.aborted, TIMEOUT) in ("CancelledError", "ConnectionResetError")
         await asyncio.wait_for(_until(lambda: gate.admission.in_flight == 0), TIMEOUT)
+        assert _totals(gate.stats.tokens, "kind")["output"] == 1
+        now = gate.clock()
+        bucket = gate.lines.get("default", now).tokens
+        assert bucket is not None and 600 - 1.25 - 1 <= bucket.tokens(now) < 599  # charged 4.25 without
     finally:
         await gate.stop()
 
@@ -243,7 +250,7 @@ async def test_a_lines_token_budget_is_settled_by_what_its_answers_used(
     beside the prompt's estimate. Ten requests of ``max_tokens`` 100 each through a 300-token budget:
     before 2026-12-06 the third was refused, a line held to a tenth of its budget. A request the engine
     refused (4xx) pays nothing; one that failed (5xx) keeps its charge, what it used being unknown."""
-    lines = {"default": GateLineConfig(tokens_per_min=300, burst_ratio=1)}
+    lines = {"default": GateLineConfig(tokens_per_min=30, burst_ratio=10)}  # 300, refilled 0.5 a second
     gate = await _gate({"primary": upstream.url}, lines=lines)
 
     def level() -> float:
@@ -257,7 +264,7 @@ async def test_a_lines_token_budget_is_settled_by_what_its_answers_used(
         assert statuses == [200] * 10
         before = level()
         assert (await _post(client, gate, _body(max_tokens=100))).status == 200
-        assert level() == pytest.approx(before - 10, abs=2)  # 5 tokens a second refill meanwhile
+        assert level() == pytest.approx(before - 10, abs=2)  # (refilled meanwhile)
         before = level()
         resp = await _post(client, gate, _body(stream=True, prompt="x" * 40, max_tokens=100))
         await resp.read()

@@ -462,8 +462,13 @@ class Gate:
             response = await self._serve(request)
             return response
         except asyncio.CancelledError:
+            record = request.get(RECORD)
             if self._draining:
                 self.cut += 1
+            elif record is not None and not record.status:  # its client left before any answer came
+                record.outcome, record.status = "disconnected", 499
+                record.e2e_s = self.clock() - record.arrived
+                self._finish(record)
             raise
         finally:
             self.in_progress -= 1
@@ -681,11 +686,12 @@ class Gate:
         that left mid-stream, those relayed until then, as the engine aborts it), or nothing for an answer
         the engine refused (4xx). A line whose clients ask for ``max_tokens`` far above what they get was
         held to a fraction of its budget; a request without ``max_tokens`` was charged its prompt alone,
-        whatever it generated. A failed answer or a JSON answer without usage keeps its charge: what it
-        used is not known."""
+        whatever it generated. A client that left while queued pays nothing. A failed answer, a JSON
+        answer without usage, or one whose client left while the engine worked on it keeps its charge:
+        what it used is not known."""
         if record.outcome in ("ok", "disconnected") and record.counted:
             used = record.prompt_tokens + record.output_tokens
-        elif record.outcome == "client_error":
+        elif record.outcome == "client_error" or not record.admitted:  # refused, or left while queued
             used = 0.0
         else:
             return

@@ -109,6 +109,11 @@ class RequestRecord:
     """The client's ``X-Request-Id``, or one the gate gave it (``gate.request_ids``): sent to the engine
     (vLLM names the request by it in its log), returned to the client and written in the access log."""
 
+    @property
+    def admitted(self) -> bool:
+        """Past the gate's queues, on its way to an upstream (its engine class is set then)."""
+        return bool(self.engine_class)
+
 
 def whole_answer_budget(slo: tuple[float, float], tokens: float) -> float:
     """The latest an answer of ``tokens`` tokens in one piece may come within ``slo`` (TTFT, mean ITL):

@@ -281,6 +281,41 @@ async def test_a_lines_token_budget_is_settled_by_what_its_answers_used(
         await gate.stop()
 
 
+async def test_a_client_that_leaves_before_its_answer_is_counted_and_pays_only_once_admitted(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """Until 2026-12-06 a client that left while queued, or while the engine worked on its answer in
+    one piece, was in no count. Now both are ``disconnected``; the one that left the queue gets its line's
+    token charge back (the engine never saw it), the other keeps it (the engine worked on it)."""
+    upstream.release.clear()
+    lines = {"default": GateLineConfig(tokens_per_min=60, burst_ratio=10)}  # 600, refilled 1 a second
+    gate = await _gate({"primary": upstream.url}, lines=lines, max_in_flight=1, high_reserved_ratio=0.0)
+
+    def disconnected() -> float:
+        return _totals(gate.stats.requests, "outcome").get("disconnected", 0.0)
+
+    try:
+        held, queued = await _one_held_one_queued(upstream, client, gate)
+        now = gate.clock()
+        bucket = gate.lines.get("default", now).tokens
+        assert bucket is not None
+        charged = 600 - bucket.tokens(now)
+        assert charged == pytest.approx(2 * (1.25 + 3), abs=0.5)  # each: its prompt's estimate, max_tokens
+        queued.cancel()
+        await asyncio.wait_for(_until(lambda: disconnected() == 1), TIMEOUT)
+        assert 600 - bucket.tokens(gate.clock()) <= charged / 2  # given back (and refilled meanwhile)
+        before = bucket.tokens(gate.clock())
+        held.cancel()
+        await asyncio.wait_for(_until(lambda: disconnected() == 2), TIMEOUT)
+        assert bucket.tokens(gate.clock()) - before < 2  # not the 4.25 back: refilled a little at most
+        assert gate.admission.in_flight == 0 and _totals(gate.stats.requests, "outcome") == {
+            "disconnected": 2
+        }
+    finally:
+        upstream.release.set()
+        await gate.stop()
+
+
 async def _one_held(
     upstream: Upstream, client: aiohttp.ClientSession, gate: Gate
 ) -> asyncio.Task[aiohttp.ClientResponse]:

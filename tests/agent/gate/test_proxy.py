@@ -185,11 +185,17 @@ async def test_client_disconnect_aborts_the_upstream_request(
         assert await asyncio.wait_for(upstream.aborted, TIMEOUT) in ("CancelledError", "ConnectionResetError")
         await asyncio.wait_for(_until(lambda: gate.admission.in_flight == 0), TIMEOUT)
         assert _totals(gate.stats.tokens, "kind")["output"] == 1
-        now = gate.clock()
-        bucket = gate.lines.get("default", now).tokens
-        assert bucket is not None and 600 - 1.25 - 1 <= bucket.tokens(now) < 599  # charged 4.25 without
+        assert 600 - 1.25 - 1 <= _token_level(gate) < 599  # charged 4.25 without
     finally:
         await gate.stop()
+
+
+def _token_level(gate: Gate, line: str = "default") -> float:
+    """What ``line``'s token budget holds now."""
+    now = gate.clock()
+    bucket = gate.lines.get(line, now).tokens
+    assert bucket is not None
+    return bucket.tokens(now)
 
 
 async def _until(predicate: Any) -> None:
@@ -253,30 +259,24 @@ async def test_a_lines_token_budget_is_settled_by_what_its_answers_used(
     lines = {"default": GateLineConfig(tokens_per_min=30, burst_ratio=10)}  # 300, refilled 0.5 a second
     gate = await _gate({"primary": upstream.url}, lines=lines)
 
-    def level() -> float:
-        now = gate.clock()
-        bucket = gate.lines.get("default", now).tokens
-        assert bucket is not None
-        return bucket.tokens(now)
-
     try:
         statuses = [(await _post(client, gate, _body(max_tokens=100))).status for _ in range(10)]
         assert statuses == [200] * 10
-        before = level()
+        before = _token_level(gate)
         assert (await _post(client, gate, _body(max_tokens=100))).status == 200
-        assert level() == pytest.approx(before - 10, abs=2)  # (refilled meanwhile)
-        before = level()
+        assert _token_level(gate) == pytest.approx(before - 10, abs=2)  # (refilled meanwhile)
+        before = _token_level(gate)
         resp = await _post(client, gate, _body(stream=True, prompt="x" * 40, max_tokens=100))
         await resp.read()
-        assert level() == pytest.approx(before - (10 + 3), abs=2)  # the prompt's estimate, 3 events
+        assert _token_level(gate) == pytest.approx(before - (10 + 3), abs=2)  # prompt estimate, 3 events
         upstream.fail_status = 400
-        before = level()
+        before = _token_level(gate)
         assert (await _post(client, gate, _body(max_tokens=100))).status == 400
-        assert level() == pytest.approx(before, abs=2)
+        assert _token_level(gate) == pytest.approx(before, abs=2)
         upstream.fail_status = 500
-        before = level()
+        before = _token_level(gate)
         assert (await _post(client, gate, _body(max_tokens=100))).status == 500
-        assert level() == pytest.approx(before - (1.25 + 100), abs=2)
+        assert _token_level(gate) == pytest.approx(before - (1.25 + 100), abs=2)
     finally:
         await gate.stop()
 
@@ -296,18 +296,15 @@ async def test_a_client_that_leaves_before_its_answer_is_counted_and_pays_only_o
 
     try:
         held, queued = await _one_held_one_queued(upstream, client, gate)
-        now = gate.clock()
-        bucket = gate.lines.get("default", now).tokens
-        assert bucket is not None
-        charged = 600 - bucket.tokens(now)
+        charged = 600 - _token_level(gate)
         assert charged == pytest.approx(2 * (1.25 + 3), abs=0.5)  # each: its prompt's estimate, max_tokens
         queued.cancel()
         await asyncio.wait_for(_until(lambda: disconnected() == 1), TIMEOUT)
-        assert 600 - bucket.tokens(gate.clock()) <= charged / 2  # given back (and refilled meanwhile)
-        before = bucket.tokens(gate.clock())
+        assert 600 - _token_level(gate) <= charged / 2  # given back (and refilled meanwhile)
+        before = _token_level(gate)
         held.cancel()
         await asyncio.wait_for(_until(lambda: disconnected() == 2), TIMEOUT)
-        assert bucket.tokens(gate.clock()) - before < 2  # not the 4.25 back: refilled a little at most
+        assert _token_level(gate) - before < 2  # not the 4.25 back: refilled a little at most
         assert gate.admission.in_flight == 0 and _totals(gate.stats.requests, "outcome") == {
             "disconnected": 2
         }

@@ -306,6 +306,21 @@ def overview() -> dashboard.Dashboard:
                 w=8,
             )
         )
+        .with_panel(
+            ts(
+                "Tokens by business line",
+                "short",
+                q(
+                    "sum by (line, kind) (rate(servepilot_gate_tokens_total{@POD}[$__rate_interval]))",
+                    "{{line}} {{kind}}",
+                ),
+                desc="Prompt and output tokens per second the gate relayed, per business line: as the "
+                "engine counted them (the gate asks streams for their usage, gate.stream_usage), else a "
+                "stream's token events; a stream cut short by the tokens relayed until then. What a "
+                "line's tokens_per_min budget is paid with (docs/gate.md).",
+                w=24,
+            )
+        )
         .with_row(dashboard.Row("Forecast and findings"))
         .with_panel(
             ts(

@@ -86,6 +86,7 @@ AGENT: list[Series] = _agent(
     "servepilot_gate_ttft_seconds_bucket",
     "servepilot_gate_limit",
     "servepilot_gate_requests_total",
+    "servepilot_gate_tokens_total",
     "servepilot_gate_answered_total",
     "servepilot_gate_slo_bad_total",
     "servepilot_gate_queue_wait_seconds_bucket",

@@ -5,8 +5,8 @@ pushes every short request queued behind it back by that much. Sending long prom
 upstream, behind their own in-flight limit and queue, stops them from inflating everyone's tail (the
 replay in :mod:`agent.gate.levers_replay` measures the effect on the Azure 2023 code trace).
 
-The rule is pure: ``is_long(prompt_tokens)`` compares the gate's estimate (4 characters per token, or
-the exact count for token-id prompts) with ``threshold_tokens``. A long request waits in the lane's own
+The rule is pure: ``is_long(prompt_tokens)`` compares the gate's estimate (4 bytes of UTF-8 per token,
+or the exact count for token-id prompts) with ``threshold_tokens``. A long request waits in the lane's own
 :class:`AdmissionQueue` (same priority, reserve and aging rules as the main queue) and is sent to the
 lane's upstream first, the others only as failover. Off when ``threshold_tokens`` is 0.
 """

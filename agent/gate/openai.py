@@ -15,9 +15,13 @@ Their bodies are read for what prompt they carry, by field name (:func:`_by_fiel
 is a multipart form, admitted unread. Paths named in ``gate.admit_paths`` are read the same way.
 
 The gate does not tokenize (that would cost more than the proxying itself): prompt length is estimated
-at 4 characters per token, OpenAI's rule of thumb for English, or counted exactly when the prompt is
-already token ids. The estimate only picks a length bucket and charges a token budget; the usage the
-engine reports, when it reports one, replaces it in the request's record.
+at 4 bytes of UTF-8 per token, or counted exactly when the prompt is already token ids. In English that
+is 4 characters per token, OpenAI's rule of thumb; a Chinese, Japanese or Korean character (3 bytes)
+counts 0.75 of a token, where recent BPE vocabularies take about 1 to 1.5 such characters a token
+(4 characters per token, as the gate counted until 2026-12-06, made a Chinese prompt a third of its
+length: a 6,000-token prompt under a 4,096-token long-pool threshold). The estimate only picks a length
+bucket and the long pool, and reserves a token budget; the usage the engine reports, which the gate
+asks streams for, replaces it in the request's record.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-CHARS_PER_TOKEN = 4.0
+BYTES_PER_TOKEN = 4.0
+"""UTF-8 bytes of prompt text per estimated token."""
 RESPONSES_PATH = "/v1/responses"
 """OpenAI's Responses API (vLLM and SGLang serve it): generation like chat, with its own body and events."""
 SGLANG_GENERATE_PATH = "/generate"
@@ -118,8 +123,9 @@ class BadRequest(ValueError):
 
 
 def _text_tokens(value: Any) -> float:
-    if isinstance(value, str):
-        return len(value) / CHARS_PER_TOKEN
+    if isinstance(value, str):  # isascii() reads a flag: ASCII text costs nothing more than len()
+        size = len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
+        return size / BYTES_PER_TOKEN
     if isinstance(value, list):
         if value and all(isinstance(v, int) for v in value):
             return float(len(value))  # already token ids

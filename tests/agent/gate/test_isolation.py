@@ -90,6 +90,10 @@ async def test_long_prompt_goes_to_the_long_pool(
         assert (await _post(client, gate, _body(prompt="x" * 400))).status == 200
         assert (await _post(client, gate, _body(prompt="x" * 40))).status == 200
         assert (long.seen, short.seen) == (1, 1)
+        # 140 Chinese characters, 105 tokens by their bytes (about 100-140 by a tokenizer): long; counted
+        # 4 characters a token, as until 2026-12-06, they were 35 and went to the short pool
+        assert (await _post(client, gate, _body(prompt="长上下文" * 35))).status == 200
+        assert (long.seen, short.seen) == (2, 1)
     finally:
         await gate.stop()
 

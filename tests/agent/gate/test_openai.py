@@ -13,6 +13,19 @@ def _info(path: str, doc: object) -> RequestInfo:
     return parse_request(path, json.dumps(doc).encode())
 
 
+def test_text_is_estimated_by_its_utf8_bytes() -> None:
+    """4 bytes a token: 4 characters of English, 0.75 of a token per CJK character (3 bytes), as
+    recent BPE vocabularies take about 1 to 1.5 such characters a token. Counted 4 characters a token, a
+    Chinese prompt was about a third of its length. Escaped or not in the body, the same text counts the
+    same, and a lone surrogate (which JSON can carry) is counted, not a crash."""
+    assert _info("/v1/completions", {"prompt": "你好世界" * 1000}).prompt_tokens == 3000.0
+    raw = json.dumps({"prompt": "日本語のテキスト"}, ensure_ascii=False).encode()
+    assert parse_request("/v1/completions", raw).prompt_tokens == 6.0  # 8 characters, 24 bytes
+    chat = {"messages": [{"role": "user", "content": "résumé, naïve"}]}  # 13 characters, 16 bytes
+    assert _info("/v1/chat/completions", chat).prompt_tokens == 4.0
+    assert _info("/v1/completions", {"prompt": "a\ud800b"}).prompt_tokens == 1.25
+
+
 def test_stream_tokens_model_and_choices_of_each_path() -> None:
     info = _info("/v1/completions", {"model": "m", "prompt": "x" * 40, "max_tokens": 64, "stream": True})
     assert info == RequestInfo(stream=True, prompt_tokens=10.0, max_tokens=64.0, model="m", choices=1)

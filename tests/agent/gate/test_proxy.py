@@ -286,7 +286,8 @@ async def test_a_client_that_leaves_before_its_answer_is_counted_and_pays_only_o
 ) -> None:
     """Until 2026-12-06 a client that left while queued, or while the engine worked on its answer in
     one piece, was in no count. Now both are ``disconnected``; the one that left the queue gets its line's
-    token charge back (the engine never saw it), the other keeps it (the engine worked on it)."""
+    token charge back (the engine never saw it), the other keeps it (the engine worked on it), and its
+    upstream connection is closed, so the engine aborts it."""
     upstream.release.clear()
     lines = {"default": GateLineConfig(tokens_per_min=60, burst_ratio=10)}  # 600, refilled 1 a second
     gate = await _gate({"primary": upstream.url}, lines=lines, max_in_flight=1, high_reserved_ratio=0.0)
@@ -305,6 +306,7 @@ async def test_a_client_that_leaves_before_its_answer_is_counted_and_pays_only_o
         held.cancel()
         await asyncio.wait_for(_until(lambda: disconnected() == 2), TIMEOUT)
         assert _token_level(gate) - before < 2  # not the 4.25 back: refilled a little at most
+        assert await asyncio.wait_for(upstream.aborted, TIMEOUT) == "CancelledError"  # the engine stops
         assert gate.admission.in_flight == 0 and _totals(gate.stats.requests, "outcome") == {
             "disconnected": 2
         }

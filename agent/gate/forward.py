@@ -115,8 +115,11 @@ class Forwarder:
         its answer (the gate's ``stalled_upstreams``): the client has had nothing yet."""
         assert self.session is not None, "Gate.start() was not called"
         headers = forward_headers(request.headers)
-        if record is not None and record.request_id and REQUEST_ID not in headers:
-            headers[REQUEST_ID] = record.request_id  # one the gate gave it
+        if record is not None:
+            # the gate reads the answer (its usage, its events): uncompressed, as the engines send anyway
+            headers["Accept-Encoding"] = "identity"
+            if record.request_id and REQUEST_ID not in headers:
+                headers[REQUEST_ID] = record.request_id  # one the gate gave it
         candidates = self.pool.candidates(self.rng.random())
         if prefer is not None:
             candidates.sort(key=lambda up: up.name != prefer)  # stable: the rest keep their order

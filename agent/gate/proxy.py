@@ -509,6 +509,10 @@ class Gate:
         known = path in ADMITTED_PATHS
         if not known and path not in self.cfg.admit_paths:
             return await self.forwarder.forward(request, body, None, RequestInfo())
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):  # its body is read here: a clear refusal, not "not JSON"
+            message = f"the gate reads request bodies and takes them uncompressed, not {encoding}"
+            return json_error(415, message, "invalid_request_error", "unsupported_content_encoding")
         try:
             info = parse_request(path, body) if known else parse_any(body)
         except BadRequest as error:
@@ -707,7 +711,7 @@ class Gate:
         body = fill.body
         identity = response_identity(body if body else fill.head, streaming)
         self.cache.observe_identity(identity)
-        if fill.store and body:
+        if fill.store and body and up.headers.get("Content-Encoding", "identity") == "identity":
             gpu_s = 0.0 if record is None else max(0.0, record.e2e_s - record.queue_wait_s)
             content_type = up.headers.get("Content-Type", "application/json")
             self.cache.put(fill.key, body, content_type, streaming, gpu_s, identity)

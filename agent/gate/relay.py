@@ -33,12 +33,15 @@ from agent.gate.stream_usage import UsageEventFilter
 
 log = logging.getLogger(__name__)
 
-#: RFC 9110 hop-by-hop headers, plus those aiohttp recomputes for the new connection.
+#: RFC 9110 hop-by-hop headers, plus those aiohttp recomputes for the new connection. Not
+#: ``Content-Encoding``: it is end to end, and the bytes are relayed as they came (dropped, a compressed
+#: answer reached its client as garbage). The gate asks for answers it reads uncompressed
+#: (:mod:`agent.gate.forward`).
 HOP_BY_HOP = frozenset(
     h.lower()
     for h in (
         "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailer",
-        "Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Content-Encoding",
+        "Transfer-Encoding", "Upgrade", "Host", "Content-Length",
     )
 )  # fmt: skip
 

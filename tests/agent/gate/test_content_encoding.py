@@ -1,0 +1,118 @@
+"""Compressed bodies through the gate.
+
+``Content-Encoding`` is end to end (RFC 9110): the gate relays an answer's bytes as they came, so it
+keeps the header with them; until 2026-12-06 it dropped it, and a compressed answer (an upstream behind
+a gzip-ing ingress, or a pass-through path) reached its client as bytes it could not read. Where the
+gate reads the answer (its usage, its token events) it asks the upstream for it uncompressed. A request
+body it must read and cannot (compressed) is refused with a clear 415."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tests.engines.client import gate_for, gate_tokens
+
+TIMEOUT = 5.0
+ANSWER = {
+    "choices": [{"text": "hi"}],
+    "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+}
+MODELS = {"object": "list", "data": [{"id": "m", "object": "model"}]}
+
+
+class Gzipping:
+    """``POST /v1/completions`` and ``GET /v1/models`` (passed through by the gate): compressed when the
+    request accepts gzip, as behind a gzip-ing ingress, or always when ``stubborn``. Keeps the
+    ``Accept-Encoding`` each request came with."""
+
+    def __init__(self) -> None:
+        self.stubborn = False
+        self.accepted: list[str | None] = []
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    def _answer(self, request: web.Request, doc: dict[str, Any]) -> web.Response:
+        self.accepted.append(request.headers.get("Accept-Encoding"))
+        body = json.dumps(doc).encode()
+        if self.stubborn or "gzip" in request.headers.get("Accept-Encoding", ""):
+            headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+            return web.Response(body=gzip.compress(body), headers=headers)
+        return web.Response(body=body, content_type="application/json")
+
+    async def completions(self, request: web.Request) -> web.Response:
+        return self._answer(request, ANSWER)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return self._answer(request, MODELS)
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Gzipping]:
+    served = Gzipping()
+    await served.start()
+    yield served
+    assert served.runner is not None
+    await served.runner.cleanup()
+
+
+async def _post(base: str, headers: dict[str, str] | None = None, **kw: Any) -> tuple[int, str | None, Any]:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+        client.post(
+            f"{base}/v1/completions", headers={"Accept-Encoding": "gzip", **(headers or {})}, **kw
+        ) as resp,
+    ):
+        return resp.status, resp.headers.get("Content-Encoding"), await resp.json()
+
+
+async def test_an_answer_the_gate_reads_is_asked_for_uncompressed_and_counted(engine: Gzipping) -> None:
+    async with gate_for(engine.url) as (_, base, registry):
+        status, encoding, answer = await _post(base, json={"prompt": "x", "max_tokens": 3})
+    assert (status, encoding, answer) == (200, None, ANSWER)
+    assert engine.accepted == ["identity"]
+    assert gate_tokens(registry) == {"prompt": 7.0, "output": 3.0}
+
+
+async def test_a_compressed_answer_keeps_its_encoding(engine: Gzipping) -> None:
+    """An upstream that compresses whatever it is asked: its client can still read it (the gate cannot:
+    the counts fall back to the estimate)."""
+    engine.stubborn = True
+    async with gate_for(engine.url) as (_, base, _registry):
+        status, encoding, answer = await _post(base, json={"prompt": "x", "max_tokens": 3})
+    assert (status, encoding, answer) == (200, "gzip", ANSWER)
+
+
+async def test_a_passed_through_answer_is_compressed_as_its_client_asked(engine: Gzipping) -> None:
+    async with (
+        gate_for(engine.url) as (_, base, _registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+        client.get(f"{base}/v1/models", headers={"Accept-Encoding": "gzip"}) as resp,
+    ):
+        assert resp.headers.get("Content-Encoding") == "gzip"
+        assert await resp.json() == MODELS
+    assert engine.accepted == ["gzip"]
+
+
+async def test_a_compressed_request_body_is_refused_clearly(engine: Gzipping) -> None:
+    body = gzip.compress(json.dumps({"prompt": "x", "max_tokens": 3}).encode())
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    async with gate_for(engine.url) as (_, base, _registry):
+        status, _, answer = await _post(base, data=body, headers=headers)
+    assert status == 415 and answer["error"]["code"] == "unsupported_content_encoding"
+    assert "gzip" in answer["error"]["message"] and engine.accepted == []

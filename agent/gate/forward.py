@@ -26,6 +26,7 @@ import aiohttp
 from aiohttp import web
 
 from agent.config import GateConfig
+from agent.gate.access_log import FORWARDED_FOR
 from agent.gate.cache import Fill
 from agent.gate.held import HeldRequests
 from agent.gate.metrics import GateMetrics
@@ -115,6 +116,9 @@ class Forwarder:
         its answer (the gate's ``stalled_upstreams``): the client has had nothing yet."""
         assert self.session is not None, "Gate.start() was not called"
         headers = forward_headers(request.headers)
+        if request.remote:  # as proxies do: the engine's log (uvicorn trusts loopback) names the client
+            prior = headers.get(FORWARDED_FOR)
+            headers[FORWARDED_FOR] = f"{prior}, {request.remote}" if prior else request.remote
         if record is not None:
             # the gate reads the answer (its usage, its events): uncompressed, as the engines send anyway
             headers["Accept-Encoding"] = "identity"

@@ -35,9 +35,11 @@ class Echo(ParkedEngine):
         super().__init__()
         self.go.set()
         self.ids: list[str | None] = []
+        self.forwarded_for: list[str | None] = []
 
     async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         self.ids.append(request.headers.get("X-Request-Id"))
+        self.forwarded_for.append(request.headers.get("X-Forwarded-For"))
         usage = {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
         if body.get("stream"):  # its headers leave with its first byte, before the gate's handler ends
             stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -88,6 +90,21 @@ async def test_a_request_without_an_id_gets_one_the_engine_the_client_and_the_lo
     assert carried and carried <= {given, "mine-1", streamed, refused[0][1]}, (
         e2e
     )  # the answered, not the refused
+
+
+async def test_the_engine_is_told_the_client_behind_the_gate(engine: Echo) -> None:
+    """``X-Forwarded-For`` gets the client's address appended, as proxies do (uvicorn, which vLLM and
+    SGLang serve on, trusts it from loopback by default, so their logs name the client, not the gate)."""
+    body = {"prompt": "hi", "max_tokens": 1}
+    async with (
+        gate_for(engine.url) as (_, base, _registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+    ):
+        async with client.post(f"{base}/v1/completions", json=body):
+            pass
+        async with client.post(f"{base}/v1/completions", json=body, headers={"X-Forwarded-For": "10.1.2.3"}):
+            pass
+    assert engine.forwarded_for == ["127.0.0.1", "10.1.2.3, 127.0.0.1"]
 
 
 async def test_request_ids_off_adds_none(engine: Echo) -> None:

@@ -191,17 +191,19 @@ async def test_the_responses_api_is_admitted_by_the_gate_and_counted_from_vllms_
 
 async def test_the_gates_request_id_is_vllms(engine: RunningEngine) -> None:
     """A request without an ``X-Request-Id`` gets one from the gate (``gate.request_ids``), and vLLM names
-    the request by it: its answer's ``id`` is ``cmpl-<id>``, and a client's own id is taken the same way."""
+    the request by it: its answer's ``id`` is ``cmpl-<id>``, and a client's own id is taken the same way.
+    And vLLM's access log names the client the gate appended to ``X-Forwarded-For``, not the gate."""
     body = {"model": "tiny-random-llama", "prompt": "Say hello", "max_tokens": 3}
     async with gate_for(engine.url) as (_, base, _registry), aiohttp.ClientSession() as session:
         async with session.post(f"{base}/v1/completions", json=body) as r:
             given, answer = r.headers["X-Request-Id"], await r.json()
-        async with session.post(
-            f"{base}/v1/completions", json=body, headers={"X-Request-Id": "client-7"}
-        ) as r:
+        headers = {"X-Request-Id": "client-7", "X-Forwarded-For": "10.9.8.7"}  # as from an ingress
+        async with session.post(f"{base}/v1/completions", json=body, headers=headers) as r:
             own = await r.json()
     assert len(given) == 32 and answer["id"] == f"cmpl-{given}"
     assert own["id"] == "cmpl-client-7"
+    await asyncio.sleep(0.5)  # its log line is written after the answer
+    assert '10.9.8.7:0 - "POST /v1/completions' in engine.log_tail(200)
 
 
 async def test_the_gate_counts_streams_from_the_usage_it_asks_vllm_for(engine: RunningEngine) -> None:

@@ -270,14 +270,20 @@ class Forwarder:
         session that never reuses connections: the pool may hold several sockets the upstream closed at
         the same moment, and a retry that picked another of them would fail the same way. A refused
         connection is not retried. The cost of the rare case where an upstream died mid-request: one
-        duplicate attempt."""
+        duplicate attempt. A redirect is the client's to follow, not the gate's: it is relayed as it came
+        (followed, a POST turned into a GET elsewhere, and the client got another page's answer as this
+        one's)."""
         assert self.session is not None
         try:
-            return await self.session.request(method, url, data=body or None, headers=headers)
+            return await self.session.request(
+                method, url, data=body or None, headers=headers, allow_redirects=False
+            )
         except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as error:
             if isinstance(error, aiohttp.ClientConnectorError):  # refused / unreachable: not a stale socket
                 raise
             log.info("upstream connection went stale (%s); retrying once on a new one", error)
             if self.fresh is None:
                 self.fresh = self._new_session(fresh=True)
-            return await self.fresh.request(method, url, data=body or None, headers=headers)
+            return await self.fresh.request(
+                method, url, data=body or None, headers=headers, allow_redirects=False
+            )

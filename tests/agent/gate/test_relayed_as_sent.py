@@ -1,10 +1,13 @@
-"""Compressed bodies through the gate.
+"""What the gate relays as the upstream sent it: compressed bodies, and redirects.
 
 ``Content-Encoding`` is end to end (RFC 9110): the gate relays an answer's bytes as they came, so it
 keeps the header with them; until 2026-12-06 it dropped it, and a compressed answer (an upstream behind
 a gzip-ing ingress, or a pass-through path) reached its client as bytes it could not read. Where the
 gate reads the answer (its usage, its token events) it asks the upstream for it uncompressed. A request
-body it must read and cannot (compressed) is refused with a clear 415."""
+body it must read and cannot (compressed) is refused with a clear 415.
+
+A redirect is the client's to follow: until 2026-12-06 the gate followed it itself (aiohttp's default),
+turning a POST into a GET elsewhere and answering with another page as this one."""
 
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ class Gzipping:
 
     def __init__(self) -> None:
         self.stubborn = False
+        self.redirect = False
         self.accepted: list[str | None] = []
         self.runner: web.AppRunner | None = None
         self.url = ""
@@ -47,6 +51,8 @@ class Gzipping:
         return web.Response(body=body, content_type="application/json")
 
     async def completions(self, request: web.Request) -> web.Response:
+        if self.redirect:
+            raise web.HTTPTemporaryRedirect("/v1/models")
         return self._answer(request, ANSWER)
 
     async def models(self, request: web.Request) -> web.Response:
@@ -116,3 +122,14 @@ async def test_a_compressed_request_body_is_refused_clearly(engine: Gzipping) ->
         status, _, answer = await _post(base, data=body, headers=headers)
     assert status == 415 and answer["error"]["code"] == "unsupported_content_encoding"
     assert "gzip" in answer["error"]["message"] and engine.accepted == []
+
+
+async def test_a_redirect_is_relayed_for_the_client_to_follow(engine: Gzipping) -> None:
+    engine.redirect = True
+    async with (
+        gate_for(engine.url) as (_, base, _registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+        client.post(f"{base}/v1/completions", json={"prompt": "x"}, allow_redirects=False) as resp,
+    ):
+        assert (resp.status, resp.headers["Location"]) == (307, "/v1/models")
+    assert engine.accepted == []  # the gate did not go there itself

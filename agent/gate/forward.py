@@ -100,7 +100,11 @@ class Forwarder:
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s
         )
-        return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+        # no cookie jar: an upstream's Set-Cookie is its client's, relayed to it; kept here, it went with
+        # every later client's requests (a load balancer's sticky session, a login)
+        return aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+        )
 
     async def forward(
         self,

@@ -6,6 +6,10 @@ a gzip-ing ingress, or a pass-through path) reached its client as bytes it could
 gate reads the answer (its usage, its token events) it asks the upstream for it uncompressed. A request
 body it must read and cannot (compressed) is refused with a clear 415.
 
+Cookies are the client's: an upstream's ``Set-Cookie`` goes to the client that got the answer, and
+the gate sends only what each client sends. Until 2026-12-06 its upstream session kept a cookie jar,
+and one client's cookie went with every later client's requests.
+
 A redirect is the client's to follow: until 2026-12-06 the gate followed it itself (aiohttp's default),
 turning a POST into a GET elsewhere and answering with another page as this one."""
 
@@ -38,6 +42,7 @@ class Gzipping:
     def __init__(self) -> None:
         self.stubborn = False
         self.redirect = False
+        self.cookies: list[str | None] = []
         self.accepted: list[str | None] = []
         self.runner: web.AppRunner | None = None
         self.url = ""
@@ -45,12 +50,14 @@ class Gzipping:
     def _answer(self, request: web.Request, doc: dict[str, Any]) -> web.Response:
         self.accepted.append(request.headers.get("Accept-Encoding"))
         body = json.dumps(doc).encode()
+        headers = {"Content-Type": "application/json", "Set-Cookie": f"sticky=s{len(self.accepted)}; Path=/"}
         if self.stubborn or "gzip" in request.headers.get("Accept-Encoding", ""):
-            headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
-            return web.Response(body=gzip.compress(body), headers=headers)
-        return web.Response(body=body, content_type="application/json")
+            headers["Content-Encoding"] = "gzip"
+            body = gzip.compress(body)
+        return web.Response(body=body, headers=headers)
 
     async def completions(self, request: web.Request) -> web.Response:
+        self.cookies.append(request.headers.get("Cookie"))
         if self.redirect:
             raise web.HTTPTemporaryRedirect("/v1/models")
         return self._answer(request, ANSWER)
@@ -62,6 +69,7 @@ class Gzipping:
         app = web.Application()
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", lambda _: web.json_response({}))
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()
@@ -133,3 +141,20 @@ async def test_a_redirect_is_relayed_for_the_client_to_follow(engine: Gzipping) 
     ):
         assert (resp.status, resp.headers["Location"]) == (307, "/v1/models")
     assert engine.accepted == []  # the gate did not go there itself
+
+
+async def test_an_upstreams_cookie_is_its_clients_alone(engine: Gzipping) -> None:
+    named = engine.url.replace("127.0.0.1", "localhost")  # aiohttp's jar takes no cookie from an IP address
+    async with gate_for(named) as (_, base, _registry):
+        for _ in range(2):  # two clients, each with a session of its own (its own cookie jar)
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+                client.post(f"{base}/v1/completions", json={"prompt": "x"}) as resp,
+            ):
+                assert resp.cookies["sticky"].value == f"s{len(engine.accepted)}"
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+            client.post(f"{base}/v1/completions", json={"prompt": "x"}, headers={"Cookie": "mine=1"}),
+        ):
+            pass
+    assert engine.cookies == [None, None, "mine=1"]

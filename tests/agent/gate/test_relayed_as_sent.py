@@ -62,6 +62,9 @@ class Gzipping:
             raise web.HTTPTemporaryRedirect("/v1/models")
         return self._answer(request, ANSWER)
 
+    async def health(self, _: web.Request) -> web.Response:
+        return web.json_response({})
+
     async def models(self, request: web.Request) -> web.Response:
         return self._answer(request, MODELS)
 
@@ -69,7 +72,7 @@ class Gzipping:
         app = web.Application()
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/health", lambda _: web.json_response({}))
+        app.router.add_get("/health", self.health)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()

@@ -27,6 +27,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from agent.config import CanaryConfig, Config, ConfigError
+from agent.gate.upstreams import upstream_auth
 from agent.perplexity import Measurement, PerplexityError, load_validation_set, measure
 from agent.tls import ClientTls, gate_upstream_context
 from detectors.snapshot import Reading, SourceStatus
@@ -56,10 +57,13 @@ class PerplexityMeter:
         clock: Callable[[], float] = time.monotonic,
         models: dict[str, str] | None = None,
         tls: ClientTls = True,
+        auth: dict[str, str] | None = None,
     ) -> None:
         self.cfg = cfg
         #: TLS towards https upstreams (``gate.upstream_tls_*``), as the gate reaches them
         self.tls = tls
+        #: the upstreams' own key (``gate.upstream_api_key_file``), as the gate sends it
+        self.auth = auth or {}
         self.urls = {cfg.primary: upstreams[cfg.primary], cfg.candidate: upstreams[cfg.candidate]}
         #: the model name each upstream is asked for: ``gate.upstream_models``, else ``canary.model`` (else
         #: the first it lists), as the gate sends it that upstream's traffic
@@ -97,7 +101,8 @@ class PerplexityMeter:
 
         try:
             if self._session is None:
-                self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.tls))
+                connector = aiohttp.TCPConnector(ssl=self.tls)
+                self._session = aiohttp.ClientSession(connector=connector, headers=self.auth)
             measured = []
             for upstream in (self.cfg.primary, self.cfg.candidate):  # one at a time: half the load
                 measured.append(
@@ -184,6 +189,7 @@ class LiveCanary:
             self.state,
             models=dict(cfg.gate.upstream_models),
             tls=gate_upstream_context(cfg.gate),
+            auth=upstream_auth(cfg.gate),
         )
         self.loop: Loop | None = None
 

@@ -213,17 +213,18 @@ async def check_upstreams(cfg: Config) -> list[CheckResult]:
     """Each gate upstream's health path, judged as the gate's own health checks judge it (2xx); then the
     models it serves, against what clients ask for (the first upstream's) and ``gate.upstream_models``."""
     from agent.config import ConfigError
-    from agent.gate.upstreams import probe_health
+    from agent.gate.upstreams import probe_health, upstream_auth
     from agent.tls import gate_upstream_context
 
     results = []
     reference: list[str] = []
     try:
         tls = gate_upstream_context(cfg.gate)
+        auth = upstream_auth(cfg.gate)  # an engine with --api-key lists its models to its key alone
     except ConfigError as error:
         return [CheckResult("upstreams", "error", str(error), 0.0)]
     connector = aiohttp.TCPConnector(ssl=tls)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with aiohttp.ClientSession(connector=connector, headers=auth) as session:
         for i, (name, base) in enumerate(cfg.gate.upstreams.items()):
             url = base + cfg.gate.health_path
             started = time.perf_counter()

@@ -44,6 +44,7 @@ HOT = (
     "gate.default_requests_per_min",
     "gate.api_keys",
     "gate.api_keys_file",
+    "gate.require_api_key",  # read per request
     "gate.default_line",
     "gate.line_header",
     "gate.priority_header",

@@ -113,6 +113,18 @@ class GateConfig(Section):
         "re-read at every reload and watched with agent.config_watch_s, so keys from a mounted Secret "
         "rotate without a restart",
     )
+    require_api_key: bool = Field(
+        False,
+        description="answer 401 to a request without one of api_keys as its Authorization: Bearer key, on "
+        "every path: the gate is the clients' door; off, a request without a known key goes to its "
+        "line_header's line or default_line",
+    )
+    upstream_api_key_file: str | None = Field(
+        None,
+        description="file holding the key the upstreams want (the engine's --api-key): sent to them as "
+        "Authorization: Bearer in place of the client's, by the gate, servepilot check and the canary; "
+        "read at start",
+    )
     default_line: str = Field("default", description="line of requests that name none (or an unknown one)")
     lines: dict[str, GateLineConfig] = Field(default_factory=dict, description="per-line limits")
     default_requests_per_min: float = Field(1000.0, gt=0, le=1e7, description="rate of lines not listed")
@@ -239,6 +251,13 @@ class GateConfig(Section):
                 raise ValueError(f"upstream_models names {name!r}, not one of the upstreams ({known})")
             if not model.strip():
                 raise ValueError(f"upstream_models.{name} must be a model name, got {model!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _keys_for_require_api_key(self) -> GateConfig:
+        if self.require_api_key and not self.api_keys and self.api_keys_file is None:
+            # (an api_keys_file with no keys in it is allowed: every key revoked, everyone refused)
+            raise ValueError("require_api_key needs api_keys or api_keys_file: no client could pass")
         return self
 
     @model_validator(mode="after")

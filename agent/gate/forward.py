@@ -33,7 +33,7 @@ from agent.gate.metrics import GateMetrics
 from agent.gate.openai import REQUEST_ID, RequestInfo
 from agent.gate.records import GateStats, RequestRecord
 from agent.gate.relay import Relay, Unanswered, forward_headers, json_error
-from agent.gate.upstreams import Upstream, UpstreamPool
+from agent.gate.upstreams import Upstream, UpstreamPool, upstream_auth
 from agent.tls import gate_upstream_context
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,8 @@ class Forwarder:
         self.retrying = 0
         #: TLS towards https upstreams (``gate.upstream_tls_*``; a restart applies a change)
         self.tls = gate_upstream_context(cfg())
+        #: the upstreams' own key, in place of the client's (``gate.upstream_api_key_file``, read at start)
+        self.auth = upstream_auth(cfg())
 
     def open(self) -> aiohttp.ClientSession:
         """Open the upstream session (the health checks use it too) and return it."""
@@ -120,6 +122,7 @@ class Forwarder:
         its answer (the gate's ``stalled_upstreams``): the client has had nothing yet."""
         assert self.session is not None, "Gate.start() was not called"
         headers = forward_headers(request.headers)
+        headers.update(self.auth)  # the engine's key: the client's (the gate's) is not the engine's
         if request.remote:  # as proxies do: the engine's log (uvicorn trusts loopback) names the client
             prior = headers.get(FORWARDED_FOR)
             headers[FORWARDED_FOR] = f"{prior}, {request.remote}" if prior else request.remote

@@ -89,6 +89,11 @@ class GateMetrics:
             ["upstream", "status"],
             registry=registry,
         )
+        self.unauthorized = Counter(
+            "servepilot_gate_unauthorized",
+            "Requests answered 401 for want of a valid API key (gate.require_api_key).",
+            registry=registry,
+        )
         self.retry_denied = Counter(
             "servepilot_gate_retry_budget_exceeded",
             "Errors passed on that a retry could have hidden, had the retry budget allowed it "

@@ -501,6 +501,13 @@ class Gate:
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         arrived = self.clock()
+        keyed = self.resolver.key_line(request.headers)
+        if keyed is None and self.cfg.require_api_key:  # before its body is read: nothing is done for it
+            self.metrics.unauthorized.inc()
+            message = "a valid API key is required: Authorization: Bearer <key>"
+            refusal = json_error(401, message, "invalid_request_error", "invalid_api_key")
+            refusal.headers["WWW-Authenticate"] = "Bearer"
+            return refusal
         body = await self._read_body(request)
         if body is None:
             message = f"request body exceeds the gate's limit of {self.cfg.max_body_bytes} bytes"
@@ -517,7 +524,7 @@ class Gate:
             info = parse_request(path, body) if known else parse_any(body)
         except BadRequest as error:
             return json_error(400, str(error), "invalid_request_error", "bad_request")
-        line = self.resolver.resolve(request.headers)
+        line = keyed or self.resolver.named_line(request.headers)
         limiter = self.lines.get(line, arrived)
         priority = Priority.parse(
             request.headers.get(self.cfg.priority_header), Priority[limiter.priority.upper()]

@@ -150,12 +150,20 @@ class LineResolver:
         self._keys = [(key.encode(), line) for key, line in cfg.api_keys.items()]
 
     def resolve(self, headers: Mapping[str, str]) -> str:
+        return self.key_line(headers) or self.named_line(headers)
+
+    def key_line(self, headers: Mapping[str, str]) -> str | None:
+        """The line of the request's ``Authorization: Bearer`` key, or None when it has none of ours."""
         auth = headers.get("Authorization") or headers.get("authorization") or ""
         if self._keys and auth[:7].lower() == "bearer ":
             presented = auth[7:].strip().encode()
             for key, line in self._keys:  # constant-time per key: no timing oracle on key prefixes
                 if hmac.compare_digest(presented, key):
                     return line
+        return None
+
+    def named_line(self, headers: Mapping[str, str]) -> str:
+        """The line the line header names when it is one of ours, else the default line."""
         named = headers.get(self.header)
         if named is not None and named.strip() in self.known:
             return named.strip()

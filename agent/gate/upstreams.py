@@ -19,13 +19,14 @@ import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
 from yarl import URL
 
 if TYPE_CHECKING:
-    from agent.config import Config
+    from agent.config import Config, GateConfig
 
 log = logging.getLogger(__name__)
 
@@ -180,3 +181,21 @@ def engine_upstream(cfg: Config) -> str | None:
         return None
     engine = _endpoint(cfg.engine.url)
     return next((name for name, url in cfg.gate.upstreams.items() if _endpoint(url) == engine), None)
+
+
+def upstream_auth(cfg: GateConfig) -> dict[str, str]:
+    """The ``Authorization`` header the upstreams want (``upstream_api_key_file``), or none. ConfigError
+    naming the field, never the key, when the file cannot be read or holds no key."""
+    from agent.config import ConfigError
+
+    if cfg.upstream_api_key_file is None:
+        return {}
+    field = "gate.upstream_api_key_file"
+    try:
+        key = Path(cfg.upstream_api_key_file).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as error:
+        why = getattr(error, "strerror", None) or type(error).__name__
+        raise ConfigError(field, f"{cfg.upstream_api_key_file!r}: cannot read it: {why}") from None
+    if not key or any(c.isspace() for c in key):
+        raise ConfigError(field, f"{cfg.upstream_api_key_file!r}: must hold one key, no spaces")
+    return {"Authorization": f"Bearer {key}"}

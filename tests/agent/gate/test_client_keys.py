@@ -1,0 +1,123 @@
+"""The gate as the clients' door (``gate.require_api_key``), and the engine's own key
+(``gate.upstream_api_key_file``): clients hold the gate's keys, each naming its business line; the
+engine, started with ``--api-key``, is sent its own key in their place. Against real vLLM:
+tests/e2e/test_vllm_tls.py."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from agent.config import ConfigError, GateConfig, build
+from agent.gate.upstreams import upstream_auth
+from tests.agent.gate.parked import ParkedEngine, serving
+from tests.engines.client import gate_for
+
+TIMEOUT = 5.0
+KEYS = {"sk-chat-1": "chat", "sk-batch-1": "batch"}
+
+
+class Keyed(ParkedEngine):
+    """``/v1/completions`` (admitted) and ``/tokenize`` (passed through), answered at once; keeps the
+    ``Authorization`` each request came with."""
+
+    path = "/v1/completions"
+    more_paths = ("/tokenize",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go.set()
+        self.auth: list[str | None] = []
+
+    async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        self.auth.append(request.headers.get("Authorization"))
+        return web.json_response(
+            {"choices": [{"text": "a"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+        )
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Keyed]:
+    async for served in serving(Keyed()):
+        yield served
+
+
+async def _post(base: str, path: str, key: str | None) -> tuple[int, Any, str | None]:
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+        client.post(f"{base}{path}", json={"prompt": "hi", "max_tokens": 1}, headers=headers) as resp,
+    ):
+        return resp.status, await resp.json(), resp.headers.get("WWW-Authenticate")
+
+
+async def test_without_a_known_key_every_path_is_refused_before_the_engine(engine: Keyed) -> None:
+    async with gate_for(engine.url, api_keys=KEYS, require_api_key=True) as (_, base, registry):
+        refused = [
+            await _post(base, path, key)
+            for path in ("/v1/completions", "/tokenize")
+            for key in (None, "sk-nope")
+        ]
+        passed = [await _post(base, path, "sk-chat-1") for path in ("/v1/completions", "/tokenize")]
+        ok = {"line": "chat", "priority": "normal", "outcome": "ok"}
+        tally = registry.get_sample_value("servepilot_gate_requests_total", ok)
+    assert [(status, doc["error"]["code"], challenge) for status, doc, challenge in refused] == [
+        (401, "invalid_api_key", "Bearer")
+    ] * 4
+    assert all("sk-nope" not in doc["error"]["message"] for _, doc, _ in refused)  # never echoed
+    assert [status for status, _, _ in passed] == [200, 200]
+    assert engine.auth == ["Bearer sk-chat-1"] * 2  # the refused never reached it
+    assert registry.get_sample_value("servepilot_gate_unauthorized_total") == 4
+    assert tally == 1  # the admitted one, on its key's line
+
+
+async def test_without_require_api_key_an_unknown_key_goes_to_the_default_line(engine: Keyed) -> None:
+    async with gate_for(engine.url, api_keys=KEYS) as (_, base, registry):
+        assert (await _post(base, "/v1/completions", "sk-nope"))[0] == 200
+    ok = {"line": "default", "priority": "normal", "outcome": "ok"}
+    assert registry.get_sample_value("servepilot_gate_requests_total", ok) == 1
+
+
+async def test_the_engine_gets_its_own_key_in_place_of_the_clients(engine: Keyed, tmp_path: Path) -> None:
+    key_file = tmp_path / "engine-key"
+    key_file.write_text("engine-secret-1\n")
+    settings = {"api_keys": KEYS, "require_api_key": True, "upstream_api_key_file": str(key_file)}
+    async with gate_for(engine.url, **settings) as (_, base, _registry):
+        for path in ("/v1/completions", "/tokenize"):
+            assert (await _post(base, path, "sk-batch-1"))[0] == 200
+    assert engine.auth == ["Bearer engine-secret-1"] * 2
+
+
+def test_require_api_key_needs_keys_to_pass() -> None:
+    with pytest.raises(ConfigError, match="require_api_key needs api_keys or api_keys_file"):
+        build({"gate": {"enabled": True, "require_api_key": True}})
+    assert GateConfig(require_api_key=True, api_keys=KEYS).require_api_key
+
+
+def test_an_empty_keys_file_refuses_everyone_rather_than_the_config(tmp_path: Path) -> None:
+    """Every key revoked is a change an operator may make; the config stays valid."""
+    empty = tmp_path / "keys.yaml"
+    empty.write_text("")
+    cfg = build({"gate": {"enabled": True, "require_api_key": True, "api_keys_file": str(empty)}})
+    assert cfg.gate.api_keys == {}
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [(None, "cannot read it"), ("", "must hold one key"), ("s3cr3t words", "must hold one key")],
+)
+def test_an_unusable_engine_key_file_is_a_config_error_naming_the_field(
+    tmp_path: Path, content: str | None, why: str
+) -> None:
+    path = tmp_path / "engine-key"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=why) as caught:
+        upstream_auth(GateConfig(upstream_api_key_file=str(path)))
+    assert caught.value.field == "gate.upstream_api_key_file"
+    assert "s3cr3t" not in str(caught.value)  # never the content

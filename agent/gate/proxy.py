@@ -502,7 +502,9 @@ class Gate:
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         arrived = self.clock()
         keyed = self.resolver.key_line(request.headers)
-        if keyed is None and self.cfg.require_api_key:  # before its body is read: nothing is done for it
+        # before its body is read: nothing is done for it. Not a CORS preflight (OPTIONS), which browsers
+        # send without credentials: the engine answers it (vLLM's --allowed-origins), and runs nothing
+        if keyed is None and self.cfg.require_api_key and request.method != "OPTIONS":
             self.metrics.unauthorized.inc()
             message = "a valid API key is required: Authorization: Bearer <key>"
             refusal = json_error(401, message, "invalid_request_error", "invalid_api_key")

@@ -76,6 +76,16 @@ async def test_without_a_known_key_every_path_is_refused_before_the_engine(engin
     assert tally == 1  # the admitted one, on its key's line
 
 
+async def test_a_browsers_cors_preflight_passes_without_a_key(engine: Keyed) -> None:
+    """Browsers send it without credentials before a cross-origin POST; the engine answers it."""
+    async with (
+        gate_for(engine.url, api_keys=KEYS, require_api_key=True) as (_, base, _registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+        client.options(f"{base}/v1/completions", headers={"Origin": "https://app.example"}) as resp,
+    ):
+        assert resp.status == 405  # the fake engine serves no OPTIONS (aiohttp says so), not the gate: 401
+
+
 async def test_without_require_api_key_an_unknown_key_goes_to_the_default_line(engine: Keyed) -> None:
     async with gate_for(engine.url, api_keys=KEYS) as (_, base, registry):
         assert (await _post(base, "/v1/completions", "sk-nope"))[0] == 200

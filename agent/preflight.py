@@ -329,11 +329,28 @@ async def run_checks(cfg: Config) -> list[CheckResult]:
         found = next((r.info.get("engine") for _, r in sources if r.source == "engine"), None)
         kind = cfg.engine.kind if cfg.engine.kind != "auto" else found
         results.extend(check_engine_priority(cfg, kind))
+        results.append(check_client_keys(cfg))
         if cfg.gate.access_log is not None:
             results.append(check_access_log(cfg))
     if cfg.webhooks.enabled:
         results.extend(await check_webhooks(cfg))
     return results
+
+
+def check_client_keys(cfg: Config) -> CheckResult:
+    """How many API keys the gate holds (never which), and what a request without one meets: a 401
+    (``gate.require_api_key``), or the default line. Required with none held fails: every client would
+    be refused (a keys file emptied on purpose says so too)."""
+    keys, where = len(cfg.gate.api_keys), cfg.gate.api_keys_file or ""
+    held = f"{keys} API key{'s' if keys != 1 else ''}"
+    if not cfg.gate.require_api_key:
+        detail = f"{held}; not required: a request without one goes to line {cfg.gate.default_line!r}"
+        return CheckResult("client keys", "ok", detail, 0.0, where)
+    if not keys:
+        return CheckResult(
+            "client keys", "error", "required, and none held: every client is refused", 0.0, where
+        )
+    return CheckResult("client keys", "ok", f"{held}; required: 401 without one", 0.0, where)
 
 
 def check_access_log(cfg: Config) -> CheckResult:

@@ -69,6 +69,7 @@ async def test_every_enabled_part_is_checked_once_and_a_dead_upstream_fails(sim_
         "routes primary",
         "upstream fp8",
         "engine upstream",
+        "client keys",
     ]
     assert {name for name, r in results.items() if r.failed} == {"upstream fp8"}
     # the simulator serves no OpenAPI document (its control API's spec is in the repository): not a failure
@@ -85,7 +86,7 @@ async def test_every_enabled_part_is_checked_once_and_a_dead_upstream_fails(sim_
     assert results["upstream primary"].detail == "healthy, serves meta-llama/Llama-2-7b-hf"
     assert results["upstream fp8"].target == f"{dead}/health"
     table = render(list(results.values())).splitlines()
-    assert len(table) == 10 and table[-1] == "9 checks, 1 failed"
+    assert len(table) == 11 and table[-1] == "10 checks, 1 failed"
 
 
 async def test_an_upstream_serving_another_model_fails_until_upstream_models_names_it(sim_url: str) -> None:
@@ -447,3 +448,21 @@ def test_the_access_log_row_says_whether_the_gate_could_write_there(tmp_path: Pa
         f"its folder {tmp_path / 'gone'} does not exist",
     )
     assert row(str(tmp_path)) == ("error", "it is not a file this process may write")
+
+
+def test_the_client_keys_row_counts_them_and_says_what_a_keyless_request_meets(tmp_path: Path) -> None:
+    """Never which keys: how many, and whether a request without one is refused."""
+    from agent.preflight import check_client_keys
+
+    def row(**gate: object) -> tuple[str, str]:
+        result = check_client_keys(config.build({"gate": {"enabled": True, **gate}}))
+        assert "sk-" not in result.detail
+        return result.status, result.detail
+
+    keys = {"sk-a": "chat", "sk-b": "batch"}
+    assert row() == ("ok", "0 API keys; not required: a request without one goes to line 'default'")
+    assert row(api_keys=keys, require_api_key=True) == ("ok", "2 API keys; required: 401 without one")
+    emptied = tmp_path / "keys.yaml"
+    emptied.write_text("")
+    status, detail = row(api_keys_file=str(emptied), require_api_key=True)
+    assert (status, detail) == ("error", "required, and none held: every client is refused")

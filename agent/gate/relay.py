@@ -36,12 +36,13 @@ log = logging.getLogger(__name__)
 #: RFC 9110 hop-by-hop headers, plus those aiohttp recomputes for the new connection. Not
 #: ``Content-Encoding``: it is end to end, and the bytes are relayed as they came (dropped, a compressed
 #: answer reached its client as garbage). The gate asks for answers it reads uncompressed
-#: (:mod:`agent.gate.forward`).
+#: (:mod:`agent.gate.forward`). ``Expect: 100-continue`` was answered to the client already, and the gate
+#: holds the whole body: passed on, it made the gate wait for the upstream's 100 before sending it.
 HOP_BY_HOP = frozenset(
     h.lower()
     for h in (
         "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailer",
-        "Transfer-Encoding", "Upgrade", "Host", "Content-Length",
+        "Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Expect",
     )
 )  # fmt: skip
 

@@ -43,6 +43,7 @@ class Gzipping:
         self.stubborn = False
         self.redirect = False
         self.cookies: list[str | None] = []
+        self.expects: list[str | None] = []
         self.accepted: list[str | None] = []
         self.runner: web.AppRunner | None = None
         self.url = ""
@@ -58,6 +59,7 @@ class Gzipping:
 
     async def completions(self, request: web.Request) -> web.Response:
         self.cookies.append(request.headers.get("Cookie"))
+        self.expects.append(request.headers.get("Expect"))
         if self.redirect:
             raise web.HTTPTemporaryRedirect("/v1/models")
         return self._answer(request, ANSWER)
@@ -161,3 +163,15 @@ async def test_an_upstreams_cookie_is_its_clients_alone(engine: Gzipping) -> Non
         ):
             pass
     assert engine.cookies == [None, None, "mine=1"]
+
+
+async def test_a_clients_expect_100_continue_is_answered_by_the_gate_not_passed_on(engine: Gzipping) -> None:
+    """The gate holds the whole body by the time it sends the request: passed on, the header made it wait
+    for the upstream's 100 first."""
+    async with (
+        gate_for(engine.url) as (_, base, _registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+        client.post(f"{base}/v1/completions", json={"prompt": "x" * 2000}, expect100=True) as resp,
+    ):
+        assert resp.status == 200
+    assert engine.expects == [None]

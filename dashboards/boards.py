@@ -299,10 +299,16 @@ def overview() -> dashboard.Dashboard:
                     '{@POD, outcome=~"rejected|expired"}[$__rate_interval]))',
                     "{{priority}} {{outcome}}",
                 ),
+                q(
+                    "sum (rate(servepilot_gate_unauthorized_total{@POD}[$__rate_interval]))",
+                    "no API key (401)",
+                    "B",
+                ),
                 desc="Requests the gate refused, by the class they arrived in: rejected (429: over the "
                 "line's rate, a full queue, or shed from it for a higher class) and expired (503: no slot "
                 "within the queue deadline). Low goes first; high turned away means the high class alone "
-                "asks for more than the pod serves (ServepilotGateShedsHighPriority, docs/alerts.md).",
+                "asks for more than the pod serves (ServepilotGateShedsHighPriority, docs/alerts.md). "
+                "And those without a valid API key, where gate.require_api_key asks for one (401).",
                 w=8,
             )
         )

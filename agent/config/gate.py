@@ -16,6 +16,13 @@ from agent.config.base import HttpUrl, Port, Section
 class GateLineConfig(Section):
     """Admission limits of one business line (a tenant, product or API-key group)."""
 
+    @model_validator(mode="after")
+    def _priority_within_its_cap(self) -> GateLineConfig:
+        order = ("low", "normal", "high")
+        if order.index(self.priority) > order.index(self.max_priority):
+            raise ValueError(f"priority {self.priority!r} is above max_priority {self.max_priority!r}")
+        return self
+
     requests_per_min: float = Field(1000.0, gt=0, le=1e7, description="token-bucket refill rate")
     burst_ratio: float = Field(
         2.0, ge=1, le=100, description="bucket size as a multiple of one minute's rate"
@@ -27,6 +34,11 @@ class GateLineConfig(Section):
         "max_tokens per sequence) and pays what its answer used",
     )
     priority: Literal["high", "normal", "low"] = Field("normal", description="class when no header says")
+    max_priority: Literal["high", "normal", "low"] = Field(
+        "high",
+        description="the highest class its requests may ask for in the priority header (a higher one is "
+        "served as this): a tenant's line at normal cannot take the high class's reserve",
+    )
     max_in_flight_share: float | None = Field(
         None,
         gt=0,

@@ -86,6 +86,7 @@ class LineLimiter:
     def __init__(self, name: str, cfg: GateLineConfig, now: float) -> None:
         self.name = name
         self.priority = cfg.priority
+        self.max_priority = cfg.max_priority
         self.max_in_flight_share = cfg.max_in_flight_share
         per_s = cfg.requests_per_min / 60.0
         self.requests = TokenBucket(per_s, cfg.requests_per_min * cfg.burst_ratio, now)

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agent.config import ConfigError, GateConfig, build
+from agent.config import ConfigError, GateConfig, GateLineConfig, build
 from agent.gate.upstreams import upstream_auth
 from tests.agent.gate.parked import ParkedEngine, serving
 from tests.engines.client import gate_for
@@ -131,3 +131,29 @@ def test_an_unusable_engine_key_file_is_a_config_error_naming_the_field(
         upstream_auth(GateConfig(upstream_api_key_file=str(path)))
     assert caught.value.field == "gate.upstream_api_key_file"
     assert "s3cr3t" not in str(caught.value)  # never the content
+
+
+async def test_a_line_cannot_ask_for_a_class_above_its_cap(engine: Keyed) -> None:
+    """Any client may send the priority header; a tenant's line capped at ``low`` is served as low
+    whatever it asks, while an uncapped line gets the class it asks for."""
+    lines = {"batch": GateLineConfig(priority="low", max_priority="low"), "chat": GateLineConfig()}
+    async with (
+        gate_for(engine.url, api_keys=KEYS, lines=lines) as (_, base, registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+    ):
+        for key in ("sk-batch-1", "sk-chat-1"):
+            headers = {"Authorization": f"Bearer {key}", "x-servepilot-priority": "high"}
+            async with client.post(f"{base}/v1/completions", json={"prompt": "hi"}, headers=headers) as resp:
+                assert resp.status == 200
+
+    def served(line: str, priority: str) -> float | None:
+        labels = {"line": line, "priority": priority, "outcome": "ok"}
+        return registry.get_sample_value("servepilot_gate_requests_total", labels)
+
+    assert (served("batch", "low"), served("batch", "high")) == (1.0, None)
+    assert served("chat", "high") == 1.0
+
+
+def test_a_lines_own_class_cannot_be_above_its_cap() -> None:
+    with pytest.raises(ConfigError, match="priority 'normal' is above max_priority 'low'"):
+        build({"gate": {"lines": {"batch": {"max_priority": "low"}}}})

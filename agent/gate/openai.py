@@ -368,19 +368,26 @@ USAGE_EVENT = b'"choices":[]'
 """What marks a stream's usage event (``stream_options.include_usage``), after its last token: no
 choices, as vLLM and llama.cpp write it (recorded in tests/fixtures/gate)."""
 
+STREAM_ERROR = b'data: {"error"'
+"""What starts an error event in a stream: a failure after the answer's 200 went, which can only be
+said in the stream. vLLM 0.32 writes ``{"error": {"message", "type", "param", "code"}}`` and then
+``[DONE]`` (its ``create_streaming_error_response``; the gate's own for a hung upstream has the same
+shape). Generated text cannot forge it: an event's own JSON starts there, where text is a string."""
+
 #: Stream events that carry no token, as the engines write them (without spaces): the end, ``[DONE]``, and
 #: in a chat stream a sequence's opening event, its role alone (vLLM: content ""; llama.cpp: null; both
 #: recorded in tests/fixtures/gate; an engine that writes it otherwise is counted as before),
-#: and llama.cpp's closing one, an empty delta beside its finish reason; and the usage event
-#: (:data:`USAGE_EVENT`). Not counted as tokens, nor timed as arrivals: timed, each added a gap (about 0
-#: where it comes with a token) to the answer's ITL, and the chat ones a token to every chat answer
-#: without usage.
+#: and llama.cpp's closing one, an empty delta beside its finish reason; the usage event
+#: (:data:`USAGE_EVENT`), and an error event (:data:`STREAM_ERROR`). Not counted as tokens, nor timed
+#: as arrivals: timed, each added a gap (about 0 where it comes with a token) to the answer's ITL, and the
+#: chat ones a token to every chat answer without usage.
 NO_TOKEN = (
     b"data: [DONE]",
     b'"delta":{"role":"assistant","content":""}',
     b'"delta":{"role":"assistant","content":null}',
     b'"delta":{}',
     USAGE_EVENT,
+    STREAM_ERROR,
 )
 
 
@@ -414,6 +421,20 @@ def usage_from_sse_tail(tail: bytes) -> tuple[float, float] | None:
         return _llamacpp_usage(tail)
     rest = tail[at + len(key) :].lstrip()
     return _usage(_json_at(rest[1:])) if rest.startswith(b":") else None
+
+
+def stream_error(tail: bytes) -> int | None:
+    """The status of the error event a stream's tail holds (:data:`STREAM_ERROR`): its ``code`` where
+    that is an HTTP error status, else 500; None when it holds none."""
+    at = tail.rfind(STREAM_ERROR)
+    if at < 0:
+        return None
+    doc = _json_at(tail[at + len(b"data:") :])
+    error = doc.get("error") if isinstance(doc, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599:
+        return code
+    return 500
 
 
 def _llamacpp_usage(tail: bytes) -> tuple[float, float] | None:

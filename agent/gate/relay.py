@@ -25,7 +25,14 @@ from multidict import CIMultiDict
 
 from agent.gate.cache import Fill
 from agent.gate.ejection import UpstreamStalled
-from agent.gate.openai import NO_TOKEN, REQUEST_ID, error_body, usage_from_json, usage_from_sse_tail
+from agent.gate.openai import (
+    NO_TOKEN,
+    REQUEST_ID,
+    error_body,
+    stream_error,
+    usage_from_json,
+    usage_from_sse_tail,
+)
 from agent.gate.ratelimit import retry_after_header
 from agent.gate.records import RequestRecord
 from agent.gate.sequences import SequenceGaps
@@ -154,7 +161,7 @@ class Relay:
     ) -> web.StreamResponse:
         clock = self.clock  # read per chunk
         # counted per chunk: unrolled, a third cheaper than a generator
-        done, role_empty, role_null, closing, usage_event = NO_TOKEN
+        done, role_empty, role_null, closing, usage_event, error_event = NO_TOKEN
         # the usage event the gate asked for on the client's behalf is taken out (agent/gate/stream_usage.py)
         unasked = UsageEventFilter() if record is not None and record.usage_asked else None
         resp = web.StreamResponse(status=up.status, headers=answer_headers(up, record))
@@ -192,6 +199,7 @@ class Relay:
                         + chunk.count(role_null)
                         + chunk.count(closing)
                         + chunk.count(usage_event)
+                        + chunk.count(error_event)
                     )
                     carried = chunk.count(b"data:") - empty
                     arrived = carried > 0 or not empty  # a chunk with no whole event: a token's rest
@@ -246,17 +254,19 @@ class Relay:
             with contextlib.suppress(ConnectionResetError):
                 await resp.write_eof()
             return resp
+        # a failure after the 200 went is an event in the stream: the answer failed all the same
+        failed = stream_error(tail) if record is not None and up.status < 300 else None
         if record is not None:
-            record.status, record.e2e_s = up.status, self.clock() - record.arrived
+            record.status, record.e2e_s = failed or up.status, self.clock() - record.arrived
             usage = usage_from_sse_tail(tail)
             if usage is not None:
                 record.prompt_tokens, record.output_tokens = usage
             else:  # one token per token event is the norm
                 record.output_tokens = self._counted(float(max(0, events)), record)
             record.counted = True
-            record.outcome = _outcome(up.status)
+            record.outcome = _outcome(record.status)
             self.finish(record)
-        if fill is not None and self.filled is not None and up.status == 200:
+        if fill is not None and self.filled is not None and up.status == 200 and not failed:
             self.filled(fill, up, True, record)
         return resp
 

@@ -16,13 +16,6 @@ from agent.config.base import HttpUrl, Port, Section
 class GateLineConfig(Section):
     """Admission limits of one business line (a tenant, product or API-key group)."""
 
-    @model_validator(mode="after")
-    def _priority_within_its_cap(self) -> GateLineConfig:
-        order = ("low", "normal", "high")
-        if order.index(self.priority) > order.index(self.max_priority):
-            raise ValueError(f"priority {self.priority!r} is above max_priority {self.max_priority!r}")
-        return self
-
     requests_per_min: float = Field(1000.0, gt=0, le=1e7, description="token-bucket refill rate")
     burst_ratio: float = Field(
         2.0, ge=1, le=100, description="bucket size as a multiple of one minute's rate"
@@ -46,6 +39,13 @@ class GateLineConfig(Section):
         description="most of the gate's in-flight limit this line may hold (queued or at the engine); its "
         "other requests wait in the line's own queue, so one tenant cannot fill the engine; null = no cap",
     )
+
+    @model_validator(mode="after")
+    def _priority_within_its_cap(self) -> GateLineConfig:
+        order = ("low", "normal", "high")
+        if order.index(self.priority) > order.index(self.max_priority):
+            raise ValueError(f"priority {self.priority!r} is above max_priority {self.max_priority!r}")
+        return self
 
 
 #: An engine's own priority order as a preset: the value of the request body's ``priority`` for each of

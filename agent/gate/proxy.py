@@ -528,10 +528,7 @@ class Gate:
             return json_error(400, str(error), "invalid_request_error", "bad_request")
         line = keyed or self.resolver.named_line(request.headers)
         limiter = self.lines.get(line, arrived)
-        priority = min(  # the class it asks for, up to its line's cap (a tenant cannot take the reserve)
-            Priority.parse(request.headers.get(self.cfg.priority_header), Priority[limiter.priority.upper()]),
-            Priority[limiter.max_priority.upper()],
-        )
+        priority = limiter.class_of(request.headers.get(self.cfg.priority_header))
         try:
             own_wait_s = client_max_wait_s(request.headers.get(self.cfg.max_wait_header))
         except ValueError as error:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agent.config import GateConfig, GateLineConfig
+from agent.gate.admission import Priority
 
 
 class TokenBucket:
@@ -85,14 +86,20 @@ class LineLimiter:
 
     def __init__(self, name: str, cfg: GateLineConfig, now: float) -> None:
         self.name = name
-        self.priority = cfg.priority
-        self.max_priority = cfg.max_priority
+        self.priority = Priority[cfg.priority.upper()]
+        self.max_priority = Priority[cfg.max_priority.upper()]
         self.max_in_flight_share = cfg.max_in_flight_share
         per_s = cfg.requests_per_min / 60.0
         self.requests = TokenBucket(per_s, cfg.requests_per_min * cfg.burst_ratio, now)
         self.tokens: TokenBucket | None = None
         if cfg.tokens_per_min is not None:
             self.tokens = TokenBucket(cfg.tokens_per_min / 60.0, cfg.tokens_per_min * cfg.burst_ratio, now)
+
+    def class_of(self, asked: str | None) -> Priority:
+        """The class a request asks for (the priority header; the line's own when it names none), up to
+        the line's ``max_priority``: any client may send the header, and a tenant capped at normal must
+        not take the high class's reserve."""
+        return min(Priority.parse(asked, self.priority), self.max_priority)
 
     def admit(self, est_tokens: float, now: float) -> Verdict:
         wait_tokens = 0.0 if self.tokens is None else self.tokens.wait_for(est_tokens, now)

@@ -156,3 +156,17 @@ def test_rate_limit_headers_say_the_lines_bucket_as_openai_writes_them() -> None
     assert [duration(s) for s in (0.0, 0.0204, 1.5, 59.99, 360.0, 3725.2)] == [
         "0ms", "21ms", "1.5s", "60s", "6m0s", "62m6s",
     ]  # fmt: skip
+
+
+def test_a_request_gets_the_class_it_asks_for_up_to_its_lines_cap() -> None:
+    from agent.gate.admission import Priority
+
+    tenant = LineLimiter("tenant", GateLineConfig(priority="low", max_priority="normal"), now=0.0)
+    assert [tenant.class_of(asked) for asked in (None, "bogus", "low", "normal", "HIGH")] == [
+        Priority.LOW,
+        Priority.LOW,
+        Priority.LOW,
+        Priority.NORMAL,
+        Priority.NORMAL,
+    ]
+    assert LineLimiter("open", GateLineConfig(), now=0.0).class_of("high") is Priority.HIGH

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.config import GateConfig, GateLineConfig
+from agent.gate.admission import Priority
 from agent.gate.ratelimit import (
     LineLimiter,
     LineLimits,
@@ -159,8 +160,6 @@ def test_rate_limit_headers_say_the_lines_bucket_as_openai_writes_them() -> None
 
 
 def test_a_request_gets_the_class_it_asks_for_up_to_its_lines_cap() -> None:
-    from agent.gate.admission import Priority
-
     tenant = LineLimiter("tenant", GateLineConfig(priority="low", max_priority="normal"), now=0.0)
     assert [tenant.class_of(asked) for asked in (None, "bogus", "low", "normal", "HIGH")] == [
         Priority.LOW,

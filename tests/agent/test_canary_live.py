@@ -312,3 +312,38 @@ def test_each_upstream_is_asked_for_the_model_the_gate_sends_it(tmp_path: Path) 
     data["gate"]["upstream_models"] = {"fp8": "llama-3-8b-fp8"}
     canary = LiveCanary(config.build(data))
     assert canary.meter.models == {"primary": "llama-3-8b", "fp8": "llama-3-8b-fp8"}
+
+
+async def test_the_perplexity_reads_carry_the_engines_own_key(tmp_path: Path) -> None:
+    """An engine started with ``--api-key`` answers 401 to a read without its key: the canary sends the
+    one in ``gate.upstream_api_key_file``, as the gate does."""
+    seen: list[str | None] = []
+
+    async def completions(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization"))
+        return web.json_response({"error": {"message": "no"}}, status=401)
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    key = tmp_path / "engine-key"
+    key.write_text("engine-secret-9\n")
+    data = _cfg(tmp_path, {"primary": url, "fp8": url}, model="m").model_dump()
+    data["gate"]["upstream_api_key_file"] = str(key)
+    canary = LiveCanary(config.build(data))
+    assert canary.meter.auth == {"Authorization": "Bearer engine-secret-9"}
+    state = CanaryState("gate", 0, 100.0, 0, "measuring perplexity")
+    meter = canary.meter
+    meter.phase = lambda: state
+    try:
+        await meter.collect(101.0)
+        assert meter._task is not None
+        await meter._task
+        assert (await meter.collect(102.0)).status is SourceStatus.ERROR  # the fake refuses all the same
+    finally:
+        await meter.close()
+        await runner.cleanup()
+    assert seen and set(seen) == {"Bearer engine-secret-9"}

@@ -33,6 +33,14 @@ from agent.gate.metrics import GateMetrics
 from agent.gate.openai import REQUEST_ID, RequestInfo
 from agent.gate.records import GateStats, RequestRecord
 from agent.gate.relay import Relay, Unanswered, forward_headers, json_error
+from agent.gate.stream_usage import (
+    MAX_REFUSAL_BYTES,
+    REASK_AFTER_S,
+    REFUSAL_STATUSES,
+    UsageRefusals,
+    refuses_stream_usage,
+    unask_stream_usage,
+)
 from agent.gate.upstreams import Upstream, UpstreamPool, upstream_auth
 from agent.tls import gate_upstream_context
 
@@ -78,6 +86,8 @@ class Forwarder:
         self.tls = gate_upstream_context(cfg())
         #: the upstreams' own key, in place of the client's (``gate.upstream_api_key_file``, read at start)
         self.auth = upstream_auth(cfg())
+        #: the upstreams that refused the ``stream_options`` the gate asks streams' usage with
+        self.usage_refusals = UsageRefusals()
 
     def open(self) -> aiohttp.ClientSession:
         """Open the upstream session (the health checks use it too) and return it."""
@@ -134,6 +144,7 @@ class Forwarder:
         candidates = self.pool.candidates(self.rng.random())
         if prefer is not None:
             candidates.sort(key=lambda up: up.name != prefer)  # stable: the rest keep their order
+        asked = record is not None and record.usage_asked  # the gate asked for the stream's usage
         errors: list[str] = []
         stalled: list[str] = []
         tried: set[str] = set()
@@ -146,9 +157,12 @@ class Forwarder:
                 key = id(record)
                 if record is not None:
                     self.held.sent(record, upstream.name, info.stream, self.clock())
+                sent = body
+                if asked and record is not None:
+                    sent = self._usage_body(upstream.name, body, record)
                 try:
                     engine_class = "" if record is None else record.engine_class
-                    body_for = self.body_for(upstream.name, body, info, engine_class)
+                    body_for = self.body_for(upstream.name, sent, info, engine_class)
                     if record is None:
                         up = await self.send(request.method, url, body_for, headers)
                     else:  # a hang before the response headers is taken back by expiring this at once
@@ -171,6 +185,9 @@ class Forwarder:
                     candidates = self._others(tried)
                     continue
                 assert up is not None
+                if record is not None and record.usage_asked and await self._refuses_usage(upstream.name, up):
+                    candidates.insert(0, upstream)  # again, without the field (it did no work)
+                    continue
                 if up.status in self._cfg().retry_statuses and candidates and self.may_retry(retried):
                     self._retry(upstream.name, up, record)
                     retried += 1
@@ -215,6 +232,38 @@ class Forwarder:
             self.metrics.retry_denied.inc()
             return False
         self.retrying += 1
+        return True
+
+    def _usage_body(self, upstream: str, asked: bytes, record: RequestRecord) -> bytes:
+        """The body asking for the stream's usage, or as the client sent it to an upstream that refused
+        the field lately (agent/gate/stream_usage.py); the record says which it got."""
+        record.usage_asked = not self.usage_refusals.refused(upstream, self.clock())
+        return asked if record.usage_asked else unask_stream_usage(asked)
+
+    async def _refuses_usage(self, upstream: str, up: aiohttp.ClientResponse) -> bool:
+        """Whether ``up`` refused the ``stream_options`` the gate put in the request; if so it is dropped
+        and the upstream noted, to be sent the request again without the field. Any other answer is left
+        for the relay (a body read here is kept by aiohttp for it)."""
+        length = up.content_length
+        if up.status not in REFUSAL_STATUSES or length is None or length > MAX_REFUSAL_BYTES:
+            return False
+        try:
+            payload = await up.read()
+        except (aiohttp.ClientError, TimeoutError):
+            return False  # the relay meets the same error and fails the request as it would have
+        if not refuses_stream_usage(up.status, payload):
+            return False
+        if not self.usage_refusals.refused(upstream, self.clock()):
+            log.warning(
+                "upstream %s refused stream_options (%d): its streams go without it for %g s, counted "
+                "per event",
+                upstream,
+                up.status,
+                REASK_AFTER_S,
+            )
+        self.usage_refusals.note(upstream, self.clock())
+        self.metrics.usage_refused.labels(upstream).inc()
+        up.release()
         return True
 
     def _retry(self, upstream: str, up: aiohttp.ClientResponse, record: RequestRecord | None) -> None:

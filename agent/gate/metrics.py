@@ -89,6 +89,13 @@ class GateMetrics:
             ["upstream", "status"],
             registry=registry,
         )
+        self.usage_refused = Counter(
+            "servepilot_gate_stream_usage_refused",
+            "Streams an upstream refused for the stream_options the gate put in to count their tokens "
+            "(gate.stream_usage), each sent again without it; the upstream goes unasked for 10 minutes.",
+            ["upstream"],
+            registry=registry,
+        )
         self.unauthorized = Counter(
             "servepilot_gate_unauthorized",
             "Requests answered 401 for want of a valid API key (gate.require_api_key).",

@@ -15,6 +15,12 @@ put the usage in their last token event instead; that event is the client's and 
 
 A request body is changed by bytes, not parsed again: the field goes in after the object's opening
 brace (the body was parsed once already, and a prompt may be long).
+
+An upstream that refuses the field gets the request again without it, and is not asked for a while
+(:class:`UsageRefusals`): vLLM before 0.5 forbade unknown fields (400, ``extra_forbidden``), TGI
+answers 422 to a ``stream_options`` it cannot read, and hosted OpenAI-like APIs have done the same
+(tests/fixtures/gate/SOURCES.md). Without that, every stream to such an upstream failed while
+``gate.stream_usage`` was on.
 """
 
 from __future__ import annotations
@@ -27,6 +33,14 @@ USAGE_PATHS = frozenset({"/v1/completions", *CHAT_PATHS})
 _ASK = b'{"stream_options":{"include_usage":true},'
 _EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
 
+#: What an upstream refusing a request's fields answers: FastAPI/pydantic servers 400 (vLLM) or 422,
+#: axum/serde ones (TGI) 422.
+REFUSAL_STATUSES = frozenset({400, 422})
+#: The largest refusal read to find out whether it names the field: validation errors are short.
+MAX_REFUSAL_BYTES = 64 * 1024
+#: How long an upstream that refused the field goes unasked: an upgraded engine is asked again after it.
+REASK_AFTER_S = 600.0
+
 
 def ask_stream_usage(path: str, body: bytes) -> bytes | None:
     """``body`` asking for the stream's usage event, or None where the gate should not ask: another
@@ -38,6 +52,37 @@ def ask_stream_usage(path: str, body: bytes) -> bytes | None:
     if not body.startswith(b"{") or body[1:].lstrip().startswith(b"}"):
         return None
     return _ASK + body[1:]
+
+
+def unask_stream_usage(asked: bytes) -> bytes:
+    """The body :func:`ask_stream_usage` made ``asked`` from, as the client sent it (less its leading
+    blanks)."""
+    assert asked.startswith(_ASK)
+    return b"{" + asked[len(_ASK) :]
+
+
+def refuses_stream_usage(status: int, payload: bytes) -> bool:
+    """Whether an answer to a request the gate asked the usage for refused the field: a 400 or 422
+    naming it. The client set no ``stream_options`` (the gate would not have asked), so the field an
+    error names is the gate's."""
+    return status in REFUSAL_STATUSES and b"stream_options" in payload
+
+
+class UsageRefusals:
+    """The upstreams that refused ``stream_options``, each until :data:`REASK_AFTER_S` after its last
+    refusal: their requests go without the field, their streams counted per event as before."""
+
+    __slots__ = ("_until",)
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def refused(self, upstream: str, now: float) -> bool:
+        """Whether ``upstream`` is not to be asked now."""
+        return self._until.get(upstream, 0.0) > now
+
+    def note(self, upstream: str, now: float) -> None:
+        self._until[upstream] = now + REASK_AFTER_S
 
 
 class UsageEventFilter:

@@ -366,13 +366,15 @@ MAX_REQUEST_ID = 128
 
 USAGE_EVENT = b'"choices":[]'
 """What marks a stream's usage event (``stream_options.include_usage``), after its last token: no
-choices, as vLLM and llama.cpp write it (recorded in tests/fixtures/gate)."""
+choices, as vLLM and llama.cpp write it (recorded in tests/fixtures/gate), and SGLang too (its
+serving_chat writes the event with pydantic's ``model_dump_json``: no spaces)."""
 
 STREAM_ERROR = b'data: {"error"'
 """What starts an error event in a stream: a failure after the answer's 200 went, which can only be
 said in the stream. vLLM 0.32 writes ``{"error": {"message", "type", "param", "code"}}`` and then
 ``[DONE]`` (its ``create_streaming_error_response``; the gate's own for a hung upstream has the same
-shape). Generated text cannot forge it: an event's own JSON starts there, where text is a string."""
+shape); SGLang, and vLLM before 0.10, write ``{"error": {"object": "error", ...}}`` with ``json.dumps``'s
+spaces, which starts the same way. Generated text cannot forge it: an event's own JSON starts there, where text is a string."""
 
 #: Stream events that carry no token, as the engines write them (without spaces): the end, ``[DONE]``, and
 #: in a chat stream a sequence's opening event, its role alone (vLLM: content ""; llama.cpp: null; both

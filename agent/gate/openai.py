@@ -374,7 +374,26 @@ STREAM_ERROR = b'data: {"error"'
 said in the stream. vLLM 0.32 writes ``{"error": {"message", "type", "param", "code"}}`` and then
 ``[DONE]`` (its ``create_streaming_error_response``; the gate's own for a hung upstream has the same
 shape); SGLang, and vLLM before 0.10, write ``{"error": {"object": "error", ...}}`` with ``json.dumps``'s
-spaces, which starts the same way. Generated text cannot forge it: an event's own JSON starts there, where text is a string."""
+spaces, which starts the same way. Generated text cannot forge it: an event's own JSON starts there,
+where text is a string."""
+
+NAMED_ERRORS = (b"event: error\n", b"event: response.failed\n")
+"""SSE event names that say a stream failed: Anthropic's Messages streams end so (vLLM and SGLang write
+``{"type": "error", "error": {"type", "message"}}`` under it, llama.cpp its own ``{"code", "message",
+"type"}``), and OpenAI's Responses streams (``error``; ``response.failed`` with the error in its
+``response``). The name stands at a line's start and the line ends after it; generated text cannot forge
+that, as a JSON string holds no raw newline."""
+
+ERROR_TYPE_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "overloaded_error": 529,
+}
+"""The HTTP status each of Anthropic's error types is answered with, for an error event with no code."""
 
 #: Stream events that carry no token, as the engines write them (without spaces): the end, ``[DONE]``, and
 #: in a chat stream a sequence's opening event, its role alone (vLLM: content ""; llama.cpp: null; both
@@ -426,17 +445,44 @@ def usage_from_sse_tail(tail: bytes) -> tuple[float, float] | None:
 
 
 def stream_error(tail: bytes) -> int | None:
-    """The status of the error event a stream's tail holds (:data:`STREAM_ERROR`): its ``code`` where
-    that is an HTTP error status, else 500; None when it holds none."""
+    """The status of the last error event a stream's tail holds, None when it holds none: an event
+    whose data starts ``{"error"`` (:data:`STREAM_ERROR`), or one named ``error`` or ``response.failed``
+    (:data:`NAMED_ERRORS`). The status is the error's own ``code`` where that is an HTTP error status,
+    else the one its Anthropic ``type`` stands for (:data:`ERROR_TYPE_STATUS`), else 500."""
     at = tail.rfind(STREAM_ERROR)
-    if at < 0:
+    named = max(_named_event_at(tail, name) for name in NAMED_ERRORS)
+    if at < 0 and named < 0:
         return None
-    doc = _json_at(tail[at + len(b"data:") :])
-    error = doc.get("error") if isinstance(doc, dict) else None
-    code = error.get("code") if isinstance(error, dict) else None
-    if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599:
-        return code
-    return 500
+    if named > at:
+        at = tail.find(b"data:", named)
+        doc = _json_at(tail[at + len(b"data:") :]) if at >= 0 else None
+    else:
+        doc = _json_at(tail[at + len(b"data:") :])
+    return _error_status(doc)
+
+
+def _named_event_at(tail: bytes, name: bytes) -> int:
+    """Where the last event named by ``name`` (``event: ...\\n``) starts in ``tail``, or -1."""
+    at = tail.rfind(name)
+    while at > 0 and tail[at - 1] != 0x0A:  # not at a line's start: something else ends so
+        at = tail.rfind(name, 0, at)
+    return at
+
+
+def _error_status(doc: Any) -> int:
+    """The HTTP status an error event's data ``doc`` says (see :func:`stream_error`)."""
+    if not isinstance(doc, dict):
+        return 500  # cut short by the tail's start or end: an error all the same
+    error = doc.get("error")
+    response = doc.get("response")
+    if error is None and isinstance(response, dict):  # Responses' response.failed
+        error = response.get("error")
+    for holder in (error, doc):
+        code = holder.get("code") if isinstance(holder, dict) else None
+        if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599:
+            return code
+    kind = error.get("type") if isinstance(error, dict) else None
+    return ERROR_TYPE_STATUS.get(kind, 500) if isinstance(kind, str) else 500
 
 
 def _llamacpp_usage(tail: bytes) -> tuple[float, float] | None:

@@ -261,7 +261,9 @@ class Relay:
             usage = usage_from_sse_tail(tail)
             if usage is not None:
                 record.prompt_tokens, record.output_tokens = usage
-            else:  # one token per token event is the norm
+            # one token per token event is the norm without usage; and a usage of none generated beside
+            # token events is a start's, not the end's: a Messages stream cut short (its message_start)
+            if usage is None or (usage[1] == 0 and events > 0):
                 record.output_tokens = self._counted(float(max(0, events)), record)
             record.counted = True
             record.outcome = _outcome(record.status)

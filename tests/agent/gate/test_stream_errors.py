@@ -89,7 +89,106 @@ async def test_an_answer_that_failed_mid_stream_is_a_failed_answer(
         (b'data: {"error": "cut sh', 500),  # cut by the tail's start or end: an error all the same
         (b'data: {"choices":[{"text":"data: {\\"error\\": 1}"}]}\n\n', None),  # text cannot forge it
         (b"data: [DONE]\n\n", None),
+        # llama.cpp's (server-context.cpp: format_oai_sse of {"error": its error JSON}; no [DONE] after)
+        (b'data: {"error":{"code":400,"message":"context full","type":"invalid_request_error"}}\n\n', 400),
     ],
 )
 def test_the_error_events_status(tail: bytes, status: int | None) -> None:
     assert stream_error(tail) == status
+
+
+@pytest.mark.parametrize(
+    ("tail", "status"),
+    [
+        # vLLM's Messages stream (anthropic serving: an AnthropicStreamEvent of type error, then [DONE])
+        (
+            b'event: error\ndata: {"type":"error","error":{"type":"internal_error","message":"Invalid data '
+            b'format received"}}\n\ndata: [DONE]\n\n',
+            500,
+        ),
+        # SGLang's (orjson of its stream event: the fields it leaves None come too)
+        (
+            b'event: error\ndata: {"type":"error","error":{"type":"internal_server_error","message":"boom"},'
+            b'"index":null}\n\n',
+            500,
+        ),
+        # Anthropic's own overloaded error: 529, its status for it
+        (
+            b'event: error\ndata: {"type":"error", "error": {"type": "overloaded_error", "message": ""}}\n\n',
+            529,
+        ),
+        (
+            b'event: error\ndata: {"type":"error","error":{"type":"invalid_request_error","message":""}}\n\n',
+            400,
+        ),
+        # llama.cpp's Messages stream: its error JSON under the name, with its code
+        (b'event: error\ndata: {"code":503,"message":"Loading model","type":"unavailable_error"}\n\n', 503),
+        # OpenAI's Responses stream: a failed response, and an error event with a code that is no status
+        (
+            b'event: response.failed\ndata: {"type":"response.failed","response":{"status":"failed",'
+            b'"error":{"code":"server_error","message":"x"}}}\n\n',
+            500,
+        ),
+        (b'event: error\ndata: {"type":"error","code":"ERR_SOMETHING","message":"x","param":null}\n\n', 500),
+        (b"event: error\n", 500),  # its data cut off by the tail's end
+        # the name in generated text is no event: a JSON string holds no raw newline
+        (
+            b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":'
+            b'"text_delta","text":"event: error\\n"}}\n\n',
+            None,
+        ),
+        (b'data: {"type":"response.output_text.delta","delta":"xevent: error\\n"}\n\n', None),
+    ],
+)
+def test_named_error_events_are_failed_answers(tail: bytes, status: int | None) -> None:
+    assert stream_error(tail) == status
+
+
+@pytest.mark.parametrize(
+    "name", ["vllm-0.32.0-cpu-messages-stream.sse", "vllm-0.32.0-cpu-responses-stream.sse"]
+)
+def test_the_recorded_messages_and_responses_streams_hold_no_error(name: str) -> None:
+    stream = (FIXTURES / name).read_bytes()
+    assert stream_error(stream) is None
+    assert stream_error(stream[-4096:]) is None
+
+
+class FailingMessages(Stepped):
+    """vLLM's recorded Messages stream cut after its first token by its error event, as vLLM ends it."""
+
+    path = "/v1/messages"
+
+    def __init__(self) -> None:
+        super().__init__([100.0])
+        self.go.set()
+
+    async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        recorded = (FIXTURES / "vllm-0.32.0-cpu-messages-stream.sse").read_bytes()
+        events = [event + b"\n\n" for event in recorded.split(b"\n\n")[:3]]  # start, block start, a token
+        error = b'event: error\ndata: {"type":"error","error":{"type":"internal_error","message":"x"}}\n\n'
+        return await self.send(request, [*events, error, b"data: [DONE]\n\n"])
+
+
+async def test_a_messages_stream_that_failed_is_a_failed_answer() -> None:
+    async for engine in serving(FailingMessages()):
+        async with (
+            gate_for(engine.url) as (gate, base, registry),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+        ):
+            gate.clock = engine.clock
+            body = {
+                "model": "m",
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": "hi"}],
+                "stream": True,
+            }
+            async with client.post(f"{base}/v1/messages", json=body) as resp:
+                assert resp.status == 200
+                assert (await resp.read()).count(b"event: error\n") == 1  # relayed as it came
+            errors = gate.stats.errors
+    labels = {"line": "default", "priority": "normal", "outcome": "upstream_error"}
+    assert registry.get_sample_value("servepilot_gate_requests_total", labels) == 1
+    assert errors == 1
+    # its one token event; its prompt as message_start counted it (the stream's only usage, and 0
+    # generated: a start's, not the end's)
+    assert gate_tokens(registry) == {"prompt": 38.0, "output": 1.0}

@@ -330,6 +330,8 @@ async def run_checks(cfg: Config) -> list[CheckResult]:
         kind = cfg.engine.kind if cfg.engine.kind != "auto" else found
         results.extend(check_engine_priority(cfg, kind))
         results.append(check_client_keys(cfg))
+        if cfg.gate.peers_dns:
+            results.append(await check_peers(cfg))
         if cfg.gate.access_log is not None:
             results.append(check_access_log(cfg))
     if cfg.webhooks.enabled:
@@ -351,6 +353,22 @@ def check_client_keys(cfg: Config) -> CheckResult:
             "client keys", "error", "required, and none held: every client is refused", 0.0, where
         )
     return CheckResult("client keys", "ok", f"{held}; required: 401 without one", 0.0, where)
+
+
+async def check_peers(cfg: Config) -> CheckResult:
+    """How many gates ``gate.peers_dns`` finds now, so each line's share is what the operator expects;
+    a name that does not resolve fails (the gate would keep each line's whole rate)."""
+    from agent.gate.peers import PeerCount
+
+    started = time.perf_counter()
+    peers = PeerCount(cfg.gate.peers_dns)
+    count = await peers.refresh()
+    took = time.perf_counter() - started
+    if peers.error:
+        detail = f"does not resolve ({peers.error}): each gate would keep every line's whole rate"
+        return CheckResult("gate peers", "error", detail, took, cfg.gate.peers_dns)
+    detail = f"{count} gate{'s' if count != 1 else ''} share the lines' rates: each enforces 1/{count}"
+    return CheckResult("gate peers", "ok", detail, took, cfg.gate.peers_dns)
 
 
 def check_access_log(cfg: Config) -> CheckResult:

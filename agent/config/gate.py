@@ -140,6 +140,20 @@ class GateConfig(Section):
     default_line: str = Field("default", description="line of requests that name none (or an unknown one)")
     lines: dict[str, GateLineConfig] = Field(default_factory=dict, description="per-line limits")
     default_requests_per_min: float = Field(1000.0, gt=0, le=1e7, description="rate of lines not listed")
+    peers_dns: str = Field(
+        "",
+        max_length=253,
+        pattern=r"^([A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)?$",
+        description="a headless Service's name resolving to every gate of the deployment (one address per "
+        "ready pod): the lines' rates and bursts are then the deployment's, each of N gates enforcing 1/N "
+        "of them; empty: each gate's own (N replicas let a line through at N times its rate)",
+    )
+    peers_refresh_s: float = Field(
+        15.0,
+        ge=1,
+        le=3600,
+        description="how often peers_dns is looked up again (a failed lookup keeps the last count)",
+    )
     max_body_bytes: int = Field(4 << 20, ge=1024, le=1 << 30, description="larger request bodies get 413")
     connect_timeout_s: float = Field(5.0, gt=0, le=600, description="upstream connect timeout")
     read_timeout_s: float = Field(300.0, gt=0, le=86400, description="longest silence from the upstream")

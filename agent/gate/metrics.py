@@ -89,6 +89,12 @@ class GateMetrics:
             ["upstream", "status"],
             registry=registry,
         )
+        self.peers = Gauge(
+            "servepilot_gate_peers",
+            "Gates sharing the business lines' rates (gate.peers_dns: the addresses its headless Service "
+            "resolves to); each enforces 1/this of every line's rates and bursts. 1 without peers_dns.",
+            registry=registry,
+        )
         self.usage_refused = Counter(
             "servepilot_gate_stream_usage_refused",
             "Streams an upstream refused for the stream_options the gate put in to count their tokens "

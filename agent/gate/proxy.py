@@ -47,6 +47,7 @@ from agent.gate.openai import (
     parse_any,
     parse_request,
 )
+from agent.gate.peers import PeerCount, peers_loop
 from agent.gate.ratelimit import LineLimiter, LineLimits, LineResolver
 from agent.gate.records import GateStats, LengthBuckets, RequestRecord
 from agent.gate.relay import Relay, add_gate_headers, json_error
@@ -148,6 +149,10 @@ class Gate:
         self._watch_line_shares(cfg)
         self.blind = BlindWatch(on_blind=self._went_blind)
         self._blind_task: asyncio.Task[None] | None = None
+        #: the gates sharing the lines' rates (``gate.peers_dns``, agent/gate/peers.py); None: off
+        self.peers = PeerCount(cfg.peers_dns) if cfg.peers_dns else None
+        self._peers_task: asyncio.Task[None] | None = None
+        self.metrics.peers.set_function(lambda: round(1.0 / self.lines.share))
         self.access_log: AccessLog | None = None
         if cfg.access_log is not None:
             try:
@@ -232,6 +237,9 @@ class Gate:
         self._blind_task = asyncio.create_task(
             self.blind.run(lambda: self.clock()), name="servepilot-gate-blind"
         )
+        if self.peers is not None:
+            counter = peers_loop(self.peers, cfg.peers_refresh_s, self.set_peers, self._health_stop)
+            self._peers_task = asyncio.create_task(counter, name="servepilot-gate-peers")
         log.info(
             "gate on http://%s:%s -> %s", host or self.cfg.listen_host, self.port, dict(self.cfg.upstreams)
         )
@@ -264,9 +272,10 @@ class Gate:
             self._blind_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._blind_task
-        if self._health_task is not None:
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(self._health_task, timeout=2.0)
+        for task in (self._health_task, self._peers_task):
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                    await asyncio.wait_for(task, timeout=2.0)
         await self.drain()
         await self.forwarder.close()
         if self.cache is not None:
@@ -310,6 +319,13 @@ class Gate:
         now = self.clock()
         for admission in self._lanes():
             self._wake(admission.expire(now))
+
+    def set_peers(self, count: int) -> None:
+        """``count`` gates share the lines' rates now (``gate.peers_dns``): each line's buckets are made
+        ``1/count`` of its configured ones, their levels carried over (capped at a smaller bucket)."""
+        share = 1.0 / max(1, count)
+        if share != self.lines.share:
+            self.lines = self.lines.reconfigured(self.cfg, self.clock(), share)
 
     def set_admission_rules(self, cfg: GateConfig) -> None:
         """Take the business-line rules of ``cfg`` (lines and their rates, API keys, default line, the

@@ -82,18 +82,20 @@ class Verdict:
 
 
 class LineLimiter:
-    """The request (and optional token) buckets of one business line."""
+    """The request (and optional token) buckets of one business line: its configured rates and bursts
+    times ``share``, this gate's part of them where several share them (agent/gate/peers.py)."""
 
-    def __init__(self, name: str, cfg: GateLineConfig, now: float) -> None:
+    def __init__(self, name: str, cfg: GateLineConfig, now: float, share: float = 1.0) -> None:
         self.name = name
         self.priority = Priority[cfg.priority.upper()]
         self.max_priority = Priority[cfg.max_priority.upper()]
         self.max_in_flight_share = cfg.max_in_flight_share
-        per_s = cfg.requests_per_min / 60.0
-        self.requests = TokenBucket(per_s, cfg.requests_per_min * cfg.burst_ratio, now)
+        per_min = cfg.requests_per_min * share
+        self.requests = TokenBucket(per_min / 60.0, per_min * cfg.burst_ratio, now)
         self.tokens: TokenBucket | None = None
         if cfg.tokens_per_min is not None:
-            self.tokens = TokenBucket(cfg.tokens_per_min / 60.0, cfg.tokens_per_min * cfg.burst_ratio, now)
+            per_min = cfg.tokens_per_min * share
+            self.tokens = TokenBucket(per_min / 60.0, per_min * cfg.burst_ratio, now)
 
     def class_of(self, asked: str | None) -> Priority:
         """The class a request asks for (the priority header; the line's own when it names none), up to
@@ -179,22 +181,27 @@ class LineResolver:
 
 
 class LineLimits:
-    """Every line's limiter, created on first use for lines the config does not list."""
+    """Every line's limiter, created on first use for lines the config does not list; ``share``: this
+    gate's part of every line's rates (1/N where N gates share them, agent/gate/peers.py)."""
 
-    def __init__(self, cfg: GateConfig, now: float) -> None:
+    def __init__(self, cfg: GateConfig, now: float, share: float = 1.0) -> None:
+        if not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {share!r}")
         self._default = GateLineConfig(requests_per_min=cfg.default_requests_per_min)
         self._cfg = cfg
-        self._lines = {name: LineLimiter(name, line, now) for name, line in cfg.lines.items()}
+        self.share = share
+        self._lines = {name: LineLimiter(name, line, now, share) for name, line in cfg.lines.items()}
 
     def get(self, name: str, now: float) -> LineLimiter:
         limiter = self._lines.get(name)
         if limiter is None:
-            limiter = self._lines[name] = LineLimiter(name, self._default, now)
+            limiter = self._lines[name] = LineLimiter(name, self._default, now, self.share)
         return limiter
 
-    def reconfigured(self, cfg: GateConfig, now: float) -> LineLimits:
-        """The limits of ``cfg``, each line's buckets carried over from this one's at ``now``."""
-        new = LineLimits(cfg, now)
+    def reconfigured(self, cfg: GateConfig, now: float, share: float | None = None) -> LineLimits:
+        """The limits of ``cfg`` at ``share`` (this one's when None), each line's buckets carried over
+        from this one's at ``now``: capped at a smaller bucket, never refilled by a larger one."""
+        new = LineLimits(cfg, now, self.share if share is None else share)
         for name, old in self._lines.items():
             new.get(name, now).carry_from(old, now)
         return new

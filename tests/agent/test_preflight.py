@@ -466,3 +466,22 @@ def test_the_client_keys_row_counts_them_and_says_what_a_keyless_request_meets(t
     emptied.write_text("")
     status, detail = row(api_keys_file=str(emptied), require_api_key=True)
     assert (status, detail) == ("error", "required, and none held: every client is refused")
+
+
+async def test_the_gate_peers_row_says_how_many_share_the_rates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real lookup of ``localhost``; a name that does not resolve fails the row (the gates would give
+    every line its whole rate)."""
+    from agent.gate import peers
+    from agent.preflight import check_peers
+
+    found = len(await peers.resolve("localhost"))
+    result = await check_peers(config.build({"gate": {"enabled": True, "peers_dns": "localhost"}}))
+    assert (result.status, result.target) == ("ok", "localhost")
+    assert result.detail.startswith(f"{found} gate") and result.detail.endswith(f"each enforces 1/{found}")
+
+    async def unknown(name: str) -> set[str]:
+        raise OSError(f"[Errno -2] Name or service not known: {name}")
+
+    monkeypatch.setattr(peers, "resolve", unknown)
+    result = await check_peers(config.build({"gate": {"enabled": True, "peers_dns": "llm-vllm-gates"}}))
+    assert result.status == "error" and "Name or service not known" in result.detail

@@ -106,12 +106,34 @@ def test_engine_listens_on_loopback_where_the_gate_and_scraper_look(engine: str)
         assert (urlsplit(url).hostname, urlsplit(url).port) == ("127.0.0.1", port)
 
 
+def _services(engine: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The clients' Service and the headless one the gates count each other by."""
+    found = [d for p in (KUBE / engine).glob("*.yaml") for d in _docs(p) if d["kind"] == "Service"]
+    headless = [d for d in found if d["spec"].get("clusterIP") == "None"]
+    clients = [d for d in found if d not in headless]
+    assert len(clients) == 1 and len(headless) == 1, f"{engine}: expected a Service and a headless one"
+    return clients[0], headless[0]
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_service_targets_the_gate_port(engine: str) -> None:
-    target = _by_kind(engine, "Service")["spec"]["ports"][0]["targetPort"]
+    target = _services(engine)[0]["spec"]["ports"][0]["targetPort"]
     ports = {p["name"]: p["containerPort"] for p in _container(engine, "servepilot")["ports"]}
     assert ports[target] == _config(engine).gate.listen_port
     assert ports["servepilot"] == _config(engine).agent.listen_port
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_gates_count_each_other_by_a_headless_service_of_their_own_pods(engine: str) -> None:
+    """``gate.peers_dns`` names the headless Service, which selects exactly the Deployment's pods (the
+    clients' Service does too): its addresses are the gates sharing the lines' rates."""
+    clients, headless = _services(engine)
+    pod_labels = _by_kind(engine, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    selector = headless["spec"]["selector"]
+    assert selector == clients["spec"]["selector"]
+    assert selector.items() <= pod_labels.items()
+    assert _config(engine).gate.peers_dns == headless["metadata"]["name"]
+    assert not headless["spec"].get("publishNotReadyAddresses")  # a pod not ready serves no one
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -95,6 +95,17 @@ class GateMetrics:
             "resolves to); each enforces 1/this of every line's rates and bursts. 1 without peers_dns.",
             registry=registry,
         )
+        self.websockets_open = Gauge(
+            "servepilot_gate_websockets",
+            "WebSocket sessions the gate relays now (the engines' realtime APIs, e.g. vLLM's /v1/realtime).",
+            registry=registry,
+        )
+        self.websocket_sessions = Counter(
+            "servepilot_gate_websocket_sessions",
+            "WebSocket sessions relayed, by the upstream that took them.",
+            ["upstream"],
+            registry=registry,
+        )
         self.usage_refused = Counter(
             "servepilot_gate_stream_usage_refused",
             "Streams an upstream refused for the stream_options the gate put in to count their tokens "

@@ -53,6 +53,7 @@ from agent.gate.records import GateStats, LengthBuckets, RequestRecord
 from agent.gate.relay import Relay, add_gate_headers, json_error
 from agent.gate.stream_usage import ask_stream_usage
 from agent.gate.upstreams import UpstreamPool, health_loop
+from agent.gate.websockets import WebSocketRelay, is_websocket
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +176,14 @@ class Gate:
             relay,
             lambda: self.clock(),
             self._rng,
+        )
+        self.websockets = WebSocketRelay(
+            self.pool,
+            self.metrics,
+            lambda: self.forwarder.session,
+            self.forwarder.auth,
+            self._rng.random,
+            cfg.max_body_bytes,
         )
         self.app = web.Application(client_max_size=cfg.max_body_bytes)
         self.app.router.add_route("*", "/{tail:.*}", self._handle)
@@ -526,6 +535,8 @@ class Gate:
             refusal = json_error(401, message, "invalid_request_error", "invalid_api_key")
             refusal.headers["WWW-Authenticate"] = "Bearer"
             return refusal
+        if is_websocket(request):  # a realtime session (agent/gate/websockets.py)
+            return await self._websocket(request, keyed, arrived)
         body = await self._read_body(request)
         if body is None:
             message = f"request body exceeds the gate's limit of {self.cfg.max_body_bytes} bytes"
@@ -606,6 +617,16 @@ class Gate:
         finally:
             if held:
                 self.line_slots.release(line, held)
+
+    async def _websocket(self, request: web.Request, keyed: str | None, arrived: float) -> web.StreamResponse:
+        """A WebSocket session: one request of its line (429 when the line is over its rate), then
+        relayed to an upstream that takes its handshake."""
+        limiter = self.lines.get(keyed or self.resolver.named_line(request.headers), arrived)
+        verdict = limiter.admit(0.0, arrived)
+        if not verdict.granted:
+            reason, wait_s = verdict.reason, verdict.retry_after_s
+            return json_error(429, reason, "rate_limit_error", "rate_limit_exceeded", wait_s)
+        return await self.websockets(request)
 
     def _refund(self, limiter: LineLimiter, est_tokens: float, record: RequestRecord) -> None:
         """Give back what the line's buckets were charged for a request the gate then did not serve, and

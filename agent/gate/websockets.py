@@ -1,0 +1,169 @@
+"""WebSocket sessions through the gate: the engine's realtime APIs (vLLM's ``/v1/realtime`` transcription).
+
+A WebSocket starts as a GET with ``Upgrade: websocket``. Relayed as plain HTTP, its ``Upgrade`` and
+``Connection`` headers are hop-by-hop and dropped, so the engine saw a GET without a handshake and the
+client never got its session: every realtime client failed behind the gate. Here the gate completes the
+client's handshake only once the upstream has accepted its own (so an upstream's refusal, a 403 or 404,
+reaches the client as that status), then relays each message both ways as it came (text, binary, close
+with its code), until either side closes.
+
+A session is one request of its business line: it takes one from the line's request bucket before the
+handshake (429 with ``Retry-After`` when the line is over its rate). It holds no in-flight slot: it is
+open for minutes while the engine works on its audio only now and then. ``servepilot_gate_websockets``
+counts the sessions open now, ``servepilot_gate_websocket_sessions_total{upstream}`` those relayed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp import WSMsgType, web
+
+from agent.gate.access_log import FORWARDED_FOR
+from agent.gate.metrics import GateMetrics
+from agent.gate.relay import forward_headers, json_error
+from agent.gate.upstreams import UpstreamPool
+
+log = logging.getLogger(__name__)
+
+#: How long the second side of a session may take to close once the first did.
+CLOSE_TIMEOUT_S = 5.0
+
+#: The handshake's own headers: aiohttp writes the upstream handshake's afresh.
+HANDSHAKE = frozenset(
+    {"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions", "sec-websocket-protocol"}
+)
+
+
+def is_websocket(request: web.Request) -> bool:
+    """Whether ``request`` asks to become a WebSocket (RFC 6455: a GET with ``Upgrade: websocket``)."""
+    return request.method == "GET" and request.headers.get("Upgrade", "").strip().lower() == "websocket"
+
+
+class WebSocketRelay:
+    """Relays WebSocket sessions to the first upstream of the split that takes the handshake.
+
+    ``session`` gives the gate's upstream session (opened at the gate's start); ``auth`` the engine's
+    key headers (``gate.upstream_api_key_file``); ``pick`` a number in [0, 1) for the split."""
+
+    def __init__(
+        self,
+        pool: UpstreamPool,
+        metrics: GateMetrics,
+        session: Callable[[], aiohttp.ClientSession | None],
+        auth: dict[str, str],
+        pick: Callable[[], float],
+        max_msg_bytes: int,
+    ) -> None:
+        self.pool = pool
+        self.metrics = metrics
+        self._session = session
+        self.auth = auth
+        self._pick = pick
+        self.max_msg_bytes = max_msg_bytes
+
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        session = self._session()
+        assert session is not None, "Gate.start() was not called"
+        headers = forward_headers(request.headers)
+        for name in list(headers):
+            if name.lower() in HANDSHAKE:
+                del headers[name]
+        headers.update(self.auth)
+        if request.remote:
+            prior = headers.get(FORWARDED_FOR)
+            headers[FORWARDED_FOR] = f"{prior}, {request.remote}" if prior else request.remote
+        asked = request.headers.get("Sec-WebSocket-Protocol", "")
+        protocols = tuple(p.strip() for p in asked.split(",") if p.strip())
+        errors: list[str] = []
+        for upstream in self.pool.candidates(self._pick()):
+            url = upstream.url + request.rel_url.path_qs
+            try:
+                up = await session.ws_connect(
+                    url,
+                    headers=headers,
+                    protocols=protocols,
+                    max_msg_size=self.max_msg_bytes,
+                    autoping=True,
+                )
+            except aiohttp.WSServerHandshakeError as refused:  # it answered, and not with a session
+                message = (
+                    f"upstream {upstream.name} refused the WebSocket: {refused.status} {refused.message}"
+                )
+                return json_error(refused.status, message, "invalid_request_error", "websocket_refused")
+            except (aiohttp.ClientConnectionError, TimeoutError, OSError) as error:
+                errors.append(f"{upstream.name}: {type(error).__name__}")
+                continue
+            try:
+                return await self._relay(request, up, upstream.name)
+            finally:
+                await up.close()
+        message = "no upstream reachable (" + "; ".join(errors) + ")" if errors else "no upstream configured"
+        return json_error(502, message, "upstream_error", "bad_gateway")
+
+    async def _relay(
+        self, request: web.Request, up: aiohttp.ClientWebSocketResponse, upstream: str
+    ) -> web.WebSocketResponse:
+        client = web.WebSocketResponse(
+            protocols=(up.protocol,) if up.protocol else (), max_msg_size=self.max_msg_bytes, autoping=True
+        )
+        await client.prepare(request)
+        self.metrics.websocket_sessions.labels(upstream).inc()
+        self.metrics.websockets_open.inc()
+        pumps = (asyncio.create_task(_pump(client, up)), asyncio.create_task(_pump(up, client)))
+        try:
+            # one side closed: its pump closes the other side, which ends the other pump in turn (cut
+            # short, a close under way never sent its code)
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(pumps, timeout=CLOSE_TIMEOUT_S)
+        finally:
+            for pump in pumps:
+                pump.cancel()  # nothing to a finished one
+            for pump in pumps:
+                try:
+                    await pump
+                except asyncio.CancelledError:
+                    pass
+                except (aiohttp.ClientError, ConnectionError, RuntimeError) as error:  # a side that broke
+                    log.info("websocket relay to %s ended: %s", upstream, error)
+            self.metrics.websockets_open.dec()
+            # the close each side sent goes on to the other, also when the handler is cancelled as the
+            # client's connection closes (aiohttp's handler cancellation) before its pump passed it on
+            if not up.closed:
+                await up.close(code=sendable(client.close_code))
+            if not client.closed:
+                await client.close(code=sendable(up.close_code))
+        return client
+
+
+Socket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
+
+
+async def _pump(source: Socket, sink: Socket) -> None:
+    """Every message of ``source`` to ``sink`` as it came, until ``source`` closes; then close ``sink``
+    with ``source``'s code (a normal close when it gave none)."""
+    async for msg in source:
+        if msg.type is WSMsgType.TEXT:
+            await sink.send_str(msg.data)
+        elif msg.type is WSMsgType.BINARY:
+            await sink.send_bytes(msg.data)
+        elif msg.type is WSMsgType.ERROR:
+            log.info("websocket relay: %s", source.exception())
+            break
+    if not sink.closed:
+        await sink.close(code=sendable(source.close_code))
+
+
+#: Close codes that say how a connection ended and may not be sent in a close frame (RFC 6455 7.4.1).
+UNSENDABLE = frozenset({1005, 1006, 1015})
+
+
+def sendable(code: int | None) -> int:
+    """The code to close the other side with: ``code``, a normal close where there was none, and going
+    away for one that may not be sent (the connection broke, or closed without a code)."""
+    if code is None:
+        return int(aiohttp.WSCloseCode.OK)
+    return int(aiohttp.WSCloseCode.GOING_AWAY) if code in UNSENDABLE else code

@@ -1,0 +1,177 @@
+"""WebSocket sessions through the gate (agent/gate/websockets.py): the engines' realtime APIs, such as
+vLLM's ``/v1/realtime``. Until 2026-12-06 the gate dropped the handshake's hop-by-hop headers and every
+realtime client failed behind it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from agent.config import GateLineConfig
+from agent.gate.websockets import sendable
+from tests.engines.client import gate_for
+
+TIMEOUT = 5.0
+
+
+class Realtime:
+    """An upstream serving ``/v1/realtime`` as a WebSocket that echoes each message, with the
+    ``realtime`` subprotocol; a text ``"close 4001"`` makes it close with that code. Keeps the headers
+    of each handshake and the close code each session ended with."""
+
+    def __init__(self) -> None:
+        self.handshakes: list[dict[str, str]] = []
+        self.closed_with: list[int | None] = []
+        self.ended = asyncio.Event()
+
+    async def realtime(self, request: web.Request) -> web.WebSocketResponse:
+        self.handshakes.append(dict(request.headers))
+        ws = web.WebSocketResponse(protocols=("realtime",))
+        await ws.prepare(request)
+        async for msg in ws:
+            if msg.type is aiohttp.WSMsgType.TEXT and msg.data.startswith("close "):
+                await ws.close(code=int(msg.data.split()[1]))
+            elif msg.type is aiohttp.WSMsgType.TEXT:
+                await ws.send_str(msg.data)
+            elif msg.type is aiohttp.WSMsgType.BINARY:
+                await ws.send_bytes(msg.data)
+        self.closed_with.append(ws.close_code)
+        self.ended.set()
+        return ws
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[tuple[Realtime, str]]:
+    served = Realtime()
+    app = web.Application()
+    app.router.add_get("/v1/realtime", served.realtime)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield served, f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+def _open(registry: Any) -> float | None:
+    return registry.get_sample_value("servepilot_gate_websockets")
+
+
+async def test_a_session_is_relayed_both_ways_as_it_came(upstream: tuple[Realtime, str]) -> None:
+    served, url = upstream
+    async with (
+        gate_for(url) as (_, base, registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+    ):
+        async with client.ws_connect(f"{base}/v1/realtime?model=m", protocols=("realtime",)) as ws:
+            assert ws.protocol == "realtime"  # the upstream's choice, passed on
+            assert _open(registry) == 1
+            await ws.send_str('{"type":"session.update"}')
+            assert await ws.receive_str(timeout=TIMEOUT) == '{"type":"session.update"}'
+            audio = bytes(range(256)) * 64
+            await ws.send_bytes(audio)
+            assert await ws.receive_bytes(timeout=TIMEOUT) == audio
+            await ws.close(code=4000)  # the client's code reaches the engine
+        await asyncio.wait_for(served.ended.wait(), TIMEOUT)
+        for _ in range(100):
+            if _open(registry) == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert _open(registry) == 0
+    assert served.closed_with == [4000]
+    handshake = served.handshakes[0]
+    assert handshake["X-Forwarded-For"] == "127.0.0.1"
+    assert registry.get_sample_value("servepilot_gate_websocket_sessions_total", {"upstream": "primary"}) == 1
+
+
+async def test_the_engines_close_code_reaches_the_client(upstream: tuple[Realtime, str]) -> None:
+    _, url = upstream
+    async with (
+        gate_for(url) as (_, base, _registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+        client.ws_connect(f"{base}/v1/realtime") as ws,
+    ):
+        await ws.send_str("close 4001")
+        msg = await ws.receive(timeout=TIMEOUT)
+        assert msg.type is aiohttp.WSMsgType.CLOSE and msg.data == 4001
+
+
+async def test_a_refused_handshake_reaches_the_client_with_its_status(upstream: tuple[Realtime, str]) -> None:
+    _, url = upstream
+    async with (
+        gate_for(url) as (_, base, registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+    ):
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await client.ws_connect(f"{base}/v1/no-such-socket")
+        assert refused.value.status == 404
+        assert _open(registry) == 0
+
+
+async def test_a_session_is_a_request_of_its_line() -> None:
+    """A line of one request a minute: its second session in a row is refused 429 before the handshake,
+    with the time to wait."""
+    served = Realtime()
+    app = web.Application()
+    app.router.add_get("/v1/realtime", served.realtime)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    lines = {"voice": GateLineConfig(requests_per_min=1, burst_ratio=1.0)}
+    headers = {"x-servepilot-line": "voice"}
+    try:
+        async with (
+            gate_for(f"http://127.0.0.1:{runner.addresses[0][1]}", lines=lines) as (_, base, _registry),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+        ):
+            async with client.ws_connect(f"{base}/v1/realtime", headers=headers) as ws:
+                await ws.send_str("hi")
+                assert await ws.receive_str(timeout=TIMEOUT) == "hi"
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await client.ws_connect(f"{base}/v1/realtime", headers=headers)
+            assert refused.value.status == 429 and int(refused.value.headers["Retry-After"]) >= 1
+    finally:
+        await runner.cleanup()
+    assert len(served.handshakes) == 1
+
+
+async def test_without_a_key_a_session_is_refused_where_keys_are_required(
+    upstream: tuple[Realtime, str],
+) -> None:
+    served, url = upstream
+    async with (
+        gate_for(url, api_keys={"sk-voice": "voice"}, require_api_key=True) as (_, base, _registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+    ):
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await client.ws_connect(f"{base}/v1/realtime")
+        assert refused.value.status == 401
+        async with client.ws_connect(
+            f"{base}/v1/realtime", headers={"Authorization": "Bearer sk-voice"}
+        ) as ws:
+            await ws.send_str("hi")
+            assert await ws.receive_str(timeout=TIMEOUT) == "hi"
+    assert len(served.handshakes) == 1
+
+
+async def test_no_upstream_reachable_is_a_502() -> None:
+    async with (
+        gate_for("http://127.0.0.1:9") as (_, base, _registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+    ):
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await client.ws_connect(f"{base}/v1/realtime")
+        assert refused.value.status == 502
+
+
+@pytest.mark.parametrize(
+    ("code", "sent"), [(None, 1000), (1000, 1000), (4001, 4001), (1006, 1001), (1005, 1001)]
+)
+def test_close_codes_that_cannot_be_sent_become_going_away(code: int | None, sent: int) -> None:
+    assert sendable(code) == sent

@@ -324,7 +324,26 @@ def overview() -> dashboard.Dashboard:
                 "engine counted them (the gate asks streams for their usage, gate.stream_usage), else a "
                 "stream's token events; a stream cut short by the tokens relayed until then. What a "
                 "line's tokens_per_min budget is paid with (docs/gate.md).",
-                w=24,
+                w=16,
+            )
+        )
+        .with_panel(
+            ts(
+                "Realtime sessions, shared rates",
+                "short",
+                q("servepilot_gate_websockets{@POD}", "{{pod}} WebSocket sessions open"),
+                q("servepilot_gate_peers{@POD}", "{{pod}} gates sharing the lines' rates", "B"),
+                q(
+                    "sum by (pod, upstream) "
+                    "(increase(servepilot_gate_stream_usage_refused_total{@POD}[$__rate_interval]))",
+                    "{{pod}} {{upstream}} streams refused for stream_options",
+                    "C",
+                ),
+                desc="The WebSocket sessions the gate relays now (the engines' realtime APIs); how many "
+                "gates share the business lines' rates, each enforcing 1/N of them (gate.peers_dns; 1 "
+                "without it: each gate its whole rate); and streams an upstream refused for the "
+                "stream_options the gate adds to count tokens, each sent again without it (docs/gate.md).",
+                w=8,
             )
         )
         .with_row(dashboard.Row("Forecast and findings"))

@@ -101,6 +101,9 @@ AGENT: list[Series] = _agent(
     "servepilot_gate_upstream_ejections_total",
     "servepilot_gate_resent_total",
     "servepilot_gate_retried_total",
+    "servepilot_gate_websockets",
+    "servepilot_gate_peers",
+    "servepilot_gate_stream_usage_refused_total",
     "servepilot_gate_blind_seconds_total",
     "servepilot_config_reloads_total",
 )

@@ -221,8 +221,16 @@ def overview() -> dashboard.Dashboard:
                     "(rate(servepilot_gate_queue_wait_seconds_bucket{@POD}[$__rate_interval])))",
                     "{{priority}}",
                 ),
+                q(
+                    "histogram_quantile(0.99, sum by (le) "
+                    "(rate(servepilot_gate_held_seconds_bucket{@POD}[$__rate_interval])))",
+                    "held by the gate itself",
+                    "B",
+                ),
                 desc="Admission wait of the requests the gate let through, by the class they arrived in (a "
-                "request waiting over gate.aging_s is promoted one class and still counted in its own).",
+                "request waiting over gate.aging_s is promoted one class and still counted in its own); "
+                "and what the gate itself held them for before sending them upstream, the wait aside "
+                "(reading and parsing the body, the buckets, admission).",
                 w=8,
             )
         )

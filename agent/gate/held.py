@@ -50,6 +50,8 @@ class HeldRequests:
 
     def sent(self, record: RequestRecord, upstream: str, streams: bool, now: float) -> None:
         """``record`` goes to ``upstream`` now (a first try, or again after one was taken back)."""
+        if record.held_s is None:  # its first send: what the gate held it for, its queue wait aside
+            record.held_s = max(0.0, now - record.arrived - record.queue_wait_s)
         record.sent_at, record.heard_at, record.abandoned = now, None, ""
         key = id(record)
         self.at_upstream[key] = (upstream, record, streams)

@@ -32,6 +32,8 @@ LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
     1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0, 120.0,
 )  # fmt: skip
+#: Finer at the low end than LATENCY_BUCKETS: the gate's own work is tens of microseconds to a few ms.
+HELD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 QUANTILES = (("p50", 50.0), ("p95", 95.0), ("p99", 99.0))
 #: Characters of a request id an exemplar carries (OpenMetrics allows 128 for its labels' names and
 #: values together)
@@ -84,6 +86,9 @@ class RequestRecord:
     """Prompts in it (a batch): ``prompt_tokens`` is their sum, and its length bucket is one prompt's."""
     sent_at: float = 0.0
     """When the gate sent it upstream (stall ejection)."""
+    held_s: float | None = None
+    """From its arrival to its first send upstream, less its queue wait: what the gate itself added
+    before the engine saw it (reading and parsing its body, the buckets, admission). None: never sent."""
     heard_at: float | None = None
     """When the upstream last sent a byte of its answer (each chunk); None before the first."""
     abandoned: str = ""
@@ -181,6 +186,14 @@ class GateStats:
         )
         self.e2e = hist("servepilot_gate_e2e_seconds", "Request time end to end.", "bucket")
         self.queue_wait = hist("servepilot_gate_queue_wait_seconds", "Wait for admission.", "priority")
+        self.held = Histogram(
+            "servepilot_gate_held_seconds",
+            "Time the gate held a request before sending it upstream, its queue wait aside: reading and "
+            "parsing its body, the line's buckets, admission. What the gate adds before the engine sees "
+            "a request (a slow client's upload included).",
+            registry=registry,
+            buckets=HELD_BUCKETS,
+        )
         self.requests = Counter(
             "servepilot_gate_requests",
             "Requests by outcome.",
@@ -302,6 +315,8 @@ class GateStats:
         # a request id on the latency series: from a slow bucket in Grafana to that request's access line
         exemplar = {"request_id": rec.request_id[:EXEMPLAR_ID]} if rec.request_id else None
         self.queue_wait.labels(rec.priority).observe(rec.queue_wait_s, exemplar)
+        if rec.held_s is not None:
+            self.held.observe(rec.held_s, exemplar)
         self.tokens.labels(rec.line, "prompt").inc(rec.prompt_tokens)
         self.tokens.labels(rec.line, "output").inc(rec.output_tokens)
         self._win[(bucket, "done")].add(now, 1.0)

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import socket
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,13 @@ async def resolve(name: str) -> set[str]:
     not resolve."""
     infos = await asyncio.get_running_loop().getaddrinfo(name, None, type=socket.SOCK_STREAM)
     return {str(info[4][0]) for info in infos}
+
+
+def gates_in(addresses: set[str]) -> int:
+    """The gates behind a headless Service's ``addresses``: in a dual-stack cluster each pod has an IPv4
+    and an IPv6 address, so the larger of the two families' counts, not their sum."""
+    families = Counter(ipaddress.ip_address(address.split("%")[0]).version for address in addresses)
+    return max(families.values(), default=0)
 
 
 class PeerCount:
@@ -59,14 +68,15 @@ class PeerCount:
         except (OSError, TimeoutError) as error:
             self._failed(f"{type(error).__name__}: {error}")
             return self.count
-        if not found:
+        count = gates_in(found)
+        if not count:
             self._failed("no addresses")
             return self.count
         if self.error:
-            log.info("gate peers: %s resolves again (%d)", self.name, len(found))
-        if len(found) != self.count:
-            log.info("gate peers: %d gates share the lines' rates (%s)", len(found), self.name)
-        self.count, self.error = len(found), ""
+            log.info("gate peers: %s resolves again (%d)", self.name, count)
+        if count != self.count:
+            log.info("gate peers: %d gates share the lines' rates (%s)", count, self.name)
+        self.count, self.error = count, ""
         return self.count
 
     def _failed(self, why: str) -> None:

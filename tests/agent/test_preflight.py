@@ -474,7 +474,7 @@ async def test_the_gate_peers_row_says_how_many_share_the_rates(monkeypatch: pyt
     from agent.gate import peers
     from agent.preflight import check_peers
 
-    found = len(await peers.resolve("localhost"))
+    found = peers.gates_in(await peers.resolve("localhost"))
     result = await check_peers(config.build({"gate": {"enabled": True, "peers_dns": "localhost"}}))
     assert (result.status, result.target) == ("ok", "localhost")
     assert result.detail.startswith(f"{found} gate") and result.detail.endswith(f"each enforces 1/{found}")

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from agent.config import GateConfig, GateLineConfig
 from agent.gate import peers as peers_module
-from agent.gate.peers import PeerCount, peers_loop, resolve
+from agent.gate.peers import PeerCount, gates_in, peers_loop, resolve
 from agent.gate.ratelimit import LineLimits
 from tests.agent.gate.parked import ParkedEngine, serving
 from tests.engines.client import gate_for
@@ -62,15 +62,31 @@ async def test_a_lookup_that_hangs_counts_as_failed(monkeypatch: pytest.MonkeyPa
     assert peers.error.startswith("TimeoutError")
 
 
-async def test_the_system_resolver_counts_distinct_addresses() -> None:
+async def test_the_system_resolver_gives_distinct_addresses() -> None:
     found = await resolve("localhost")
     assert found and found <= {"127.0.0.1", "::1"}
+    assert gates_in(found) == 1  # one host, whether it answers in one family or two
+
+
+@pytest.mark.parametrize(
+    ("addresses", "gates"),
+    [
+        ({"10.0.0.1", "10.0.0.2", "10.0.0.3"}, 3),
+        ({"fd00::1", "fd00::2"}, 2),
+        ({"10.0.0.1", "10.0.0.2", "fd00::1", "fd00::2"}, 2),  # dual stack: each pod has one of each
+        ({"10.0.0.1", "fd00::1", "fd00::2"}, 2),  # a pod whose IPv4 address is not out yet
+        (set(), 0),
+    ],
+)
+def test_a_dual_stack_pod_is_one_gate(addresses: set[str], gates: int) -> None:
+    assert gates_in(addresses) == gates
 
 
 async def test_the_loop_applies_each_count_until_stopped() -> None:
     counts: list[int] = []
     stop = asyncio.Event()
-    peers = PeerCount("gates", Answers({"a", "b"}, {"a", "b", "c", "d"}, OSError("gone")))
+    two, four = {"10.0.0.1", "10.0.0.2"}, {"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"}
+    peers = PeerCount("gates", Answers(two, four, OSError("gone")))
 
     def apply(count: int) -> None:
         counts.append(count)
@@ -139,7 +155,7 @@ async def test_a_gate_with_peers_admits_its_share_and_exports_the_count(engine: 
     """A line of 6 requests a minute (burst 1x) behind 3 gates: this gate admits 2, then 429s; the
     count comes from a real lookup (``localhost``) at the start, and is exported."""
     lines = {"a": GateLineConfig(requests_per_min=6, burst_ratio=1)}
-    expected = len(await resolve("localhost"))
+    expected = gates_in(await resolve("localhost"))
     async with (
         gate_for(engine.url, lines=lines, peers_dns="localhost") as (gate, base, registry),
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,

@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 
 from aiohttp import web
 
+from tests.loopback import serve
 
-@asynccontextmanager
-async def serve(app: web.Application) -> AsyncIterator[str]:
-    """Run ``app`` on 127.0.0.1 (free port) for the block; yields its base URL."""
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+__all__ = ["app_with", "closed_port_url", "held_stream_upstream", "serve"]
 
 
 def app_with(path: str, handler: Callable[[web.Request], object], method: str = "GET") -> web.Application:

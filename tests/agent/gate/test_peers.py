@@ -172,19 +172,15 @@ async def test_a_gate_with_peers_admits_its_share_and_exports_the_count(engine: 
         gate.clock = lambda: now[0]
         gate.set_peers(3)
         assert registry.get_sample_value("servepilot_gate_peers") == 3
-        statuses = []
-        for _ in range(3):
+
+        async def status() -> int:
+            body = {"prompt": "hi", "max_tokens": 1}
             async with client.post(
-                f"{base}/v1/completions",
-                json={"prompt": "hi", "max_tokens": 1},
-                headers={"x-servepilot-line": "a"},
-            ) as resp:
-                statuses.append(resp.status)
+                f"{base}/v1/completions", json=body, headers={"x-servepilot-line": "a"}
+            ) as r:
+                return r.status
+
+        statuses = [await status() for _ in range(3)]
         now[0] += 30.0  # a third of the line's 6 a minute: 2 a minute here, one more after 30 s
-        async with client.post(
-            f"{base}/v1/completions",
-            json={"prompt": "hi", "max_tokens": 1},
-            headers={"x-servepilot-line": "a"},
-        ) as resp:
-            statuses.append(resp.status)
+        statuses.append(await status())
     assert statuses == [200, 200, 429, 200]

@@ -24,6 +24,7 @@ from agent.gate.stream_usage import (
     unask_stream_usage,
 )
 from tests.engines.client import gate_for, gate_tokens
+from tests.loopback import serve
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gate"
 REFUSALS = json.loads((FIXTURES / "stream-options-refusals.json").read_text())
@@ -101,13 +102,8 @@ async def serving(refusal: dict[str, Any]) -> AsyncIterator[tuple[Refusing, str]
     upstream = Refusing(refusal)
     app = web.Application()
     app.router.add_post("/v1/chat/completions", upstream.chat)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield upstream, f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serve(app) as url:
+        yield upstream, url
 
 
 @pytest.fixture(params=REFUSALS, ids=lambda r: r["engine"].split()[0])

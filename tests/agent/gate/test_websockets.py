@@ -5,6 +5,7 @@ realtime client failed behind it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,6 +16,7 @@ from aiohttp import web
 from agent.config import GateLineConfig
 from agent.gate.websockets import sendable
 from tests.engines.client import gate_for
+from tests.loopback import serve
 
 TIMEOUT = 5.0
 
@@ -45,18 +47,19 @@ class Realtime:
         return ws
 
 
-@pytest.fixture
-async def upstream() -> AsyncIterator[tuple[Realtime, str]]:
+@contextlib.asynccontextmanager
+async def realtime_served() -> AsyncIterator[tuple[Realtime, str]]:
     served = Realtime()
     app = web.Application()
     app.router.add_get("/v1/realtime", served.realtime)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield served, f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serve(app) as url:
+        yield served, url
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[tuple[Realtime, str]]:
+    async with realtime_served() as served:
+        yield served
 
 
 def _open(registry: Any) -> float | None:
@@ -117,27 +120,19 @@ async def test_a_refused_handshake_reaches_the_client_with_its_status(upstream: 
 async def test_a_session_is_a_request_of_its_line() -> None:
     """A line of one request a minute: its second session in a row is refused 429 before the handshake,
     with the time to wait."""
-    served = Realtime()
-    app = web.Application()
-    app.router.add_get("/v1/realtime", served.realtime)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
     lines = {"voice": GateLineConfig(requests_per_min=1, burst_ratio=1.0)}
     headers = {"x-servepilot-line": "voice"}
-    try:
-        async with (
-            gate_for(f"http://127.0.0.1:{runner.addresses[0][1]}", lines=lines) as (_, base, _registry),
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
-        ):
-            async with client.ws_connect(f"{base}/v1/realtime", headers=headers) as ws:
-                await ws.send_str("hi")
-                assert await ws.receive_str(timeout=TIMEOUT) == "hi"
-            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
-                await client.ws_connect(f"{base}/v1/realtime", headers=headers)
-            assert refused.value.status == 429 and int(refused.value.headers["Retry-After"]) >= 1
-    finally:
-        await runner.cleanup()
+    async with (
+        realtime_served() as (served, url),
+        gate_for(url, lines=lines) as (_, base, _registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+    ):
+        async with client.ws_connect(f"{base}/v1/realtime", headers=headers) as ws:
+            await ws.send_str("hi")
+            assert await ws.receive_str(timeout=TIMEOUT) == "hi"
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await client.ws_connect(f"{base}/v1/realtime", headers=headers)
+        assert refused.value.status == 429 and int(refused.value.headers["Retry-After"]) >= 1
     assert len(served.handshakes) == 1
 
 

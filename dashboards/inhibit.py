@@ -20,6 +20,8 @@ alert while a *source* alert fires with the same ``namespace`` and ``pod``:
   retries elsewhere) mutes ``ServepilotBreakerDegraded``: the breaker moved traffic to the fallback
   upstreams *because* the engine fails, so the failing engine is the page. Only the engine's upstream
   mutes it (``SOURCE_LABELS``): a failing ``fp8`` upstream does not explain a degraded breaker.
+* ``ServepilotGateStarved`` (the gate went unscheduled a second or more at a time) mutes
+  ``ServepilotGateSlow`` (requests held in the gate): the stops are the cause, and their page says so.
 
 Only the upstream that is this pod's own engine is muted: the alert carries ``role="engine"`` from
 ``servepilot_gate_upstream_role`` (the gate upstream whose URL is ``engine.url``), whatever it is named.
@@ -77,6 +79,7 @@ MUTES: dict[str, tuple[tuple[str, dict[str, str]], ...]] = {
     "ServepilotTTFTBudgetBurnSlow": (("ServepilotClassSloBurnSlow", {}),),
     "ServepilotClassSloBurnFast": (("ServepilotClassSloBurnSlow", {}),),
     "ServepilotGateUpstreamFailing": (("ServepilotBreakerDegraded", {}),),
+    "ServepilotGateStarved": (("ServepilotGateSlow", {}),),
 }
 
 #: source alert -> labels it must carry to mute anything (absent: its name alone is enough)

@@ -235,6 +235,21 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
             "through it paused as long, and its hang detection waits until it wakes.",
         ),
         _alert(
+            "ServepilotGateSlow",
+            f"histogram_quantile(0.9, sum by ({BY}, le)"
+            f" (rate(servepilot_gate_held_seconds_bucket[{p.w('30m')}]))) > 0.05\n"
+            f"and sum by ({BY}) (rate(servepilot_gate_held_seconds_count[{p.w('30m')}])) > 0.1",
+            p.for_(600),
+            "warning",
+            "the gate in {{ $labels.pod }} holds requests {{ $value | humanizeDuration }} before sending "
+            "them",
+            "One request in ten over the last 30 minutes, and so for 10 minutes on end, waited over 50 ms "
+            "in the gate itself before it went upstream, its queue wait aside (reading and parsing it, the "
+            "line's buckets, admission; the gate's own work takes well under a millisecond): the sidecar "
+            "is short of CPU, throttled by its limit, or its event loop is busy with something else. Every "
+            "request's time to first token carries it.",
+        ),
+        _alert(
             "ServepilotGateShedsHighPriority",
             f'sum by ({BY}) (rate(servepilot_gate_requests_total{{priority="high", outcome="expired"}}'
             f"[{p.w('30m')}]))\n"

@@ -92,6 +92,7 @@ AGENT: list[Series] = _agent(
     "servepilot_gate_slo_bad_total",
     "servepilot_gate_queue_wait_seconds_bucket",
     "servepilot_gate_held_seconds_bucket",
+    "servepilot_gate_held_seconds_count",
     "servepilot_gate_in_flight",
     "servepilot_gate_queue_depth",
     "servepilot_gate_line_waiting",

@@ -178,6 +178,8 @@ class AccessLog:
             line["priority"] = record.priority
             line["outcome"] = record.outcome
             line["queue_wait_s"] = round(record.queue_wait_s, 6)
+            if record.held_s is not None:  # what the gate itself held it for before it went upstream
+                line["gate_s"] = round(record.held_s, 6)
             line["prompt_tokens"] = int(record.prompt_tokens)
             line["output_tokens"] = int(record.output_tokens)
             if bucket is not None:

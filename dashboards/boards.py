@@ -312,11 +312,18 @@ def overview() -> dashboard.Dashboard:
                     "no API key (401)",
                     "B",
                 ),
+                q(
+                    "sum by (line, reason) (rate(servepilot_gate_refused_total{@POD}[$__rate_interval]))",
+                    "{{line}}: {{reason}}",
+                    "C",
+                ),
                 desc="Requests the gate refused, by the class they arrived in: rejected (429: over the "
                 "line's rate, a full queue, or shed from it for a higher class) and expired (503: no slot "
                 "within the queue deadline). Low goes first; high turned away means the high class alone "
                 "asks for more than the pod serves (ServepilotGateShedsHighPriority, docs/alerts.md). "
-                "And those without a valid API key, where gate.require_api_key asks for one (401).",
+                "And those without a valid API key, where gate.require_api_key asks for one (401). By "
+                "business line and why: request_rate or token_rate (its buckets), queue_full, shed, "
+                "queue_timeout, line_share_full.",
                 w=8,
             )
         )

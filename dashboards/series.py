@@ -88,6 +88,7 @@ AGENT: list[Series] = _agent(
     "servepilot_gate_requests_total",
     "servepilot_gate_tokens_total",
     "servepilot_gate_unauthorized_total",  # gate.require_api_key
+    "servepilot_gate_refused_total",
     "servepilot_gate_answered_total",
     "servepilot_gate_slo_bad_total",
     "servepilot_gate_queue_wait_seconds_bucket",

@@ -113,6 +113,15 @@ class GateMetrics:
             ["upstream"],
             registry=registry,
         )
+        self.refused = Counter(
+            "servepilot_gate_refused",
+            "Requests the gate refused, by business line and why: request_rate or token_rate (429, the "
+            "line's buckets), queue_full (429, no room in the gate's queue), shed (429, pushed out of the "
+            "queue by a higher class), queue_timeout (503, no slot within the deadline), line_share_full "
+            "(503, the line held its share of the gate).",
+            ["line", "reason"],
+            registry=registry,
+        )
         self.unauthorized = Counter(
             "servepilot_gate_unauthorized",
             "Requests answered 401 for want of a valid API key (gate.require_api_key).",

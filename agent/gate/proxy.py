@@ -574,7 +574,9 @@ class Gate:
         if self.cfg.rate_limit_headers:
             record.rate_limit = limiter.headers(arrived)
         if not verdict.granted:
-            return self._refuse(record, 429, verdict.reason, "rate_limit_exceeded", verdict.retry_after_s)
+            return self._refuse(
+                record, 429, verdict.reason, "rate_limit_exceeded", verdict.retry_after_s, why=verdict.limit
+            )
         if limiter.tokens is not None:
             record.charged_tokens = est_tokens  # settled by the answer's counts (_finish)
         fill: Fill | None = None
@@ -624,6 +626,7 @@ class Gate:
         limiter = self.lines.get(keyed or self.resolver.named_line(request.headers), arrived)
         verdict = limiter.admit(0.0, arrived)
         if not verdict.granted:
+            self.metrics.refused.labels(limiter.name, verdict.limit).inc()
             reason, wait_s = verdict.reason, verdict.retry_after_s
             return json_error(429, reason, "rate_limit_error", "rate_limit_exceeded", wait_s)
         return await self.websockets(request)
@@ -702,7 +705,8 @@ class Gate:
         if ticket.state is TicketState.ADMITTED:
             return None
         if ticket.state is TicketState.REJECTED:
-            return self._refuse(record, 429, f"the gate's queue is full ({ticket.reason})", "queue_full", 1.0)
+            message = f"the gate's queue is full ({ticket.reason})"
+            return self._refuse(record, 429, message, "queue_full", 1.0, why="shed")
         message = f"no capacity within {deadline:g} s (in-flight limit {admission.limit})"
         retry_s = self._deadline(None, ticket.priority)  # when capacity may free, whatever the client's wait
         return self._refuse(record, 503, message, "queue_timeout", retry_s, outcome="expired")
@@ -715,9 +719,13 @@ class Gate:
         code: str,
         retry_s: float,
         outcome: str = "rejected",
+        why: str = "",
     ) -> web.Response:
+        """Answer ``status`` with an OpenAI-shaped ``code``; counted by its line and ``why`` (the code when
+        not given) in ``servepilot_gate_refused_total``."""
         record.outcome, record.status = outcome, status
         self.stats.record(record, self.clock())
+        self.metrics.refused.labels(record.line, why or code).inc()
         return json_error(
             status, message, "rate_limit_error" if status == 429 else "overloaded_error", code, retry_s
         )

@@ -79,6 +79,8 @@ class Verdict:
     granted: bool
     retry_after_s: float = 0.0
     reason: str = ""
+    limit: str = ""
+    """Which bucket refused it: ``request_rate`` or ``token_rate`` (empty when granted)."""
 
 
 class LineLimiter:
@@ -107,9 +109,12 @@ class LineLimiter:
         wait_tokens = 0.0 if self.tokens is None else self.tokens.wait_for(est_tokens, now)
         wait_requests = self.requests.wait_for(1.0, now)
         if wait_requests > 0:
-            return Verdict(False, wait_requests, f"business line {self.name!r} is over its request rate")
+            why = f"business line {self.name!r} is over its request rate"
+            return Verdict(False, wait_requests, why, "request_rate")
         if wait_tokens > 0:
-            return Verdict(False, wait_tokens, f"business line {self.name!r} is over its token rate")
+            return Verdict(
+                False, wait_tokens, f"business line {self.name!r} is over its token rate", "token_rate"
+            )
         self.requests.take(1.0, now)
         if self.tokens is not None:
             self.tokens.take(est_tokens, now)

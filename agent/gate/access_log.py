@@ -190,6 +190,8 @@ class AccessLog:
                 line["ttft_s"] = round(record.ttft_s, 6)
             if record.abandoned:
                 line["abandoned"] = record.abandoned
+            if record.refused:
+                line["refused"] = record.refused
         try:
             self._lines.put_nowait(json.dumps(line, separators=(",", ":")))
         except queue.Full:

@@ -723,9 +723,9 @@ class Gate:
     ) -> web.Response:
         """Answer ``status`` with an OpenAI-shaped ``code``; counted by its line and ``why`` (the code when
         not given) in ``servepilot_gate_refused_total``."""
-        record.outcome, record.status = outcome, status
+        record.outcome, record.status, record.refused = outcome, status, why or code
         self.stats.record(record, self.clock())
-        self.metrics.refused.labels(record.line, why or code).inc()
+        self.metrics.refused.labels(record.line, record.refused).inc()
         return json_error(
             status, message, "rate_limit_error" if status == 429 else "overloaded_error", code, retry_s
         )

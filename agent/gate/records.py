@@ -86,6 +86,8 @@ class RequestRecord:
     """Prompts in it (a batch): ``prompt_tokens`` is their sum, and its length bucket is one prompt's."""
     sent_at: float = 0.0
     """When the gate sent it upstream (stall ejection)."""
+    refused: str = ""
+    """Why the gate turned it away (``servepilot_gate_refused_total``'s reason); empty when it did not."""
     held_s: float | None = None
     """From its arrival to its first send upstream, less its queue wait: what the gate itself added
     before the engine saw it (reading and parsing its body, the buckets, admission). None: never sent."""

@@ -97,7 +97,10 @@ async def test_every_request_gets_one_line_saying_what_became_of_it(engine: str,
     assert streamed["remote"] == "127.0.0.1" and streamed["forwarded_for"] == "203.0.113.7"
     assert streamed["queue_wait_s"] >= 0 and 0 <= streamed["gate_s"] < streamed["ttft_s"]
     assert (batch_ok["line"], batch_ok["status"], batch_ok["outcome"]) == ("batch", 200, "ok")
-    assert (batch_refused["status"], batch_refused["outcome"]) == (429, "rejected")
+    assert (batch_refused["status"], batch_refused["outcome"], batch_refused["refused"]) == (
+        429, "rejected", "request_rate",
+    )  # fmt: skip
+    assert "refused" not in batch_ok
     assert "upstream" not in batch_refused and "ttft_s" not in batch_refused and "gate_s" not in batch_refused
     assert (health["path"], health["status"]) == ("/health", 200) and "line" not in health
     assert too_large["status"] == 413 and "line" not in too_large

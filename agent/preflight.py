@@ -330,8 +330,7 @@ async def run_checks(cfg: Config) -> list[CheckResult]:
         kind = cfg.engine.kind if cfg.engine.kind != "auto" else found
         results.extend(check_engine_priority(cfg, kind))
         results.append(check_client_keys(cfg))
-        if cfg.gate.peers_dns:
-            results.append(await check_peers(cfg))
+        results.append(await check_peers(cfg))
         if cfg.gate.access_log is not None:
             results.append(check_access_log(cfg))
     if cfg.webhooks.enabled:
@@ -357,9 +356,13 @@ def check_client_keys(cfg: Config) -> CheckResult:
 
 async def check_peers(cfg: Config) -> CheckResult:
     """How many gates ``gate.peers_dns`` finds now, so each line's share is what the operator expects;
-    a name that does not resolve fails (the gate would keep each line's whole rate)."""
+    a name that does not resolve fails (the gate would keep each line's whole rate). Without the field,
+    says what that means for a deployment of several replicas."""
     from agent.gate.peers import PeerCount
 
+    if not cfg.gate.peers_dns:
+        detail = "gate.peers_dns not set: each gate gives every line its whole rate (N replicas: N times it)"
+        return CheckResult("gate peers", "ok", detail, 0.0)
     started = time.perf_counter()
     peers = PeerCount(cfg.gate.peers_dns)
     count = await peers.refresh()

@@ -70,6 +70,7 @@ async def test_every_enabled_part_is_checked_once_and_a_dead_upstream_fails(sim_
         "upstream fp8",
         "engine upstream",
         "client keys",
+        "gate peers",
     ]
     assert {name for name, r in results.items() if r.failed} == {"upstream fp8"}
     # the simulator serves no OpenAPI document (its control API's spec is in the repository): not a failure
@@ -86,7 +87,7 @@ async def test_every_enabled_part_is_checked_once_and_a_dead_upstream_fails(sim_
     assert results["upstream primary"].detail == "healthy, serves meta-llama/Llama-2-7b-hf"
     assert results["upstream fp8"].target == f"{dead}/health"
     table = render(list(results.values())).splitlines()
-    assert len(table) == 11 and table[-1] == "10 checks, 1 failed"
+    assert len(table) == 12 and table[-1] == "11 checks, 1 failed"
 
 
 async def test_an_upstream_serving_another_model_fails_until_upstream_models_names_it(sim_url: str) -> None:
@@ -481,6 +482,9 @@ async def test_the_gate_peers_row_says_how_many_share_the_rates(monkeypatch: pyt
 
     async def unknown(name: str) -> set[str]:
         raise OSError(f"[Errno -2] Name or service not known: {name}")
+
+    alone = await check_peers(config.build({"gate": {"enabled": True}}))
+    assert alone.status == "ok" and "N replicas: N times it" in alone.detail
 
     monkeypatch.setattr(peers, "resolve", unknown)
     result = await check_peers(config.build({"gate": {"enabled": True, "peers_dns": "llm-vllm-gates"}}))

@@ -3,9 +3,11 @@
 A WebSocket starts as a GET with ``Upgrade: websocket``. Relayed as plain HTTP, its ``Upgrade`` and
 ``Connection`` headers are hop-by-hop and dropped, so the engine saw a GET without a handshake and the
 client never got its session: every realtime client failed behind the gate. Here the gate completes the
-client's handshake only once the upstream has accepted its own (so an upstream's refusal, a 403 or 404,
-reaches the client as that status), then relays each message both ways as it came (text, binary, close
-with its code), until either side closes.
+client's handshake only once an upstream has accepted its own, then relays each message both ways as it
+came (text, binary, close with its code), until either side closes. The upstreams are tried in the
+split's order: one that serves no such socket (404: the breaker's small model) or is failing (502-504)
+sends the session to the next; a refusal that is the client's own (401, 403, 400) reaches it with its
+status, as does the split's pick's when no upstream took it.
 
 A session is one request of its business line: it takes one from the line's request bucket before the
 handshake (429 with ``Retry-After`` when the line is over its rate). It holds no in-flight slot: it is
@@ -29,6 +31,9 @@ from agent.gate.upstreams import UpstreamPool
 
 log = logging.getLogger(__name__)
 
+#: Handshake refusals that send the session to the next upstream: one that serves no such socket (the
+#: breaker's small model, another engine), or one failing; any other (401, 403, 400) is the client's.
+ASK_NEXT = frozenset({404, 405, 501, 502, 503, 504})
 #: How long the second side of a session may take to close once the first did.
 CLOSE_TIMEOUT_S = 5.0
 
@@ -79,6 +84,7 @@ class WebSocketRelay:
         asked = request.headers.get("Sec-WebSocket-Protocol", "")
         protocols = tuple(p.strip() for p in asked.split(",") if p.strip())
         errors: list[str] = []
+        refusals: list[tuple[str, int]] = []
         for upstream in self.pool.candidates(self._pick()):
             url = upstream.url + request.rel_url.path_qs
             try:
@@ -90,10 +96,12 @@ class WebSocketRelay:
                     autoping=True,
                 )
             except aiohttp.WSServerHandshakeError as refused:  # it answered, and not with a session
-                message = (
-                    f"upstream {upstream.name} refused the WebSocket: {refused.status} {refused.message}"
-                )
-                return json_error(refused.status, message, "invalid_request_error", "websocket_refused")
+                refusals.append((upstream.name, refused.status))
+                if (
+                    refused.status in ASK_NEXT
+                ):  # it serves no such socket (a breaker's small model), or is down
+                    continue
+                break
             except (aiohttp.ClientConnectionError, TimeoutError, OSError) as error:
                 errors.append(f"{upstream.name}: {type(error).__name__}")
                 continue
@@ -101,6 +109,11 @@ class WebSocketRelay:
                 return await self._relay(request, up, upstream.name)
             finally:
                 await up.close()
+        if refusals:  # the split's pick's answer, naming every upstream's
+            status = refusals[0][1] if refusals[0][1] >= 400 else 502  # a 200 that was no handshake
+            said = ", ".join(f"{name} {code}" for name, code in refusals)
+            message = f"the upstreams refused the WebSocket ({said})"
+            return json_error(status, message, "invalid_request_error", "websocket_refused")
         message = "no upstream reachable (" + "; ".join(errors) + ")" if errors else "no upstream configured"
         return json_error(502, message, "upstream_error", "bad_gateway")
 

@@ -12,8 +12,10 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
-from agent.config import GateLineConfig
+from agent.config import GateConfig, GateLineConfig
+from agent.gate.proxy import Gate
 from agent.gate.websockets import sendable
 from tests.engines.client import gate_for
 from tests.loopback import serve
@@ -170,3 +172,48 @@ async def test_no_upstream_reachable_is_a_502() -> None:
 )
 def test_close_codes_that_cannot_be_sent_become_going_away(code: int | None, sent: int) -> None:
     assert sendable(code) == sent
+
+
+async def test_an_upstream_without_the_socket_sends_the_session_to_the_next(
+    upstream: tuple[Realtime, str],
+) -> None:
+    """The split's pick (``small``, a breaker level's model without a realtime API) answers 404: the session
+    goes to ``primary``. A refusal that is the client's own (403) is not asked of another upstream."""
+    served, url = upstream
+    forbidden = web.Application()
+
+    async def refuse(_: web.Request) -> web.Response:
+        return web.Response(status=403, text="forbidden")
+
+    forbidden.router.add_get("/v1/realtime", refuse)
+    async with (
+        serve(web.Application()) as small,
+        serve(forbidden) as strict,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+    ):
+        async with _gate({"small": small, "primary": url}) as (base, registry):
+            async with client.ws_connect(f"{base}/v1/realtime") as ws:
+                await ws.send_str("hi")
+                assert await ws.receive_str(timeout=TIMEOUT) == "hi"
+            sessions = registry.get_sample_value(
+                "servepilot_gate_websocket_sessions_total", {"upstream": "primary"}
+            )
+        assert sessions == 1 and len(served.handshakes) == 1
+        async with _gate({"strict": strict, "primary": url}) as (base, _registry):
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await client.ws_connect(f"{base}/v1/realtime")
+        assert refused.value.status == 403 and len(served.handshakes) == 1
+
+
+@contextlib.asynccontextmanager
+async def _gate(upstreams: dict[str, str]) -> AsyncIterator[tuple[str, CollectorRegistry]]:
+    """A gate whose split sends everything to the first of ``upstreams``, the others its fallbacks."""
+    first = next(iter(upstreams))
+    split = {name: 1.0 if name == first else 0.0 for name in upstreams}
+    registry = CollectorRegistry()
+    gate = Gate(GateConfig(enabled=True, upstreams=upstreams, split=split, health_interval_s=600), registry)
+    port = await gate.start("127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{port}", registry
+    finally:
+        await gate.stop()

@@ -270,9 +270,19 @@ class Gate:
         started = time.monotonic()
         if busy:
             log.info("gate draining: %d request(s) in progress, up to %g s", busy, self.cfg.drain_s)
+        # realtime sessions last minutes: ended with 1001 a second before the drain's limit, while their
+        # connections still stand (cut at the limit, their clients saw the connection drop, not a close)
+        grace = self.cfg.drain_s - min(1.0, self.cfg.drain_s / 2)
+        closer = asyncio.create_task(self._end_sessions_after(grace)) if self.websockets.sessions else None
         await runner.cleanup()
+        if closer is not None:
+            closer.cancel()
         if busy:
             log.info("gate drained in %.2f s (%d cut at the limit)", time.monotonic() - started, self.cut)
+
+    async def _end_sessions_after(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        await self.websockets.going_away()
 
     async def stop(self) -> None:
         """Drain (see :meth:`drain`), then close the upstream session and the cache; idempotent."""

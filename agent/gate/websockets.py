@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import WSMsgType, web
@@ -69,6 +70,8 @@ class WebSocketRelay:
         self.auth = auth
         self._pick = pick
         self.max_msg_bytes = max_msg_bytes
+        #: the sessions open now
+        self.sessions: set[Session] = set()
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         session = self._session()
@@ -126,12 +129,22 @@ class WebSocketRelay:
         await client.prepare(request)
         self.metrics.websocket_sessions.labels(upstream).inc()
         self.metrics.websockets_open.inc()
-        pumps = (asyncio.create_task(_pump(client, up)), asyncio.create_task(_pump(up, client)))
+        session = Session(client, up)
+        self.sessions.add(session)
+        pumps = (
+            asyncio.create_task(_pump(client, up, session)),
+            asyncio.create_task(_pump(up, client, session)),
+        )
+        # neither side gave a code: the gate itself ends the session (its drain at a stop cancels this)
+        unsaid = aiohttp.WSCloseCode.OK
         try:
             # one side closed: its pump closes the other side, which ends the other pump in turn (cut
             # short, a close under way never sent its code)
             await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
             await asyncio.wait(pumps, timeout=CLOSE_TIMEOUT_S)
+        except asyncio.CancelledError:
+            unsaid = aiohttp.WSCloseCode.GOING_AWAY  # so clients reconnect, to another pod
+            raise
         finally:
             for pump in pumps:
                 pump.cancel()  # nothing to a finished one
@@ -143,21 +156,48 @@ class WebSocketRelay:
                 except (aiohttp.ClientError, ConnectionError, RuntimeError) as error:  # a side that broke
                     log.info("websocket relay to %s ended: %s", upstream, error)
             self.metrics.websockets_open.dec()
+            self.sessions.discard(session)
             # the close each side sent goes on to the other, also when the handler is cancelled as the
             # client's connection closes (aiohttp's handler cancellation) before its pump passed it on
             if not up.closed:
-                await up.close(code=sendable(client.close_code))
+                await up.close(code=sendable(client.close_code, unsaid))
             if not client.closed:
-                await client.close(code=sendable(up.close_code))
+                await client.close(code=sendable(up.close_code, unsaid))
         return client
+
+    async def going_away(self) -> None:
+        """End every open session with 1001 (going away) on both sides, the gate stopping: a realtime
+        client reconnects, to another pod, and the engine ends its side."""
+        sessions = list(self.sessions)
+        if not sessions:
+            return
+        log.info("gate stopping: ending %d WebSocket session(s)", len(sessions))
+        away = aiohttp.WSCloseCode.GOING_AWAY
+        for session in sessions:
+            session.ending = away  # the pumps pass on this code, not what either side answers it with
+        sides = [side for session in sessions for side in (session.client, session.up)]
+        await asyncio.gather(
+            *(side.close(code=away, message=b"the gate is stopping") for side in sides),
+            return_exceptions=True,
+        )
+
+
+@dataclass(eq=False)
+class Session:
+    """One relayed session: its two sides, and the code the gate ends it with itself (at its stop)."""
+
+    client: web.WebSocketResponse
+    up: aiohttp.ClientWebSocketResponse
+    ending: int | None = None
 
 
 Socket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
 
 
-async def _pump(source: Socket, sink: Socket) -> None:
+async def _pump(source: Socket, sink: Socket, session: Session) -> None:
     """Every message of ``source`` to ``sink`` as it came, until ``source`` closes; then close ``sink``
-    with ``source``'s code (a normal close when it gave none)."""
+    with ``source``'s code (a normal close when it gave none), or the gate's own where it ends the
+    session."""
     async for msg in source:
         if msg.type is WSMsgType.TEXT:
             await sink.send_str(msg.data)
@@ -167,16 +207,17 @@ async def _pump(source: Socket, sink: Socket) -> None:
             log.info("websocket relay: %s", source.exception())
             break
     if not sink.closed:
-        await sink.close(code=sendable(source.close_code))
+        await sink.close(code=session.ending or sendable(source.close_code))
 
 
 #: Close codes that say how a connection ended and may not be sent in a close frame (RFC 6455 7.4.1).
 UNSENDABLE = frozenset({1005, 1006, 1015})
 
 
-def sendable(code: int | None) -> int:
-    """The code to close the other side with: ``code``, a normal close where there was none, and going
-    away for one that may not be sent (the connection broke, or closed without a code)."""
+def sendable(code: int | None, unsaid: int = aiohttp.WSCloseCode.OK) -> int:
+    """The code to close the other side with: ``code``, ``unsaid`` where there was none (a normal close,
+    or going away when the gate itself ends the session), and going away for one that may not be sent
+    (the connection broke, or closed without a code)."""
     if code is None:
-        return int(aiohttp.WSCloseCode.OK)
+        return int(unsaid)
     return int(aiohttp.WSCloseCode.GOING_AWAY) if code in UNSENDABLE else code

@@ -217,3 +217,23 @@ async def _gate(upstreams: dict[str, str]) -> AsyncIterator[tuple[str, Collector
         yield f"http://127.0.0.1:{port}", registry
     finally:
         await gate.stop()
+
+
+async def test_a_stop_ends_open_sessions_as_going_away(upstream: tuple[Realtime, str]) -> None:
+    """At a stop the gate drains for ``drain_s``; a session still open then is ended with 1001 (going away)
+    on both sides, so a realtime client reconnects, to another pod, rather than take it as done."""
+    served, url = upstream
+    async with (
+        gate_for(url, drain_s=0.2) as (gate, base, registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+        client.ws_connect(f"{base}/v1/realtime") as ws,
+    ):
+        await ws.send_str("hi")
+        assert await ws.receive_str(timeout=TIMEOUT) == "hi"
+        draining = asyncio.create_task(gate.drain())
+        msg = await ws.receive(timeout=TIMEOUT)
+        assert msg.type is aiohttp.WSMsgType.CLOSE and msg.data == 1001
+        await asyncio.wait_for(draining, TIMEOUT)
+        await asyncio.wait_for(served.ended.wait(), TIMEOUT)
+        assert _open(registry) == 0
+    assert served.closed_with == [1001]

@@ -12,7 +12,9 @@ status, as does the split's pick's when no upstream took it.
 A session is one request of its business line: it takes one from the line's request bucket before the
 handshake (429 with ``Retry-After`` when the line is over its rate). It holds no in-flight slot: it is
 open for minutes while the engine works on its audio only now and then. ``servepilot_gate_websockets``
-counts the sessions open now, ``servepilot_gate_websocket_sessions_total{upstream}`` those relayed.
+counts the sessions open now, ``servepilot_gate_websocket_sessions_total{upstream}`` those relayed. At
+the gate's stop, sessions still open near the end of its drain are ended with 1001 (going away) on both
+sides (:meth:`WebSocketRelay.going_away`), so their clients reconnect to another pod.
 """
 
 from __future__ import annotations
@@ -52,21 +54,21 @@ def is_websocket(request: web.Request) -> bool:
 class WebSocketRelay:
     """Relays WebSocket sessions to the first upstream of the split that takes the handshake.
 
-    ``session`` gives the gate's upstream session (opened at the gate's start); ``auth`` the engine's
+    ``http`` gives the gate's upstream session (opened at the gate's start); ``auth`` the engine's
     key headers (``gate.upstream_api_key_file``); ``pick`` a number in [0, 1) for the split."""
 
     def __init__(
         self,
         pool: UpstreamPool,
         metrics: GateMetrics,
-        session: Callable[[], aiohttp.ClientSession | None],
+        http: Callable[[], aiohttp.ClientSession | None],
         auth: dict[str, str],
         pick: Callable[[], float],
         max_msg_bytes: int,
     ) -> None:
         self.pool = pool
         self.metrics = metrics
-        self._session = session
+        self._http = http
         self.auth = auth
         self._pick = pick
         self.max_msg_bytes = max_msg_bytes
@@ -74,8 +76,8 @@ class WebSocketRelay:
         self.sessions: set[Session] = set()
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
-        session = self._session()
-        assert session is not None, "Gate.start() was not called"
+        http = self._http()
+        assert http is not None, "Gate.start() was not called"
         headers = forward_headers(request.headers)
         for name in list(headers):
             if name.lower() in HANDSHAKE:
@@ -91,7 +93,7 @@ class WebSocketRelay:
         for upstream in self.pool.candidates(self._pick()):
             url = upstream.url + request.rel_url.path_qs
             try:
-                up = await session.ws_connect(
+                up = await http.ws_connect(
                     url,
                     headers=headers,
                     protocols=protocols,

@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 ASK_NEXT = frozenset({404, 405, 501, 502, 503, 504})
 #: How long the second side of a session may take to close once the first did.
 CLOSE_TIMEOUT_S = 5.0
+#: A ping to each side this often; one not answered within half of it ends the session. A client gone
+#: without closing (a phone off the network, a NAT that forgot the connection) would otherwise hold its
+#: session, and the engine's, for as long as the gate runs.
+HEARTBEAT_S = 30.0
 
 #: The handshake's own headers: aiohttp writes the upstream handshake's afresh.
 HANDSHAKE = frozenset(
@@ -99,6 +103,7 @@ class WebSocketRelay:
                     protocols=protocols,
                     max_msg_size=self.max_msg_bytes,
                     autoping=True,
+                    heartbeat=HEARTBEAT_S,
                 )
             except aiohttp.WSServerHandshakeError as refused:  # it answered, and not with a session
                 refusals.append((upstream.name, refused.status))
@@ -126,7 +131,10 @@ class WebSocketRelay:
         self, request: web.Request, up: aiohttp.ClientWebSocketResponse, upstream: str
     ) -> web.WebSocketResponse:
         client = web.WebSocketResponse(
-            protocols=(up.protocol,) if up.protocol else (), max_msg_size=self.max_msg_bytes, autoping=True
+            protocols=(up.protocol,) if up.protocol else (),
+            max_msg_size=self.max_msg_bytes,
+            autoping=True,
+            heartbeat=HEARTBEAT_S,
         )
         await client.prepare(request)
         self.metrics.websocket_sessions.labels(upstream).inc()

@@ -15,6 +15,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from agent.config import GateConfig, GateLineConfig
+from agent.gate import websockets
 from agent.gate.proxy import Gate
 from agent.gate.websockets import sendable
 from tests.engines.client import gate_for
@@ -237,3 +238,25 @@ async def test_a_stop_ends_open_sessions_as_going_away(upstream: tuple[Realtime,
         await asyncio.wait_for(served.ended.wait(), TIMEOUT)
         assert _open(registry) == 0
     assert served.closed_with == [1001]
+
+
+async def test_a_client_gone_silent_is_ended_by_the_heartbeat(
+    upstream: tuple[Realtime, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that stops answering pings (gone without a close: off the network) is ended after the
+    heartbeat, and the engine's side with it, rather than held open for as long as the gate runs."""
+    monkeypatch.setattr(websockets, "HEARTBEAT_S", 0.1)
+    served, url = upstream
+    async with (
+        gate_for(url) as (_, base, registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+        client.ws_connect(f"{base}/v1/realtime", autoping=False) as ws,  # reads nothing, answers no ping
+    ):
+        await asyncio.wait_for(served.ended.wait(), TIMEOUT)
+        for _ in range(100):
+            if _open(registry) == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert _open(registry) == 0
+        del ws
+    assert served.closed_with == [1001]  # going away: the gate ended it, the client said nothing

@@ -167,6 +167,8 @@ class GateMetrics:
             self.role.labels(name, "other").set(1)
             self.ejected.labels(name)
             self.resent.labels(name)
+            self.usage_refused.labels(name)  # 0 from the start: a panel or rule sees no gap
+            self.websocket_sessions.labels(name)
             for status in statuses:  # at 0 from the start, so increase() sees the first retry
                 self.retried.labels(name, status)
 

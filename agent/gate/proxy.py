@@ -184,6 +184,7 @@ class Gate:
             self.forwarder.auth,
             self._rng.random,
             cfg.max_body_bytes,
+            self._count_realtime,
         )
         self.app = web.Application(client_max_size=cfg.max_body_bytes)
         self.app.router.add_route("*", "/{tail:.*}", self._handle)
@@ -633,13 +634,23 @@ class Gate:
     async def _websocket(self, request: web.Request, keyed: str | None, arrived: float) -> web.StreamResponse:
         """A WebSocket session: one request of its line (429 when the line is over its rate), then
         relayed to an upstream that takes its handshake."""
-        limiter = self.lines.get(keyed or self.resolver.named_line(request.headers), arrived)
+        line = keyed or self.resolver.named_line(request.headers)
+        limiter = self.lines.get(line, arrived)
         verdict = limiter.admit(0.0, arrived)
         if not verdict.granted:
             self.metrics.refused.labels(limiter.name, verdict.limit).inc()
             reason, wait_s = verdict.reason, verdict.retry_after_s
             return json_error(429, reason, "rate_limit_error", "rate_limit_exceeded", wait_s)
-        return await self.websockets(request)
+        return await self.websockets(request, line)
+
+    def _count_realtime(self, line: str, usage: tuple[float, float]) -> None:
+        """An utterance of a realtime session: its tokens counted for its line, and taken from the line's
+        token budget (into debt, as any answer's beyond its charge: its next requests wait)."""
+        prompt, output = usage
+        self.stats.tokens.labels(line, "prompt").inc(prompt)
+        self.stats.tokens.labels(line, "output").inc(output)
+        now = self.clock()
+        self.lines.get(line, now).settle(0.0, prompt + output, now)
 
     def _refund(self, limiter: LineLimiter, est_tokens: float, record: RequestRecord) -> None:
         """Give back what the line's buckets were charged for a request the gate then did not serve, and

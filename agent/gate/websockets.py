@@ -11,7 +11,9 @@ status, as does the split's pick's when no upstream took it.
 
 A session is one request of its business line: it takes one from the line's request bucket before the
 handshake (429 with ``Retry-After`` when the line is over its rate). It holds no in-flight slot: it is
-open for minutes while the engine works on its audio only now and then. ``servepilot_gate_websockets``
+open for minutes while the engine works on its audio only now and then. The tokens of each utterance,
+as vLLM's ``transcription.done`` event says them, count toward the line's ``servepilot_gate_tokens_total``
+and are taken from its token budget. ``servepilot_gate_websockets``
 counts the sessions open now, ``servepilot_gate_websocket_sessions_total{upstream}`` those relayed. At
 the gate's stop, sessions still open near the end of its drain are ended with 1001 (going away) on both
 sides (:meth:`WebSocketRelay.going_away`), so their clients reconnect to another pod.
@@ -29,6 +31,7 @@ from aiohttp import WSMsgType, web
 
 from agent.gate.access_log import FORWARDED_FOR
 from agent.gate.metrics import GateMetrics
+from agent.gate.openai import usage_from_json
 from agent.gate.relay import forward_headers, json_error
 from agent.gate.upstreams import UpstreamPool
 
@@ -39,6 +42,9 @@ log = logging.getLogger(__name__)
 ASK_NEXT = frozenset({404, 405, 501, 502, 503, 504})
 #: How long the second side of a session may take to close once the first did.
 CLOSE_TIMEOUT_S = 5.0
+#: What marks the engine's message with an utterance's usage (vLLM's realtime ``transcription.done``;
+#: pydantic writes it without spaces).
+USAGE_DONE = '"type":"transcription.done"'
 #: A ping to each side this often; one not answered within half of it ends the session. A client gone
 #: without closing (a phone off the network, a NAT that forgot the connection) would otherwise hold its
 #: session, and the engine's, for as long as the gate runs.
@@ -69,6 +75,7 @@ class WebSocketRelay:
         auth: dict[str, str],
         pick: Callable[[], float],
         max_msg_bytes: int,
+        counted: Callable[[str, tuple[float, float]], None] | None = None,
     ) -> None:
         self.pool = pool
         self.metrics = metrics
@@ -76,10 +83,13 @@ class WebSocketRelay:
         self.auth = auth
         self._pick = pick
         self.max_msg_bytes = max_msg_bytes
+        #: called with a session's line and each utterance's (prompt, output) tokens
+        self.counted = counted
         #: the sessions open now
         self.sessions: set[Session] = set()
 
-    async def __call__(self, request: web.Request) -> web.StreamResponse:
+    async def __call__(self, request: web.Request, line: str = "") -> web.StreamResponse:
+        """Relay ``request``'s session; ``line``: its business line, whose tokens it counts."""
         http = self._http()
         assert http is not None, "Gate.start() was not called"
         headers = forward_headers(request.headers)
@@ -116,7 +126,7 @@ class WebSocketRelay:
                 errors.append(f"{upstream.name}: {type(error).__name__}")
                 continue
             try:
-                return await self._relay(request, up, upstream.name)
+                return await self._relay(request, up, upstream.name, line)
             finally:
                 await up.close()
         if refusals:  # the split's pick's answer, naming every upstream's
@@ -128,7 +138,7 @@ class WebSocketRelay:
         return json_error(502, message, "upstream_error", "bad_gateway")
 
     async def _relay(
-        self, request: web.Request, up: aiohttp.ClientWebSocketResponse, upstream: str
+        self, request: web.Request, up: aiohttp.ClientWebSocketResponse, upstream: str, line: str
     ) -> web.WebSocketResponse:
         client = web.WebSocketResponse(
             protocols=(up.protocol,) if up.protocol else (),
@@ -143,7 +153,7 @@ class WebSocketRelay:
         self.sessions.add(session)
         pumps = (
             asyncio.create_task(_pump(client, up, session)),
-            asyncio.create_task(_pump(up, client, session)),
+            asyncio.create_task(_pump(up, client, session, self._usage_of(line))),
         )
         # neither side gave a code: the gate itself ends the session (its drain at a stop cancels this)
         unsaid = aiohttp.WSCloseCode.OK
@@ -175,6 +185,21 @@ class WebSocketRelay:
                 await client.close(code=sendable(up.close_code, unsaid))
         return client
 
+    def _usage_of(self, line: str) -> Callable[[str], None] | None:
+        """What reads the engine's text messages for ``line``'s tokens: vLLM's realtime API says an
+        utterance's usage in its ``transcription.done`` event."""
+        counted = self.counted
+        if counted is None:
+            return None
+
+        def read(text: str) -> None:
+            if USAGE_DONE in text:
+                usage = usage_from_json(text.encode())
+                if usage is not None:
+                    counted(line, usage)
+
+        return read
+
     async def going_away(self) -> None:
         """End every open session with 1001 (going away) on both sides, the gate stopping: a realtime
         client reconnects, to another pod, and the engine ends its side."""
@@ -204,13 +229,17 @@ class Session:
 Socket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
 
 
-async def _pump(source: Socket, sink: Socket, session: Session) -> None:
+async def _pump(
+    source: Socket, sink: Socket, session: Session, read: Callable[[str], None] | None = None
+) -> None:
     """Every message of ``source`` to ``sink`` as it came, until ``source`` closes; then close ``sink``
     with ``source``'s code (a normal close when it gave none), or the gate's own where it ends the
-    session."""
+    session. ``read`` sees each text message once it is passed on."""
     async for msg in source:
         if msg.type is WSMsgType.TEXT:
             await sink.send_str(msg.data)
+            if read is not None:
+                read(msg.data)
         elif msg.type is WSMsgType.BINARY:
             await sink.send_bytes(msg.data)
         elif msg.type is WSMsgType.ERROR:

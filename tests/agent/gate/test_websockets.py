@@ -22,6 +22,11 @@ from tests.engines.client import gate_for
 from tests.loopback import serve
 
 TIMEOUT = 5.0
+#: vLLM 0.32's realtime ``transcription.done``, as its pydantic model writes it (protocol.py, installed here)
+DONE = (
+    '{"type":"transcription.done","text":"hello there","usage":{"prompt_tokens":120,"total_tokens":125,'
+    '"completion_tokens":5,"prompt_tokens_details":null}}'
+)
 
 
 class Realtime:
@@ -41,6 +46,8 @@ class Realtime:
         async for msg in ws:
             if msg.type is aiohttp.WSMsgType.TEXT and msg.data.startswith("close "):
                 await ws.close(code=int(msg.data.split()[1]))
+            elif msg.type is aiohttp.WSMsgType.TEXT and msg.data == "commit":
+                await ws.send_str(DONE)
             elif msg.type is aiohttp.WSMsgType.TEXT:
                 await ws.send_str(msg.data)
             elif msg.type is aiohttp.WSMsgType.BINARY:
@@ -260,3 +267,32 @@ async def test_a_client_gone_silent_is_ended_by_the_heartbeat(
         assert _open(registry) == 0
         del ws
     assert served.closed_with == [1001]  # going away: the gate ended it, the client said nothing
+
+
+async def test_an_utterances_tokens_count_for_its_line_and_come_out_of_its_budget(
+    upstream: tuple[Realtime, str],
+) -> None:
+    """The engine's ``transcription.done`` says an utterance's usage: it reaches the client as it came,
+    its tokens count for the session's line, and they are taken from the line's token budget (100 a
+    minute here): the line's next request finds it in debt and is refused for its token rate."""
+    _, url = upstream
+    lines = {"voice": GateLineConfig(requests_per_min=60, burst_ratio=1.0, tokens_per_min=100)}
+    headers = {"x-servepilot-line": "voice"}
+    async with (
+        gate_for(url, lines=lines) as (_, base, registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+    ):
+        async with client.ws_connect(f"{base}/v1/realtime", headers=headers) as ws:
+            await ws.send_str("commit")
+            assert await ws.receive_str(timeout=TIMEOUT) == DONE
+        body = {"model": "m", "prompt": "hi", "max_tokens": 1}
+        async with client.post(f"{base}/v1/completions", json=body, headers=headers) as resp:
+            assert resp.status == 429
+        tokens = {
+            kind: registry.get_sample_value("servepilot_gate_tokens_total", {"line": "voice", "kind": kind})
+            for kind in ("prompt", "output")
+        }
+        refused = registry.get_sample_value(
+            "servepilot_gate_refused_total", {"line": "voice", "reason": "token_rate"}
+        )
+    assert tokens == {"prompt": 120, "output": 5} and refused == 1

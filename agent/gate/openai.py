@@ -373,7 +373,7 @@ STREAM_ERROR = b'data: {"error"'
 """What starts an error event in a stream: a failure after the answer's 200 went, which can only be
 said in the stream. vLLM 0.32 writes ``{"error": {"message", "type", "param", "code"}}`` and then
 ``[DONE]`` (its ``create_streaming_error_response``; the gate's own for a hung upstream has the same
-shape); SGLang, and vLLM before 0.10, write ``{"error": {"object": "error", ...}}`` with ``json.dumps``'s
+shape); SGLang, and older vLLM releases, write ``{"error": {"object": "error", ...}}`` with ``json.dumps``'s
 spaces, which starts the same way. Generated text cannot forge it: an event's own JSON starts there,
 where text is a string."""
 

@@ -78,7 +78,7 @@ async def test_an_answer_that_failed_mid_stream_is_a_failed_answer(
         (_vllm_error(500) + b"data: [DONE]\n\n", 500),
         (_vllm_error(503), 503),
         # SGLang's (serving_base.create_streaming_error_response: json.dumps of {"error": ErrorResponse}),
-        # as vLLM before 0.10 wrote it too: spaced, with the ErrorResponse's "object" inside
+        # as older vLLM releases wrote it too: spaced, with the ErrorResponse's "object" inside
         (
             b'data: {"error": {"object": "error", "message": "Invalid request", "type": "BadRequestError", '
             b'"param": null, "code": 400}}\n\ndata: [DONE]\n\n',

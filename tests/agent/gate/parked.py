@@ -85,6 +85,16 @@ class Stepped(ParkedEngine):
         return resp
 
 
+class ParkedCompletions(ParkedEngine):
+    """``/v1/completions`` answered with a one-word JSON completion once ``go`` is set."""
+
+    path = "/v1/completions"
+
+    async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        await self.go.wait()
+        return web.json_response({"choices": [{"text": "ok"}]})
+
+
 E = TypeVar("E", bound=ParkedEngine)
 
 

@@ -9,27 +9,18 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from agent.config import GateLineConfig
-from tests.agent.gate.parked import ParkedEngine, serving
+from tests.agent.gate.parked import ParkedCompletions, serving
 from tests.engines.client import gate_for
 
 TIMEOUT = 5.0
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 3}
 
 
-class Held(ParkedEngine):
-    path = "/v1/completions"
-
-    async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-        await self.go.wait()
-        return web.json_response({"choices": [{"text": "ok"}]})
-
-
 @pytest.fixture
-async def engine() -> AsyncIterator[Held]:
-    async for served in serving(Held()):
+async def engine() -> AsyncIterator[ParkedCompletions]:
+    async for served in serving(ParkedCompletions()):
         yield served
 
 
@@ -38,7 +29,9 @@ def _held(registry: Any) -> tuple[float, float]:
     return count, registry.get_sample_value("servepilot_gate_held_seconds_sum")
 
 
-async def test_the_time_held_leaves_out_the_queue_wait_and_counts_only_requests_sent(engine: Held) -> None:
+async def test_the_time_held_leaves_out_the_queue_wait_and_counts_only_requests_sent(
+    engine: ParkedCompletions,
+) -> None:
     """Two requests through a gate of one slot: the second waits in the queue while the engine holds the
     first (at least 0.2 s), yet neither was held by the gate itself for more than a fraction of that. A
     request refused by its line's bucket never went upstream: not counted."""

@@ -9,11 +9,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from agent.config import GateConfig
 from agent.gate.line_slots import LineSlots, line_cap
-from tests.agent.gate.parked import ParkedEngine, serving
+from tests.agent.gate.parked import ParkedCompletions, serving
 from tests.engines.client import ONE_AT_A_TIME, gate_for
 
 TIMEOUT = 5.0
@@ -21,17 +20,9 @@ BATCH = {"x-servepilot-line": "batch"}
 CHAT = {"x-servepilot-line": "chat"}
 
 
-class Completions(ParkedEngine):
-    path = "/v1/completions"
-
-    async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-        await self.go.wait()
-        return web.json_response({"choices": [{"text": "ok"}]})
-
-
 @pytest.fixture
-async def upstream() -> AsyncIterator[Completions]:
-    async for engine in serving(Completions()):
+async def upstream() -> AsyncIterator[ParkedCompletions]:
+    async for engine in serving(ParkedCompletions()):
         yield engine
 
 
@@ -54,7 +45,7 @@ def test_the_cap_is_the_share_of_the_limit_rounded_down_and_never_zero() -> None
 
 @pytest.mark.parametrize("share", [0.5, None])
 async def test_a_line_at_its_share_waits_in_its_own_queue_and_the_others_pass(
-    upstream: Completions, share: float | None
+    upstream: ParkedCompletions, share: float | None
 ) -> None:
     body = {"model": "m", "prompt": "hello", "max_tokens": 3}
     settings = {**ONE_AT_A_TIME, "max_in_flight": 4}
@@ -86,7 +77,7 @@ async def test_a_line_at_its_share_waits_in_its_own_queue_and_the_others_pass(
 
 
 async def test_a_line_that_waits_past_the_deadline_for_its_share_gets_a_503_naming_it(
-    upstream: Completions,
+    upstream: ParkedCompletions,
 ) -> None:
     body = {"model": "m", "prompt": "hello", "max_tokens": 3}
     settings = {**ONE_AT_A_TIME, "max_in_flight": 2}
@@ -109,7 +100,9 @@ async def test_a_line_that_waits_past_the_deadline_for_its_share_gets_a_503_nami
     assert gate.line_slots.held == {}
 
 
-async def test_a_client_that_leaves_while_its_line_is_full_frees_its_place(upstream: Completions) -> None:
+async def test_a_client_that_leaves_while_its_line_is_full_frees_its_place(
+    upstream: ParkedCompletions,
+) -> None:
     body = {"model": "m", "prompt": "hello", "max_tokens": 3}
     settings = {**ONE_AT_A_TIME, "max_in_flight": 2}
     async with (
@@ -131,7 +124,7 @@ async def test_a_client_that_leaves_while_its_line_is_full_frees_its_place(upstr
     assert gate.line_slots.held == {}
 
 
-async def test_a_raised_limit_hands_the_line_its_new_slots_at_once(upstream: Completions) -> None:
+async def test_a_raised_limit_hands_the_line_its_new_slots_at_once(upstream: ParkedCompletions) -> None:
     body = {"model": "m", "prompt": "hello", "max_tokens": 3}
     settings = {**ONE_AT_A_TIME, "max_in_flight": 2}
     async with (
@@ -167,7 +160,9 @@ async def test_slots_go_to_the_line_s_waiters_first_come_first_served() -> None:
     assert order == [0, 1, 2, 3] and slots.held == {} and slots.waiting("a") == 0
 
 
-async def test_a_share_given_by_a_reload_caps_the_line_from_its_next_request(upstream: Completions) -> None:
+async def test_a_share_given_by_a_reload_caps_the_line_from_its_next_request(
+    upstream: ParkedCompletions,
+) -> None:
     body = {"model": "m", "prompt": "hello", "max_tokens": 3}
     settings = {**ONE_AT_A_TIME, "max_in_flight": 4}
     async with (

@@ -11,27 +11,18 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from agent.config import GateLineConfig
-from tests.agent.gate.parked import ParkedEngine, serving
+from tests.agent.gate.parked import ParkedCompletions, serving
 from tests.engines.client import ONE_AT_A_TIME, gate_for
 
 TIMEOUT = 5.0
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 3}
 
 
-class Parked(ParkedEngine):
-    path = "/v1/completions"
-
-    async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-        await self.go.wait()
-        return web.json_response({"choices": [{"text": "ok"}]})
-
-
 @pytest.fixture
-async def engine() -> AsyncIterator[Parked]:
-    async for served in serving(Parked()):
+async def engine() -> AsyncIterator[ParkedCompletions]:
+    async for served in serving(ParkedCompletions()):
         yield served
 
 
@@ -45,7 +36,7 @@ def _refused(registry: Any, line: str, reason: str) -> float | None:
     return registry.get_sample_value("servepilot_gate_refused_total", {"line": line, "reason": reason})
 
 
-async def test_a_lines_buckets_say_which_of_them_refused(engine: Parked) -> None:
+async def test_a_lines_buckets_say_which_of_them_refused(engine: ParkedCompletions) -> None:
     engine.go.set()
     lines = {
         "slow": GateLineConfig(requests_per_min=1, burst_ratio=1.0),
@@ -72,7 +63,7 @@ async def test_a_lines_buckets_say_which_of_them_refused(engine: Parked) -> None
     )
 
 
-async def test_the_queue_says_full_shed_or_timed_out(engine: Parked) -> None:
+async def test_the_queue_says_full_shed_or_timed_out(engine: ParkedCompletions) -> None:
     """One slot, a queue of one: a low request waits; a second low finds the queue full; a high one
     sheds the waiting low; and the high one, still without a slot at the deadline, times out."""
     settings = {**ONE_AT_A_TIME, "queue_size": 1, "max_queue_wait_s": 0.3}

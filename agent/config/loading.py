@@ -80,7 +80,13 @@ def _describe(error: ValidationError) -> ConfigError:
             return ConfigError(field, f"must be in {bounds[0]}, {bounds[1]}, got {format_value(value)}")
     if kind == "literal_error":
         expected = first.get("ctx", {}).get("expected", "")
-        return ConfigError(field, f"must be one of {expected}, got {format_value(value)}")
+        # YAML 1.1 turns an unquoted on/off/yes/no into a boolean, which no choice field holds
+        hint = (
+            " (YAML reads an unquoted on/off/yes/no as a boolean: quote the word)"
+            if isinstance(value, bool)
+            else ""
+        )
+        return ConfigError(field, f"must be one of {expected}, got {format_value(value)}{hint}")
     message = first["msg"].removeprefix("Value error, ")
     last = str(loc[-1]) if loc else ""
     if last and message.startswith(last + "."):  # a rule that names a part of its field (schedule.timezone)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from agent.config.base import GpuIndices, HttpUrl, Section
+from agent.config.base import GpuIndices, HttpUrl, OffMeansOff, Section
 
 
 class EngineConfig(Section):
@@ -51,7 +51,9 @@ class EngineConfig(Section):
 class NvmlConfig(Section):
     """GPU telemetry. ``backend`` is chosen explicitly: there is no silent fallback to a fake."""
 
-    backend: Literal["nvml", "simulated", "off"] = Field("nvml", description="real NVML, simulator, or off")
+    backend: Annotated[Literal["nvml", "simulated", "off"], OffMeansOff] = Field(
+        "nvml", description="real NVML, simulator, or off"
+    )
     sample_interval_s: float = Field(0.1, ge=0.01, le=10, description="NVML sampling period")
     process_interval_s: float = Field(
         1.0, ge=1.0, le=60, description="per-process memory period (>= 1 s: takes the driver lock)"

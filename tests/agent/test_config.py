@@ -221,3 +221,24 @@ def test_a_class_slo_fills_an_unset_target_from_the_policies_own() -> None:
     )
     assert config.priority_targets(cfg.policies) == {"low": (30.0, 0.1)}
     assert config.priority_targets(config.build({}).policies) == {}
+
+
+def test_an_unquoted_off_in_yaml_means_off_in_a_file_and_an_environment_override(tmp_path: Path) -> None:
+    # YAML 1.1 reads `off` as false; both choice fields that offer "off" were refused with "got False"
+    path = tmp_path / "sidecar.yaml"
+    path.write_text("nvml:\n  backend: off\nactuators:\n  gpu: off\n", encoding="utf-8")
+    cfg = config.load(path, {})
+    assert (cfg.nvml.backend, cfg.actuators.gpu) == ("off", "off")
+    path.write_text("nvml:\n  backend: simulated\n", encoding="utf-8")
+    assert config.load(path, {"SERVEPILOT_NVML__BACKEND": "off"}).nvml.backend == "off"
+
+
+def test_a_yaml_boolean_in_a_choice_field_is_refused_with_the_quoting_hint(tmp_path: Path) -> None:
+    path = tmp_path / "sidecar.yaml"
+    path.write_text("nvml:\n  backend: on\n", encoding="utf-8")  # true, not a choice; not taken as "nvml"
+    with pytest.raises(config.ConfigError) as caught:
+        config.load(path, {})
+    assert str(caught.value) == (
+        "nvml.backend must be one of 'nvml', 'simulated' or 'off', got True "
+        "(YAML reads an unquoted on/off/yes/no as a boolean: quote the word)"
+    )

@@ -760,15 +760,16 @@ class Gate:
     def _settle(self, record: RequestRecord, now: float) -> None:
         """Replace the estimate its line's token budget was charged at admission by what the answer used:
         its prompt and output tokens as the engine counted them (or a stream's token events; for a client
-        that left mid-stream, those relayed until then, as the engine aborts it), or nothing for an answer
-        the engine refused (4xx). A line whose clients ask for ``max_tokens`` far above what they get was
-        held to a fraction of its budget; a request without ``max_tokens`` was charged its prompt alone,
-        whatever it generated. A client that left while queued pays nothing. A failed answer, a JSON
+        that left mid-stream, those relayed until then, as the engine aborts it), or nothing for a request
+        no engine worked on (:attr:`RequestRecord.unprocessed`: left while queued, or refused before its
+        first token). A line whose clients ask for ``max_tokens`` far above what they get was held to a
+        fraction of its budget; a request without ``max_tokens`` was charged its prompt alone, whatever it
+        generated. A failed answer, a JSON
         answer without usage, or one whose client left while the engine worked on it keeps its charge:
         what it used is not known."""
         if record.outcome in ("ok", "disconnected") and record.counted:
             used = record.prompt_tokens + record.output_tokens
-        elif record.outcome == "client_error" or not record.admitted:  # refused, or left while queued
+        elif record.unprocessed:
             used = 0.0
         else:
             return

@@ -121,6 +121,14 @@ class RequestRecord:
         """Past the gate's queues, on its way to an upstream (its engine class is set then)."""
         return bool(self.engine_class)
 
+    @property
+    def unprocessed(self) -> bool:
+        """No engine worked on it: it left while queued in the gate, or the engine refused it before its
+        first token (4xx: a prompt too long, a model it does not serve). Its prompt was never processed,
+        so it uses none of its line's token budget and adds none to ``servepilot_gate_tokens_total``. (A
+        stream that ends in a 4xx error event after tokens is a failed answer: the engine did work.)"""
+        return not self.admitted or (self.outcome == "client_error" and not self.output_tokens)
+
 
 def whole_answer_budget(slo: tuple[float, float], tokens: float) -> float:
     """The latest an answer of ``tokens`` tokens in one piece may come within ``slo`` (TTFT, mean ITL):
@@ -319,8 +327,9 @@ class GateStats:
         self.queue_wait.labels(rec.priority).observe(rec.queue_wait_s, exemplar)
         if rec.held_s is not None:
             self.held.observe(rec.held_s, exemplar)
-        self.tokens.labels(rec.line, "prompt").inc(rec.prompt_tokens)
-        self.tokens.labels(rec.line, "output").inc(rec.output_tokens)
+        if not rec.unprocessed:  # an estimate of a prompt no engine read is no token relayed
+            self.tokens.labels(rec.line, "prompt").inc(rec.prompt_tokens)
+            self.tokens.labels(rec.line, "output").inc(rec.output_tokens)
         self._win[(bucket, "done")].add(now, 1.0)
         if rec.outcome != "ok":
             return

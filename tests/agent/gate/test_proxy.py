@@ -493,6 +493,31 @@ async def test_a_request_for_several_sequences_takes_as_many_of_the_limit(
         await gate.stop()
 
 
+async def test_a_prompt_the_engine_refused_adds_no_tokens(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """A 400 (a prompt past the context: real vLLM answers so before any work) processed no token.
+    Until 2026-12-06 the counter took the gate's estimate of its prompt: 20 such prompts of 5,000 words
+    sent to vLLM counted 50,000 prompt tokens for their line, while its token budget charged none."""
+    registry = CollectorRegistry()
+    cfg = GateConfig(enabled=True, upstreams={"primary": upstream.url}, health_interval_s=600)
+    gate = Gate(cfg, registry)
+    await gate.start("127.0.0.1", 0)
+    try:
+        upstream.fail_status = 400
+        resp = await _post(client, gate, {**_body(), "prompt": "word " * 5000})
+        assert resp.status == 400
+        outcome = {"line": "default", "priority": "normal", "outcome": "client_error"}
+        assert registry.get_sample_value("servepilot_gate_requests_total", outcome) == 1
+        prompt = {"line": "default", "kind": "prompt"}
+        assert not registry.get_sample_value("servepilot_gate_tokens_total", prompt)
+        upstream.fail_status = 0
+        await (await _post(client, gate, _body())).read()
+        assert registry.get_sample_value("servepilot_gate_tokens_total", prompt) == 7  # its usage's
+    finally:
+        await gate.stop()
+
+
 async def test_usage_of_a_plain_response_lands_in_the_token_counter(
     upstream: Upstream, client: aiohttp.ClientSession
 ) -> None:

@@ -24,6 +24,7 @@ def _record(prompt: float, ttft: float, **kw: object) -> RequestRecord:
     rec = RequestRecord(
         "default", "normal", "/v1/completions", prompt, arrived=0.0, ttft_s=ttft, e2e_s=ttft * 4
     )
+    rec.engine_class = "normal"  # admitted: an answer's record
     for key, value in kw.items():
         setattr(rec, key, value)
     return rec
@@ -118,3 +119,21 @@ def test_a_batch_is_bucketed_by_the_length_of_one_of_its_prompts() -> None:
     assert registry.get_sample_value("servepilot_gate_ttft_seconds_count", {"bucket": "le4k"}) is None
     prompt = registry.get_sample_value("servepilot_gate_tokens_total", {"line": "default", "kind": "prompt"})
     assert prompt == 3200  # the token count is the whole batch's
+
+
+def test_a_request_no_engine_worked_on_counts_no_tokens() -> None:
+    """Left while queued (never admitted) or refused by the engine before a token: the gate's prompt
+    estimate is no token relayed. A stream that failed with a 4xx event after tokens did cost the engine."""
+    registry = CollectorRegistry()
+    stats = GateStats(registry, LengthBuckets(), window_s=60, start=0.0)
+    queued = _record(900, ttft=0.0, outcome="disconnected", engine_class="")
+    refused = _record(5000, ttft=0.0, outcome="client_error")
+    failed_late = _record(40, ttft=0.1, outcome="client_error", output_tokens=3.0)
+    assert queued.unprocessed and refused.unprocessed and not failed_late.unprocessed
+    for rec in (queued, refused, failed_late):
+        stats.record(rec, now=1.0)
+    tokens = {
+        kind: registry.get_sample_value("servepilot_gate_tokens_total", {"line": "default", "kind": kind})
+        for kind in ("prompt", "output")
+    }
+    assert tokens == {"prompt": 40, "output": 3}

@@ -323,7 +323,8 @@ def overview() -> dashboard.Dashboard:
                 "asks for more than the pod serves (ServepilotGateShedsHighPriority, docs/alerts.md). "
                 "And those without a valid API key, where gate.require_api_key asks for one (401). By "
                 "business line and why: request_rate or token_rate (its buckets), queue_full, shed, "
-                "queue_timeout, line_share_full.",
+                "queue_timeout, line_share_full; and what it could not read: request_too_large, "
+                "unsupported_content_encoding, bad_request (a client sending malformed requests).",
                 w=8,
             )
         )

@@ -118,7 +118,8 @@ class GateMetrics:
             "Requests the gate refused, by business line and why: request_rate or token_rate (429, the "
             "line's buckets), queue_full (429, no room in the gate's queue), shed (429, pushed out of the "
             "queue by a higher class), queue_timeout (503, no slot within the deadline), line_share_full "
-            "(503, the line held its share of the gate).",
+            "(503, the line held its share of the gate); and requests it could not read: request_too_large "
+            "(413), unsupported_content_encoding (415), bad_request (400: not JSON, a bad field or header).",
             ["line", "reason"],
             registry=registry,
         )

@@ -551,7 +551,7 @@ class Gate:
         body = await self._read_body(request)
         if body is None:
             message = f"request body exceeds the gate's limit of {self.cfg.max_body_bytes} bytes"
-            return json_error(413, message, "invalid_request_error", "request_too_large")
+            return self._unreadable(request, keyed, 413, message, "request_too_large")
         path = request.rel_url.path
         known = path in ADMITTED_PATHS
         if not known and path not in self.cfg.admit_paths:
@@ -559,11 +559,11 @@ class Gate:
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):  # its body is read here: a clear refusal, not "not JSON"
             message = f"the gate reads request bodies and takes them uncompressed, not {encoding}"
-            return json_error(415, message, "invalid_request_error", "unsupported_content_encoding")
+            return self._unreadable(request, keyed, 415, message, "unsupported_content_encoding")
         try:
             info = parse_request(path, body) if known else parse_any(body)
         except BadRequest as error:
-            return json_error(400, str(error), "invalid_request_error", "bad_request")
+            return self._unreadable(request, keyed, 400, str(error), "bad_request")
         line = keyed or self.resolver.named_line(request.headers)
         limiter = self.lines.get(line, arrived)
         priority = limiter.class_of(request.headers.get(self.cfg.priority_header))
@@ -571,7 +571,7 @@ class Gate:
             own_wait_s = client_max_wait_s(request.headers.get(self.cfg.max_wait_header))
         except ValueError as error:
             message = f"{self.cfg.max_wait_header}: {error}"
-            return json_error(400, message, "invalid_request_error", "bad_request")
+            return self._unreadable(request, keyed, 400, message, "bad_request")
         record = RequestRecord(line, priority.name.lower(), path, info.prompt_tokens, arrived)
         record.request_id = request.headers.get(REQUEST_ID, "")[:MAX_REQUEST_ID]
         if not record.request_id and self.cfg.request_ids:
@@ -731,6 +731,15 @@ class Gate:
         message = f"no capacity within {deadline:g} s (in-flight limit {admission.limit})"
         retry_s = self._deadline(None, ticket.priority)  # when capacity may free, whatever the client's wait
         return self._refuse(record, 503, message, "queue_timeout", retry_s, outcome="expired")
+
+    def _unreadable(
+        self, request: web.Request, keyed: str | None, status: int, message: str, code: str
+    ) -> web.Response:
+        """Answer a request the gate cannot read (too large, compressed, not JSON, a bad header) ``status``;
+        counted by its line and ``code`` in ``servepilot_gate_refused_total``, as no engine answer is."""
+        line = keyed or self.resolver.named_line(request.headers)
+        self.metrics.refused.labels(line, code).inc()
+        return json_error(status, message, "invalid_request_error", code)
 
     def _refuse(
         self,

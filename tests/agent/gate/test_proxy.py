@@ -213,6 +213,39 @@ async def test_oversized_body_gets_413_json(upstream: Upstream, client: aiohttp.
         await gate.stop()
 
 
+async def test_requests_the_gate_cannot_read_are_counted_by_line_and_why(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """A client sending malformed requests shows in servepilot_gate_refused_total (before 2026-12-06 it
+    showed in no metric: no engine answered them, so no request was recorded)."""
+    lines = {"batch": GateLineConfig()}
+    gate = await _gate({"primary": upstream.url}, max_body_bytes=1024, lines=lines)
+    url = f"http://127.0.0.1:{gate.port}/v1/completions"
+    batch = {"x-servepilot-line": "batch"}
+    try:
+        assert (await _post(client, gate, _body(prompt="x" * 5000), headers=batch)).status == 413
+        assert (await client.post(url, data=b"{not json", headers=batch)).status == 400
+        gzipped = {**batch, "Content-Encoding": "gzip"}
+        assert (await client.post(url, data=b"\x1f\x8b", headers=gzipped)).status == 415
+        bad_wait = {gate.cfg.max_wait_header: "soon"}  # no line header: the default line
+        assert (await _post(client, gate, _body(), headers=bad_wait)).status == 400
+        assert upstream.seen == 0
+        refused = {
+            (s.labels["line"], s.labels["reason"]): s.value
+            for m in gate.metrics.refused.collect()
+            for s in m.samples
+            if s.name.endswith("_total")
+        }
+        assert refused == {
+            ("batch", "request_too_large"): 1,
+            ("batch", "bad_request"): 1,
+            ("batch", "unsupported_content_encoding"): 1,
+            ("default", "bad_request"): 1,
+        }
+    finally:
+        await gate.stop()
+
+
 async def test_line_over_its_rate_gets_429_with_retry_after(
     upstream: Upstream, client: aiohttp.ClientSession
 ) -> None:

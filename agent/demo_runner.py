@@ -21,7 +21,7 @@ import numpy as np
 from aiohttp import web
 
 from agent import config, eventloop
-from agent.demo_view import Control
+from agent.demo_view import Control, finding_counts
 from agent.loadgen import LoadGenerator
 from agent.sidecar import Sidecar
 
@@ -118,7 +118,7 @@ def _status_line(sidecar: Sidecar, gen: LoadGenerator, elapsed: float) -> str:
         f"ttft p99 {_ttft_p99(get, gen)} | "
         f"gpu0 util {fmt('nvml.gpu0.utilization_ratio.mean', 100)}% "
         f"{fmt('nvml.gpu0.power_watts.mean')} W {fmt('nvml.gpu0.sm_clock_hz.mean', 1e-6)} MHz | "
-        f"findings {len(sidecar.loop.state.findings)}"
+        f"findings {finding_counts(sidecar.loop.state.findings)}"
     )
     if gen.stats.classes:  # a priority mix: what each class met, client-side
         line += " | ttft p99 " + ", ".join(

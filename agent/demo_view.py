@@ -17,9 +17,18 @@ from rich.text import Text
 
 from agent.loadgen import LoadStats
 from agent.state import AgentState
+from detectors.base import Finding, Severity
 from detectors.snapshot import SourceStatus
 
 _GIB = 1024**3
+
+
+def finding_counts(findings: Sequence[Finding]) -> str:
+    """``16 (16 info)``, ``3 (1 critical, 2 info)`` or ``0``: how many, and how bad."""
+    if not findings:
+        return "0"
+    by = [(severity, sum(f.severity == severity for f in findings)) for severity in reversed(Severity)]
+    return f"{len(findings)} (" + ", ".join(f"{n} {severity.value}" for severity, n in by if n) + ")"
 
 
 def _fmt(value: float | None, unit: str = "", scale: float = 1.0, digits: int = 1) -> str:
@@ -165,10 +174,11 @@ def render(
             _fmt(get(p + "throttle_reasons"), digits=0),
         )
 
-    findings = Table(title=f"findings ({len(state.findings)})", box=None)
+    findings = Table(title=f"findings: {finding_counts(state.findings)}", box=None)
     for column in ("severity", "detector", "signal", "score", "summary"):
         findings.add_column(column)
-    for f in sorted(state.findings, key=lambda f: -f.score)[:8]:
+    # the worst first: sixteen info findings of an overload, each scored 1, must not hide a warning
+    for f in sorted(state.findings, key=lambda f: (-f.severity.rank, -f.score))[:8]:
         colour = {"critical": "red", "warning": "yellow"}.get(f.severity.value, "white")
         findings.add_row(
             Text(f.severity.value, style=colour), f.detector, f.signal, f"{f.score:.2f}", f.summary[:70]

@@ -22,8 +22,6 @@ from collections.abc import Iterable, Mapping
 
 from detectors.base import Detector, Finding, Severity
 
-_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
-
 
 class FindingTally:
     """Counts findings as they are raised, by (detector, severity). ``detectors``: names whose counts
@@ -44,7 +42,7 @@ class FindingTally:
         raised: list[Finding] = []
         for finding in findings:
             key = (finding.detector, finding.signal)
-            rank = _RANK[finding.severity]
+            rank = finding.severity.rank
             since, counted = self._standing.get(key, (None, -1))
             if since != finding.since:
                 counted = -1

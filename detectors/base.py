@@ -20,6 +20,14 @@ class Severity(StrEnum):
     WARNING = "warning"
     CRITICAL = "critical"
 
+    @property
+    def rank(self) -> int:
+        """0, 1, 2 from info to critical: what orders findings, counts a raise and filters alerts."""
+        return _SEVERITY_RANK[self]
+
+
+_SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
+
 
 @dataclass(frozen=True)
 class Finding:

@@ -29,7 +29,7 @@ from agent.state import AgentState
 from detectors.base import Finding, Severity
 from detectors.snapshot import SourceStatus
 
-_RANK = {Severity.INFO.value: 0, Severity.WARNING.value: 1, Severity.CRITICAL.value: 2}
+_RANK = {severity.value: severity.rank for severity in Severity}  # by the label a receiver sees
 #: Labels the tracker sets itself; every other label of an alert is one of ``static_labels``.
 _OWN_LABELS = frozenset({"alertname", "detector", "signal", "severity", "source"})
 
@@ -151,7 +151,7 @@ class AlertTracker:
         stalled = any(f.detector == STALL_DETECTOR for f in state.findings)
         muted: set[str] = set()
         for finding in state.findings:
-            if _RANK[finding.severity.value] < floor:
+            if finding.severity.rank < floor:
                 continue
             labels = {
                 **self.static_labels,

@@ -59,3 +59,22 @@ def test_a_drafting_engine_shows_its_acceptance_and_tokens_per_step() -> None:
     shown = text({**drafting, "engine.decode_tokens_per_step": 2.84})
     assert "drafts accepted / tokens per step" in shown and "0.65 / 2.84" in shown
     assert "tokens per step" not in text({"engine.requests_running": 1.0})  # no drafts: no row
+
+
+def test_the_worst_findings_come_first_and_the_title_says_how_bad() -> None:
+    """An overloaded demo raised 16 info findings ("explained by load"), each scored 1: sorted by score
+    alone they hid a warning scored lower, and the count said 16 as if 16 things were wrong."""
+    from detectors.base import Finding, Severity
+
+    load = [
+        Finding("tail_latency", f"gate.b{i}.ttft", Severity.INFO, 1.0, "explained by load", 0.0)
+        for i in range(16)
+    ]
+    leak = Finding("memory_leak", "nvml.gpu0.memory_used_bytes", Severity.WARNING, 0.6, "step growth", 0.0)
+    snapshot = Snapshot.from_readings(100.0, {})
+    console = Console(width=200, record=True, file=io.StringIO())
+    state = AgentState(snapshot=snapshot, findings=(*load, leak))
+    console.print(render(state, LoadStats(), 12.0, "http://x:9400", None))
+    text = console.export_text()
+    assert "findings: 17 (1 warning, 16 info)" in text
+    assert text.index("memory_leak") < text.index("tail_latency")

@@ -36,7 +36,7 @@ from agent.gate.openai import (
 from agent.gate.ratelimit import retry_after_header
 from agent.gate.records import RequestRecord
 from agent.gate.sequences import SequenceGaps
-from agent.gate.stream_usage import UsageEventFilter
+from agent.gate.stream_usage import EVENT_ENDS, UsageEventFilter
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,17 @@ def json_error(
     """An OpenAI-shaped JSON error, with ``Retry-After`` where waiting helps."""
     headers = {"Retry-After": retry_after_header(retry_after_s)} if retry_after_s is not None else None
     return web.json_response(error_body(message, kind, code), status=status, headers=headers)
+
+
+async def _end_with_error(resp: web.StreamResponse, cut: bool, message: str, code: str) -> None:
+    """End a started stream with an error event, as vLLM and SGLang end theirs on a failure: the OpenAI
+    SDK raises on it, so the client learns its answer failed rather than reading a short one as whole.
+    ``cut``: the client's bytes stop inside an event; a blank line first closes that fragment (an SSE
+    client drops it or fails on it), so the error event arrives whole."""
+    event = error_body(message, "upstream_error", code)
+    with contextlib.suppress(ConnectionResetError):
+        await resp.write((b"\n\n" if cut else b"") + b"data: " + json.dumps(event).encode() + b"\n\n")
+        await resp.write_eof()
 
 
 class Unanswered(Exception):
@@ -239,10 +250,8 @@ class Relay:
                 raise Unanswered from None
             log.warning("ended a stream from a hung upstream: %s", stalled)
             ended("upstream_error", 504)
-            event = error_body(f"upstream {stalled}", "upstream_error", "upstream_stalled")
-            with contextlib.suppress(ConnectionResetError):
-                await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-                await resp.write_eof()
+            cut = unasked is None and not tail.endswith(EVENT_ENDS)
+            await _end_with_error(resp, cut, f"upstream {stalled}", "upstream_stalled")
             return resp
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as error:
             up.close()
@@ -251,8 +260,10 @@ class Relay:
             if not resp.prepared:  # nothing sent yet: a clear error rather than an empty 200
                 message = f"the upstream's stream broke before its first byte: {error}"
                 return json_error(502, message, "upstream_error", "bad_gateway")
-            with contextlib.suppress(ConnectionResetError):
-                await resp.write_eof()
+            # an engine killed mid-stream: until 2026-12-06 the client's stream just ended, as a whole
+            # answer's would (without [DONE]), and the OpenAI SDK returned the truncated text as the answer
+            cut = unasked is None and not tail.endswith(EVENT_ENDS)
+            await _end_with_error(resp, cut, f"the upstream's stream broke: {error}", "bad_gateway")
             return resp
         # a failure after the 200 went is an event in the stream: the answer failed all the same
         failed = stream_error(tail) if record is not None and up.status < 300 else None

@@ -31,7 +31,8 @@ from agent.gate.sequences import EVENT_END, MAX_EVENT_BYTES
 #: The streams that take ``stream_options``: OpenAI's completions and chat.
 USAGE_PATHS = frozenset({"/v1/completions", *CHAT_PATHS})
 _ASK = b'{"stream_options":{"include_usage":true},'
-_EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
+EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
+"""How an SSE event ends."""
 
 #: What an upstream refusing a request's fields answers: FastAPI/pydantic servers 400 (vLLM) or 422,
 #: axum/serde ones (TGI) 422.
@@ -101,7 +102,7 @@ class UsageEventFilter:
     def feed(self, chunk: bytes) -> bytes:
         data = self._held + chunk if self._held else chunk
         self._held = b""
-        if data.endswith(_EVENT_ENDS) and USAGE_EVENT not in data:
+        if data.endswith(EVENT_ENDS) and USAGE_EVENT not in data:
             return data
         kept, start = [], 0
         for end in EVENT_END.finditer(data):

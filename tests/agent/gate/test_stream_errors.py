@@ -5,6 +5,7 @@ never saw an engine failing mid-generation."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -70,6 +71,47 @@ async def test_an_answer_that_failed_mid_stream_is_a_failed_answer(
     assert registry.get_sample_value("servepilot_gate_requests_total", labels) == 1
     assert errors == (code >= 500)  # the breaker's and the canary's 5xx count
     assert gate_tokens(registry)["output"] == 3.0  # its three tokens; the error event is none
+
+
+class KilledMidStream(FailingMidStream):
+    """The engine's process dies after three tokens (and, with ``fragment``, part of a fourth): its
+    connection drops without the stream's end, as a kill -9 of llama.cpp mid-generation showed."""
+
+    fragment = b""
+
+    async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        recorded = (FIXTURES / "vllm-0.32.0-cpu-completions-usage-stream.sse").read_bytes()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"".join(event + b"\n\n" for event in recorded.split(b"\n\n")[:3]) + self.fragment)
+        await asyncio.sleep(0.05)  # on the wire before the drop (an abort discards what is buffered)
+        assert request.transport is not None
+        request.transport.abort()
+        return resp
+
+
+@pytest.mark.parametrize("fragment", [b"", b'data: {"id":"cmpl-1","choices":[{"te'])
+async def test_a_stream_whose_engine_died_ends_with_an_error_event(fragment: bytes) -> None:
+    """Until 2026-12-06 the client's stream just ended, as a whole answer's does, and the OpenAI SDK
+    returned the three tokens as the answer. Now an error event says it failed; a fragment of an event
+    is closed by a blank line first, so the error event parses."""
+    async for engine in serving(KilledMidStream()):
+        engine.fragment = fragment
+        async with (
+            gate_for(engine.url, stream_usage=False) as (_, base, registry),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+        ):
+            body = {"prompt": "Say hello", "max_tokens": 4, "stream": True}
+            async with client.post(f"{base}/v1/completions", json=body) as resp:
+                assert resp.status == 200
+                relayed = await resp.read()
+        events = relayed.split(b"\n\n")
+        assert events[-1] == b"" and events[2].startswith(b"data: ")  # three whole token events
+        assert events[3:-2] == ([fragment] if fragment else [])
+        error = json.loads(events[-2].removeprefix(b"data: "))["error"]
+        assert error["code"] == "bad_gateway" and error["message"].startswith("the upstream's stream broke")
+        labels = {"line": "default", "priority": "normal", "outcome": "upstream_error"}
+        assert registry.get_sample_value("servepilot_gate_requests_total", labels) == 1
 
 
 @pytest.mark.parametrize(

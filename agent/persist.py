@@ -146,7 +146,8 @@ def read(path: str, loop: Loop) -> dict[str, Any] | None:
 def _breaker_state(fields: Mapping[str, Any]) -> BreakerState:
     known = {f.name for f in dataclasses.fields(BreakerState)}
     values = {k: v for k, v in fields.items() if k in known}
-    values["buckets"] = tuple(tuple(b) for b in values.get("buckets", ()))
+    for buckets in ("buckets", "answers"):
+        values[buckets] = tuple(tuple(b) for b in values.get(buckets, ()))
     values.pop("mix", None)  # smoothed token rates: the first tick after the restart measures them afresh
     return BreakerState(**values)
 

@@ -17,10 +17,17 @@ A failed probe goes back at once (it is the half-open circuit re-opening, not a 
     b(1 h) >= 14.4 and b(5 m) >= 14.4        fast burn: 2% of a 30-day budget in an hour
     b(6 h) >= 6    and b(30 m) >= 6          slow burn: 5% of the budget in six hours
     (both only while b(last 2 m) >= 1: a burn that has stopped does not escalate further)
-    5xx ratio over 1 m >= error_max          an error storm
+    5xx ratio over 1 m >= error_max          an error storm (the last minute's answers, in 10 s buckets)
     preemptions/s >= preempt_max             KV thrash / OOM storm (the rate smoothed over ``preempt_tau_s``:
                                              a storm, not a burst of a few in one tick)
     memory used / total >= memory_max        an OOM is coming (a leak)
+
+**A few bad answers are no storm.** Each trip on answers also needs ``min_bad`` (5) bad ones in its
+short window: 5xx in the last minute, SLO-bad answers in the last 5 m (fast burn) or 30 m (slow burn).
+At night's traffic one failed answer of six is a 17% share, over the fast burn's 14.4%; a 5xx among the
+5 answers of one tick was a 20% "storm" (the ratio was the tick's until 2026-12-06). Either took the
+breaker to L1, and the batch to half, for a dwell at least. A real fault brings many more: a 5xx storm at
+10 answers/s with 30% failing has 180 in a minute.
 
 **Queueing at full capacity is not a fault.** With ``itl_slo_s`` set, a burn does not trip while
 decoding meets the inter-token SLO (window mean ITL <= ``itl_slo_s``) and the 5xx share is under
@@ -45,6 +52,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import NamedTuple
 
 from detectors.base import Finding
 from detectors.snapshot import Snapshot
@@ -52,13 +60,15 @@ from policies import knobs
 from policies.arbiter import PRIORITY
 from policies.base import Proposal
 from policies.steps import TokenMix
-from policies.windows import Buckets, rolling_sum, smoothed
+from policies.windows import Buckets, rolling_sum, smoothed, window_totals
 
 LEVELS = ("L0 normal", "L1 smaller batch", "L2 fp8 upstream", "L3 small model")
 #: The upstream each level routes to. At L0 and L1 that is the breaker's ``normal_route``: ``primary``, or
 #: ``default`` (the configured split) where the gate splits traffic across replicas.
 UPSTREAM_BY_LEVEL = ("primary", "primary", "fp8", "small")
 BUCKET_S = 60.0
+#: The 5xx ratio's window, in buckets of ``ERROR_BUCKET_S``.
+ERROR_WINDOW_S, ERROR_BUCKET_S = 60.0, 10.0
 
 #: The transition table: (phase, event) -> (next phase, level step, action name).
 TRANSITIONS: Mapping[tuple[str, str], tuple[str, int, str]] = MappingProxyType(
@@ -71,6 +81,17 @@ TRANSITIONS: Mapping[tuple[str, str], tuple[str, int, str]] = MappingProxyType(
 )
 
 
+class Burns(NamedTuple):
+    """Burn rates (bad share over the SLO's allowance) and the bad answers of the short windows."""
+
+    b2: float
+    b5: float
+    b30: float
+    b1h: float
+    bad_5m: float
+    bad_30m: float
+
+
 @dataclass(frozen=True)
 class BreakerState:
     level: int = 0
@@ -80,6 +101,8 @@ class BreakerState:
     dwell_s: float = 0.0
     batch_cap: float | None = None
     buckets: Buckets = ()
+    #: Answers without and with a 5xx, in ``ERROR_BUCKET_S`` buckets over the last ``ERROR_WINDOW_S``.
+    answers: Buckets = ()
     forced: int | None = None
     reason: str = "normal"
     #: Preemptions/s smoothed over ``preempt_tau_s`` and when it was last updated.
@@ -98,6 +121,7 @@ class Breaker:
     max_dwell_s: float = 3600.0
     probe_s: float = 120.0
     error_max: float = 0.05
+    min_bad: float = 5.0
     preempt_max: float = 5.0
     preempt_tau_s: float = 60.0
     memory_max: float = 0.97
@@ -157,9 +181,10 @@ class Breaker:
         return replace(state, forced=None, changed_at=now, reason="released by the operator")
 
     # -- signals ------------------------------------------------------------------------------------
-    def _burns(self, state: BreakerState, now: float) -> tuple[float, float, float, float]:
-        """Burn rates over 2 m, 5 m and 30 m of the current generation and over 1 h overall. One pass
-        over the last hour of minute buckets, newest first: this runs every tick, so it stays cheap."""
+    def _burns(self, state: BreakerState, now: float) -> Burns:
+        """Burn rates over 2 m, 5 m and 30 m of the current generation and over 1 h overall, and the bad
+        answers in the 5 m and 30 m windows. One pass over the last hour of minute buckets, newest first:
+        this runs every tick, so it stays cheap."""
         key_now = int(now // BUCKET_S)
         since = int(state.changed_at // BUCKET_S) if state.changed_at > -1e17 else -(1 << 62)
         s = [0.0] * 8
@@ -178,7 +203,13 @@ class Breaker:
                     if age < 2:
                         s[0] += good
                         s[1] += bad
-        return self._rate(s[0], s[1]), self._rate(s[2], s[3]), self._rate(s[4], s[5]), self._rate(s[6], s[7])
+        rates = (
+            self._rate(s[0], s[1]),
+            self._rate(s[2], s[3]),
+            self._rate(s[4], s[5]),
+            self._rate(s[6], s[7]),
+        )
+        return Burns(*rates, bad_5m=s[3], bad_30m=s[5])
 
     def _rate(self, good: float, bad: float) -> float:
         total = good + bad
@@ -187,21 +218,29 @@ class Breaker:
     def _burn_6h(self, state: BreakerState) -> float:
         return self._rate(sum(b[1] for b in state.buckets), sum(b[2] for b in state.buckets))
 
-    def _trip(
-        self, snapshot: Snapshot, state: BreakerState, burns: tuple[float, float, float, float]
-    ) -> str | None:
-        b2, b5, b30, b1h = burns
+    def _errors(self, state: BreakerState, now: float) -> tuple[float, float]:
+        """The last minute's answers and their 5xx."""
+        ok, errors = window_totals(state.answers, now, ERROR_BUCKET_S, ERROR_WINDOW_S)
+        return ok + errors, errors
+
+    def _storm(self, state: BreakerState, now: float) -> float | None:
+        """The last minute's 5xx share when it is a storm (at least ``min_bad`` of them, ``error_max``)."""
+        answers, errors = self._errors(state, now)
+        share = errors / answers if answers else 0.0
+        return share if errors >= self.min_bad and share >= self.error_max else None
+
+    def _trip(self, snapshot: Snapshot, state: BreakerState, burns: Burns, now: float) -> str | None:
         # Burning still, in the last two minutes: a burn that stopped must not push the level further;
         # and not one no level relieves (queueing at full capacity, prefill-bound steps).
-        burning = b2 >= 1.0 and not self._no_level_helps(snapshot, state)
-        if burning and b1h >= 14.4 and b5 >= 14.4:
+        storm = self._storm(state, now)
+        burning = burns.b2 >= 1.0 and not self._no_level_helps(snapshot, state, storm)
+        b5, b30, b1h = burns.b5, burns.b30, burns.b1h
+        if burning and b1h >= 14.4 and b5 >= 14.4 and burns.bad_5m >= self.min_bad:
             return f"fast burn: {b5:.1f}x over 5 m and {b1h:.1f}x over 1 h (>= 14.4x)"
-        if burning and b30 >= 6.0 and (b6h := self._burn_6h(state)) >= 6.0:
+        if burning and b30 >= 6.0 and burns.bad_30m >= self.min_bad and (b6h := self._burn_6h(state)) >= 6.0:
             return f"slow burn: {b30:.1f}x over 30 m and {b6h:.1f}x over 6 h (>= 6x)"
-        requests = snapshot.get(knobs.GATE_REQUESTS) or 0.0
-        errors = snapshot.get(knobs.GATE_ERRORS) or 0.0
-        if requests >= 5 and errors / requests >= self.error_max:
-            return f"5xx storm: {errors / requests:.0%} of answers (>= {self.error_max:.0%})"
+        if storm is not None:
+            return f"5xx storm: {storm:.0%} of the last minute's answers (>= {self.error_max:.0%})"
         if state.preempt_rate >= self.preempt_max:
             return (
                 f"preemption storm: {state.preempt_rate:.1f}/s over {self.preempt_tau_s:g} s "
@@ -212,14 +251,11 @@ class Breaker:
             return f"memory {used / total:.1%} of the GPU (>= {self.memory_max:.0%}): OOM risk"
         return None
 
-    def _no_level_helps(self, snapshot: Snapshot, state: BreakerState) -> bool:
-        """Errors are rare and the misses are ones no level relieves: decode meets the ITL SLO (first
-        tokens that waited for a busy engine), or the steps are the prompt chunks' (policies/steps.py)."""
-        if self.itl_slo_s is None:
-            return False
-        requests = snapshot.get(knobs.GATE_REQUESTS) or 0.0
-        errors = snapshot.get(knobs.GATE_ERRORS) or 0.0
-        if requests > 0 and errors / requests >= self.error_max:
+    def _no_level_helps(self, snapshot: Snapshot, state: BreakerState, storm: float | None) -> bool:
+        """Errors are rare (no ``storm``) and the misses are ones no level relieves: decode meets the ITL
+        SLO (first tokens that waited for a busy engine), or the steps are the prompt chunks'
+        (policies/steps.py)."""
+        if self.itl_slo_s is None or storm is not None:
             return False
         itl = snapshot.get(knobs.ITL_MEAN)
         return (itl is not None and itl <= self.itl_slo_s) or state.mix.prefill_bound()
@@ -240,10 +276,14 @@ class Breaker:
             )
         requests = snapshot.get(knobs.GATE_REQUESTS) or 0.0
         bad = min(requests, snapshot.get(knobs.GATE_SLO_BAD) or 0.0)
+        errors = min(requests, snapshot.get(knobs.GATE_ERRORS) or 0.0)
         preempt = snapshot.get(knobs.PREEMPTIONS) or 0.0
         state = replace(
             state,
             buckets=rolling_sum(state.buckets, now, BUCKET_S, 6 * 3600.0, requests - bad, bad),
+            answers=rolling_sum(
+                state.answers, now, ERROR_BUCKET_S, ERROR_WINDOW_S, requests - errors, errors
+            ),
             preempt_rate=smoothed(state.preempt_rate, state.at, now, preempt, self.preempt_tau_s),
             at=now,
             mix=state.mix.update(snapshot, now),
@@ -265,10 +305,10 @@ class Breaker:
 
     def _step(self, snapshot: Snapshot, state: BreakerState, now: float) -> BreakerState:
         burns = self._burns(state, now)
-        why = self._trip(snapshot, state, burns)
+        why = self._trip(snapshot, state, burns, now)
         if why is not None:
             event = "trip"
-        elif burns[1] < 1.0:
+        elif burns.b5 < 1.0:
             event = "healthy"
         else:
             return state

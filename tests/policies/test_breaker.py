@@ -23,7 +23,7 @@ def _latency_spike(t: float) -> dict[str, float]:
 
 
 def _error_storm(t: float) -> dict[str, float]:
-    return {**_healthy(t), "gate__slo_bad": 3.0, "gate__errors": 3.0}
+    return {**_healthy(t), "gate__slo_bad": 5.0, "gate__errors": 5.0}  # min_bad in one tick: trips at once
 
 
 def _leak(t: float) -> dict[str, float]:
@@ -298,3 +298,35 @@ def test_a_burn_from_prefill_bound_steps_does_not_trip():
     assert _levels(QUEUE_AWARE, decode_bound, 2000.0) == [1, 2, 3]
     # errors still trip
     assert _levels(QUEUE_AWARE, lambda t: {**_prefill_bound(t), "gate__errors": 3.0}, 500.0) == [1, 2]
+
+
+def _quiet(answers: float, bad: float, errors: float = 0.0) -> dict[str, float]:
+    return {"gate__requests": answers, "gate__slo_bad": bad, "gate__errors": errors, "gate__limit": 128.0}
+
+
+def test_a_few_bad_answers_at_night_trip_nothing():
+    """A quiet service (an answer every 6 minutes) hiccups: three answers in a row fail, a minute apart.
+    Their share is far over any burn rate (3 of the hour's 12), and until 2026-12-06 the second of them
+    took the breaker to L1, halving the batch for a dwell; so did one 5xx among the five answers of a
+    tick (a 20% "storm"). At least min_bad (5) bad answers in the short window are needed now."""
+    state = None
+    times = [*range(0, 3600, 360), 3600, 3660, 3720, *range(4080, 3 * 3600, 360)]
+    for t in times:
+        failing = t in (3600, 3660, 3720)
+        values = _quiet(1.0, 1.0 if failing else 0.0, 1.0 if failing else 0.0)
+        state, _ = BREAKER.decide(make_snapshot(float(t), **values), [], state, float(t))
+        assert state.level == 0, t
+    state, _ = BREAKER.decide(make_snapshot(1.0, **_quiet(5.0, 1.0, 1.0)), [], None, 1.0)
+    assert state.level == 0  # one 5xx in a tick of five answers
+
+
+def test_5xx_add_up_over_the_last_minute_to_a_storm():
+    """Two 5xx a tick among 10 answers: two ticks hold 4 (no storm yet), the third 6 of 30 (20%)."""
+    state = None
+    levels = []
+    for t in range(3):
+        # SLO-bad left at 0: the 5xx rule alone (the fast burn would trip on the same third tick)
+        state, _ = BREAKER.decide(make_snapshot(float(t), **_quiet(10.0, 0.0, 2.0)), [], state, float(t))
+        levels.append(state.level)
+    assert levels == [0, 0, 1]
+    assert state.reason == "escalate: 5xx storm: 20% of the last minute's answers (>= 5%)"

@@ -213,11 +213,16 @@ class Forwarder:
         return self._failed(record, 502, message, "bad_gateway")
 
     def _failed(self, record: RequestRecord | None, status: int, message: str, code: str) -> web.Response:
-        """No upstream answered: count the request as the upstreams' failure and tell the client why."""
+        """No upstream answered: count the request as the upstreams' failure and tell the client why. A
+        502 (none could be reached) gives its line back the tokens it was charged: during an engine's
+        outage, clients' retries drained their lines' token budgets for answers nobody gave, and the
+        lines met 429 ``token_rate`` once the engine was back. A 504 (one hung, perhaps busy with it)
+        keeps its charge, as a failed answer does."""
         if record is not None:
             record.outcome, record.status = "upstream_error", status
+            record.unanswered = status == 502
             record.e2e_s = self.clock() - record.arrived
-            self.stats.record(record, self.clock())
+            self.relay.finish(record)
         return json_error(status, message, "upstream_error", code)
 
     def may_retry(self, retried: int) -> bool:

@@ -112,6 +112,9 @@ class RequestRecord:
     usage_asked: bool = False
     """The gate asked the upstream for this stream's usage event, which its client did not
     (``gate.stream_usage``): the event is taken out of the answer."""
+    unanswered: bool = False
+    """No upstream answered it: each one it was sent to refused the connection or answered a retriable
+    error before any of its answer, and the gate answered 502. No engine worked on it."""
     request_id: str = ""
     """The client's ``X-Request-Id``, or one the gate gave it (``gate.request_ids``): sent to the engine
     (vLLM names the request by it in its log), returned to the client and written in the access log."""
@@ -123,11 +126,16 @@ class RequestRecord:
 
     @property
     def unprocessed(self) -> bool:
-        """No engine worked on it: it left while queued in the gate, or the engine refused it before its
-        first token (4xx: a prompt too long, a model it does not serve). Its prompt was never processed,
-        so it uses none of its line's token budget and adds none to ``servepilot_gate_tokens_total``. (A
-        stream that ends in a 4xx error event after tokens is a failed answer: the engine did work.)"""
-        return not self.admitted or (self.outcome == "client_error" and not self.output_tokens)
+        """No engine worked on it: it left while queued in the gate, no upstream answered it (the gate's
+        502), or the engine refused it before its first token (4xx: a prompt too long, a model it does not
+        serve). Its prompt was never processed, so it uses none of its line's token budget and adds none
+        to ``servepilot_gate_tokens_total``. (A stream that ends in a 4xx error event after tokens is a
+        failed answer: the engine did work.)"""
+        return (
+            not self.admitted
+            or self.unanswered
+            or (self.outcome == "client_error" and not self.output_tokens)
+        )
 
 
 def whole_answer_budget(slo: tuple[float, float], tokens: float) -> float:

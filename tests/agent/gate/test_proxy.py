@@ -526,6 +526,27 @@ async def test_a_request_for_several_sequences_takes_as_many_of_the_limit(
         await gate.stop()
 
 
+async def test_requests_no_upstream_answered_give_their_lines_tokens_back(
+    client: aiohttp.ClientSession,
+) -> None:
+    """An engine down: clients retry, the gate answers 502. Until 2026-12-06 each 502 kept its charge
+    (prompt + max_tokens): four of them drained a 1,000-token budget, and the line met 429 token_rate
+    when the engine came back, for answers nobody gave."""
+    lines = {"default": GateLineConfig(tokens_per_min=1000, burst_ratio=1)}
+    gate = await _gate({"primary": "http://127.0.0.1:9"}, lines=lines)  # discard port: nothing listens
+    try:
+        for _ in range(4):
+            resp = await _post(client, gate, _body(max_tokens=240))
+            assert resp.status == 502
+        bucket = gate.lines.get("default", gate.clock()).tokens
+        assert bucket is not None and bucket.tokens(gate.clock()) == pytest.approx(1000, abs=5)
+        assert not _totals(gate.stats.tokens, "kind")  # no token counted either
+        outcomes = _totals(gate.stats.requests, "outcome")
+        assert outcomes == {"upstream_error": 4.0}
+    finally:
+        await gate.stop()
+
+
 async def test_a_prompt_the_engine_refused_adds_no_tokens(
     upstream: Upstream, client: aiohttp.ClientSession
 ) -> None:

@@ -255,7 +255,7 @@ class Relay:
             return resp
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as error:
             up.close()
-            log.warning("upstream stream broke: %s", error)
+            log.warning("the stream from upstream %s broke: %s", record.upstream if record else up.url, error)
             ended("upstream_error", up.status if resp.prepared else 502)
             if not resp.prepared:  # nothing sent yet: a clear error rather than an empty 200
                 message = f"the upstream's stream broke before its first byte: {error}"

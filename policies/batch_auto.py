@@ -21,9 +21,12 @@ differs is the target: not a learned no-load latency but the operator's SLO, wit
                                  ->  L = max(L + max(1, sqrt(L)),        room to grow: additive increase,
                                              L * min(2, sqrt(g_itl / ai_margin)))  or faster far below target;
                                  at most max(L + 1, running * kv_target / kv + R)    as far as the cache holds
+    L above what the engine's slots take, behind the gate
+                                 ->  L = (slots + s) / (1 - r)           the rest would queue in the engine
+                                     (r: the gate's high reserve, a share of L; llama.cpp says its slots)
     L outside [lower, upper]     ->  L                                    brought back inside (below)
     otherwise                    ->  hold
-    L = min(upper, max(lower, L))
+    L = min(upper, max(lower, L)), and no growth past what the slots take
 
 A full KV cache is not thrash: when the cache is what bounds concurrency (long chat histories), the
 engine admits what fits and preempts now and then; a limit cut below that only idles capacity. Measured
@@ -76,6 +79,16 @@ sits far below target, and the gradient's x1.3 step from 84% usage (39 -> 51 wit
 the engine than its cache holds: they queued inside it, where the gate's classes do not reach, and the
 cache filled to preemptions. Replaying the Mooncake hour with a tenth of its traffic interactive (TTFT 2 s)
 the high class met 84.52% with the cap and 73.71% without (docs/policies.md, "Priority classes in replay").
+
+**An engine that says how many it runs at once.** llama.cpp has a fixed number of slots (its
+``--parallel``, in ``/slots``: ``engine.slots_total``) and queues the rest FIFO. Behind the gate a limit
+above the slots, the gate's high reserve and the slack only moves the queue into the engine, so the limit
+is brought down to that at once, and never grows past it. The reserve is a share of the limit itself
+(``gate.high_reserved_ratio``), hence the division. Before 2026-12-06 the limit stayed at its initial
+64 on a 4-slot llama.cpp until the engine's queue had held more than the slack for five ticks: in
+``servepilot demo --engine llamacpp --mode act`` a burst at 45 s put 32 requests in llama.cpp's queue,
+and the high class's TTFT p99 went to 4.7 s. vLLM and SGLang publish no such cap (``max_num_seqs`` is
+not in their metrics): for them the queueing rule above finds it.
 
 A limit that does not bind (fewer running than allowed and no queue) never grows: the controller only
 probes upward when the queue asks for it, so an idle period cannot leave a huge limit behind. TTFT enters
@@ -177,6 +190,7 @@ class AutoBatch:
             state.engine_queue if state is not None else 0.0, at, now, engine_waiting, self.engine_queue_tau_s
         )
         capped = running + reserved + slack
+        slots_take = _slots_take(snapshot, limit, reserved, in_flight)
         engine_binds = (
             in_flight is not None
             and queued >= self.engine_queue_ticks
@@ -191,6 +205,12 @@ class AutoBatch:
         elif g_itl < 1.0 and not ttft_risk and not prefill_bound:
             new = min(limit, max(running, 1.0)) * max(self.md, g_itl)
             why = f"ITL {itl:.3f}s above target {self.headroom * self.itl_slo_s:.3f}s"
+        elif limit - max(self.lower, slots_take) >= 1.0:
+            new = slots_take
+            why = (
+                f"the engine runs {snapshot.get(knobs.ENGINE_SLOTS):.0f} at once (its slots): past "
+                f"{slots_take:.0f} requests wait in its own queue, not in the gate's where priorities apply"
+            )
         elif engine_binds:
             new = capped
             why = (
@@ -205,6 +225,7 @@ class AutoBatch:
             # behind the gate, not while the engine holds more than a slack queued (by its own count of
             # running: a sampled 0 + 0 reading with the gate's in-flight would hide its cap for a tick)
             and (in_flight is None or engine_queue <= _slack(engine_running))
+            and limit < slots_take  # no growth past what the engine's slots take
         ):
             # far below the ITL target (a cold start at a small limit) the gradient's square root
             # outgrows the additive step: the operating point is reached in a few ticks, not dozens
@@ -219,6 +240,9 @@ class AutoBatch:
             if holds < new:  # no further than the cache holds at kv_target with the sequences' footprint now
                 new = max(limit + 1.0, holds)
                 why += f", up to what the cache holds at {self.kv_target:.0%}"
+            if slots_take < new:
+                new = slots_take
+                why += ", up to what the engine's slots take"
         elif not self.lower <= limit <= self.upper:
             # set outside the bounds (the gate's configured start, or bounds narrowed by a config reload):
             # holding would keep it there for as long as no other branch fires
@@ -229,6 +253,17 @@ class AutoBatch:
         new = min(self.upper, max(self.lower, new))
         proposal = Proposal(self.name, knobs.BATCH, round(new), why, PRIORITY["throughput"])
         return AutoState(new, rate, now, queued, engine_queue, mix), [proposal]
+
+
+def _slots_take(snapshot: Snapshot, limit: float, reserved: float, in_flight: float | None) -> float:
+    """Behind the gate, the limit at which an engine that says its slots (llama.cpp) runs them all and keeps
+    a slack to admit from: ``slots + slack`` for the other classes, plus the high reserve, which is a share
+    of the limit. Infinite without the gate or a slot count."""
+    slots = snapshot.get(knobs.ENGINE_SLOTS)
+    if in_flight is None or not slots or slots <= 0:
+        return math.inf
+    share = min(0.5, reserved / limit) if limit > 0 else 0.0
+    return math.ceil((slots + _slack(slots)) / (1.0 - share))
 
 
 def _slack(running: float) -> float:

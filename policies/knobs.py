@@ -36,6 +36,8 @@ LINKED: tuple[frozenset[str], ...] = (frozenset({UPSTREAM, FP8_SHARE}),)
 #: Signals the policies read (published by the collectors, the gate and the replay alike).
 RUNNING = "engine.requests_running"
 WAITING = "engine.requests_waiting"
+#: The most requests the engine runs at once, where it says so: llama.cpp's slots (its ``/slots``).
+ENGINE_SLOTS = "engine.slots_total"
 KV_USAGE = "engine.kv_cache_usage_ratio"
 PREEMPTIONS = "engine.preemptions_per_second"
 FINISHED = "engine.requests_finished_per_second"

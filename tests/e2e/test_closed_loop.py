@@ -34,9 +34,11 @@ async def _run(
     real: RunningEngine | None = None,
     policies: dict[str, Any] | None = None,
     priority_mix: dict[str, float] | None = None,
+    real_kind: str = "llamacpp",
 ) -> tuple[Sidecar, list[dict[str, Any]], int]:
-    """The loop for ``ticks`` ticks of 0.25 s against the simulator, or ``real`` (a llama.cpp server);
-    ``policies``: more policy settings; ``priority_mix``: the load's classes (class -> share)."""
+    """The loop for ``ticks`` ticks of 0.25 s against the simulator, or ``real`` (a llama.cpp server, read
+    as ``real_kind``: ``auto`` finds its metrics but does not read its /slots); ``policies``: more policy
+    settings; ``priority_mix``: the load's classes (class -> share)."""
     runner: web.AppRunner | None = None
     gate_port = _free_port()
     if real is None:
@@ -48,7 +50,7 @@ async def _run(
         engine, kind, model = f"http://127.0.0.1:{engine_port}", "vllm", sim.model_name
         nvml: dict[str, Any] = {"backend": "simulated", "simulated_url": engine}
     else:
-        engine, kind, model, nvml = real.url, "llamacpp", SERVED_MODEL, {"backend": "off"}
+        engine, kind, model, nvml = real.url, real_kind, SERVED_MODEL, {"backend": "off"}
     cfg = config.build(
         {
             "agent": {"interval_s": 0.25, "listen_port": _free_port(), "admin_listen_port": None},
@@ -160,13 +162,27 @@ async def test_a_real_engine_queueing_the_gates_requests_brings_the_limit_down_t
     tmp_path: Path,
 ) -> None:
     """llama.cpp with 4 slots behind a gate at 32: the engine queues what it cannot run, FIFO, where the
-    gate's priorities and deadlines cannot reach. The auto policy sees that tick after tick and brings the
+    gate's priorities and deadlines cannot reach. Its slots unread (engine.kind auto: standing in for vLLM
+    and SGLang, which publish no cap), the auto policy sees that queue tick after tick and brings the
     limit down to what the engine runs, the high-priority reserve and a slack, so the excess waits in the
     gate. (Before 2026-12-04 it held at 32: `servepilot demo --engine llamacpp --mode act` kept 47
     requests queued in the engine for a minute.)"""
     with running("llamacpp") as engine:
-        _, actions, limit = await _run(tmp_path, "act", ticks=40, initial=32, rate=100.0, real=engine)
+        _, actions, limit = await _run(
+            tmp_path, "act", ticks=40, initial=32, rate=100.0, real=engine, real_kind="auto"
+        )
     cuts = [a for a in actions if a["knob"] == "batch.max_in_flight" and "the engine queues" in a["reason"]]
     assert cuts and all(a["result"] == "ok" and a["policy"] == "batch_auto" for a in cuts), actions
     assert cuts[-1]["to"] <= 4 + 2 + 3, cuts  # 4 running, a reserve of 20%, a slack of 2 or 3
     assert limit < 32
+
+
+async def test_a_real_engine_that_says_its_slots_gets_a_limit_they_take_at_once(tmp_path: Path) -> None:
+    """The same llama.cpp with its /slots read: the limit comes down to what 4 slots take (4, a slack of
+    2, over 0.8 for the reserve: 8) from the first ticks, before anything queues in the engine; the
+    arbiter's largest step makes it two actions (32 -> 16 -> 8)."""
+    with running("llamacpp") as engine:
+        _, actions, limit = await _run(tmp_path, "act", ticks=40, initial=32, rate=100.0, real=engine)
+    cuts = [a for a in actions if a["knob"] == "batch.max_in_flight"]
+    assert cuts and all("at once (its slots)" in a["reason"] and a["result"] == "ok" for a in cuts), cuts
+    assert [a["to"] for a in cuts] == [16, 8] and limit == 8

@@ -123,6 +123,44 @@ def test_an_engine_queueing_the_gates_requests_tick_after_tick_brings_the_limit_
     assert _ticks([ENGINE_CAPPED] * 6) == [[], [], [], [], [18], [18]]
 
 
+def test_an_engine_that_says_its_slots_gets_a_limit_its_slots_take_at_once():
+    """llama.cpp says its 4 slots (/slots): the limit comes down on the first tick, not after five of its
+    queue, to the slots, a slack of 2 and the high reserve (20% of the limit): 6 / 0.8 = 7.5 -> 8."""
+    slots = {**ENGINE_CAPPED, "engine__slots_total": 4}
+    assert _ticks([slots]) == [[8]]
+    policy = AutoBatch(ttft_slo_s=10.0, itl_slo_s=0.1, lower=2.0)  # under the default floor of 8
+    at_16 = {**slots, "engine__slots_total": 16, "gate__limit": 64, "gate__reserved": 12.8}
+    assert _ticks([at_16], policy) == [[25]]  # (16 + 4) / 0.8
+    no_gate = {k: v for k, v in slots.items() if not k.startswith("gate__")}
+    assert _ticks([no_gate]) == [[]]  # without the gate the batch is the engine's own
+
+
+def test_a_limit_does_not_grow_past_what_the_engine_slots_take():
+    """A queue at the gate with ITL far under target grows a limit (16 -> 32), but only as far as 16 slots
+    take (16 + 4 slack, over 0.8: 25), and not at all from there."""
+    bound = {
+        "gate__limit": 16,
+        "gate__reserved": 3.2,
+        "gate__in_flight": 16,
+        "gate__queue_depth": 10,
+        "engine__requests_running": 16,
+        "engine__requests_waiting": 0,
+        "engine__kv_cache_usage_ratio": 0.1,
+        "engine__itl_seconds__mean": 0.01,
+    }
+    assert _ticks([bound]) == [[32]]
+    assert _ticks([{**bound, "engine__slots_total": 16}]) == [[25]]
+    at_25 = {
+        **bound,
+        "engine__slots_total": 16,
+        "gate__limit": 25,
+        "gate__reserved": 5,
+        "gate__in_flight": 25,
+    }
+    assert _ticks([at_25]) == [[]]  # bound, queued and far under the ITL target: held at what slots take
+    assert _ticks([{k: v for k, v in at_25.items() if k != "engine__slots_total"}]) == [[50]]
+
+
 def test_a_tick_without_the_engine_queue_starts_the_count_again():
     quiet = {**ENGINE_CAPPED, "engine__requests_waiting": 2}  # no more than the slack: not the engine's cap
     assert _ticks([ENGINE_CAPPED] * 4 + [quiet] + [ENGINE_CAPPED] * 4) == [[]] * 9

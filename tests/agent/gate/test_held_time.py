@@ -4,24 +4,16 @@ queue wait aside (records.py, held.py). An SRE's first question of a proxy in th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import pytest
 
 from agent.config import GateLineConfig
-from tests.agent.gate.parked import ParkedCompletions, serving
+from tests.agent.gate.parked import ParkedCompletions
 from tests.engines.client import gate_for
 
 TIMEOUT = 5.0
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 3}
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[ParkedCompletions]:
-    async for served in serving(ParkedCompletions()):
-        yield served
 
 
 def _held(registry: Any) -> tuple[float, float]:
@@ -30,24 +22,24 @@ def _held(registry: Any) -> tuple[float, float]:
 
 
 async def test_the_time_held_leaves_out_the_queue_wait_and_counts_only_requests_sent(
-    engine: ParkedCompletions,
+    parked: ParkedCompletions,
 ) -> None:
     """Two requests through a gate of one slot: the second waits in the queue while the engine holds the
     first (at least 0.2 s), yet neither was held by the gate itself for more than a fraction of that. A
     request refused by its line's bucket never went upstream: not counted."""
     lines = {"one": GateLineConfig(requests_per_min=1, burst_ratio=1.0)}
     async with (
-        gate_for(engine.url, max_in_flight=1, high_reserved_ratio=0.0, lines=lines) as (gate, base, registry),
+        gate_for(parked.url, max_in_flight=1, high_reserved_ratio=0.0, lines=lines) as (gate, base, registry),
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
     ):
         first = asyncio.create_task(client.post(f"{base}/v1/completions", json=BODY))
-        while engine.running < 1:
+        while parked.running < 1:
             await asyncio.sleep(0.005)
         second = asyncio.create_task(client.post(f"{base}/v1/completions", json=BODY))
         while gate.admission.queue_depth < 1:
             await asyncio.sleep(0.005)
         await asyncio.sleep(0.2)
-        engine.go.set()
+        parked.go.set()
         for task in (first, second):
             async with await task as resp:
                 assert resp.status == 200

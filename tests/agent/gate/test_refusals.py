@@ -6,24 +6,17 @@ time."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-import pytest
 
 from agent.config import GateLineConfig
-from tests.agent.gate.parked import ParkedCompletions, serving
+from tests.agent.gate.parked import ParkedCompletions
 from tests.engines.client import ONE_AT_A_TIME, gate_for
 
 TIMEOUT = 5.0
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 3}
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[ParkedCompletions]:
-    async for served in serving(ParkedCompletions()):
-        yield served
 
 
 async def _until(check: Callable[[], bool]) -> None:
@@ -36,14 +29,14 @@ def _refused(registry: Any, line: str, reason: str) -> float | None:
     return registry.get_sample_value("servepilot_gate_refused_total", {"line": line, "reason": reason})
 
 
-async def test_a_lines_buckets_say_which_of_them_refused(engine: ParkedCompletions) -> None:
-    engine.go.set()
+async def test_a_lines_buckets_say_which_of_them_refused(parked: ParkedCompletions) -> None:
+    parked.go.set()
     lines = {
         "slow": GateLineConfig(requests_per_min=1, burst_ratio=1.0),
         "wordy": GateLineConfig(requests_per_min=100, burst_ratio=1.0, tokens_per_min=10),
     }
     async with (
-        gate_for(engine.url, lines=lines) as (_, base, registry),
+        gate_for(parked.url, lines=lines) as (_, base, registry),
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
     ):
         for line, expected in (("slow", [200, 429]), ("wordy", [200, 429])):
@@ -63,18 +56,18 @@ async def test_a_lines_buckets_say_which_of_them_refused(engine: ParkedCompletio
     )
 
 
-async def test_the_queue_says_full_shed_or_timed_out(engine: ParkedCompletions) -> None:
+async def test_the_queue_says_full_shed_or_timed_out(parked: ParkedCompletions) -> None:
     """One slot, a queue of one: a low request waits; a second low finds the queue full; a high one
     sheds the waiting low; and the high one, still without a slot at the deadline, times out."""
     settings = {**ONE_AT_A_TIME, "queue_size": 1, "max_queue_wait_s": 0.3}
     low, high = {"x-servepilot-priority": "low"}, {"x-servepilot-priority": "high"}
     async with (
-        gate_for(engine.url, **settings) as (gate, base, registry),
+        gate_for(parked.url, **settings) as (gate, base, registry),
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
     ):
         url = f"{base}/v1/completions"
         held = asyncio.create_task(client.post(url, json=BODY))
-        await _until(lambda: engine.running == 1)
+        await _until(lambda: parked.running == 1)
         waiting = asyncio.create_task(client.post(url, json=BODY, headers=low))
         await _until(lambda: gate.admission.queue_depth == 1)
         async with client.post(url, json=BODY, headers=low) as full:
@@ -84,7 +77,7 @@ async def test_the_queue_says_full_shed_or_timed_out(engine: ParkedCompletions) 
         assert shed.status == 429
         timed_out = await pushing
         assert timed_out.status == 503
-        engine.go.set()
+        parked.go.set()
         assert (await held).status == 200
     reasons = {r: _refused(registry, "default", r) for r in ("queue_full", "shed", "queue_timeout")}
     assert reasons == {"queue_full": 1, "shed": 1, "queue_timeout": 1}

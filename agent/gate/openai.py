@@ -336,6 +336,38 @@ def error_body(message: str, kind: str, code: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "code": code}}
 
 
+def stream_error_event(path: str, message: str, code: str) -> bytes:
+    """The SSE event that ends a started stream with an error, in the shape its API's clients raise on:
+    for Anthropic's Messages (:data:`MESSAGES_PATH`) an event named ``error`` carrying
+    ``{"type": "error", "error": {"type", "message"}}`` (Anthropic's SDK raises on that name and passes
+    over unnamed events, so an OpenAI-shaped one would let it read a cut answer as whole); for every
+    other API an unnamed event with OpenAI's error shape (:func:`error_body`), which the OpenAI SDK
+    raises on, as vLLM writes it. ``code``: the gate's reason, e.g. ``bad_gateway``."""
+    if path == MESSAGES_PATH:
+        kind = "timeout_error" if code == "upstream_stalled" else "api_error"
+        doc: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+        return b"event: error\ndata: " + json.dumps(doc).encode() + b"\n\n"
+    return b"data: " + json.dumps(error_body(message, "upstream_error", code)).encode() + b"\n\n"
+
+
+EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
+"""How an SSE event ends."""
+
+STREAM_ENDS = (b"data: [DONE]", b"event: message_stop", b"event: response.completed")
+"""How a whole stream's last event starts: ``[DONE]`` (OpenAI's chat and completions), Anthropic's
+``message_stop``, the Responses API's ``response.completed``."""
+
+
+def stream_finished(tail: bytes) -> bool:
+    """Whether a stream's ``tail`` ends with its end event (:data:`STREAM_ENDS`), whole, so that a
+    connection that breaks after it lost the client nothing."""
+    if not tail.endswith(EVENT_ENDS):  # cut inside an event: its end may be missing
+        return False
+    last = tail.rstrip(b"\r\n")
+    at = max(last.rfind(b"\n\n"), last.rfind(b"\r\n\r\n"))
+    return last[at + 1 :].lstrip(b"\r\n").startswith(STREAM_ENDS)
+
+
 def _usage(usage: Any) -> tuple[float, float] | None:
     """``(prompt, completion)`` tokens from a ``usage`` object: chat/completions (and SGLang's
     ``meta_info``) name them ``prompt_tokens``/``completion_tokens``, the Responses API

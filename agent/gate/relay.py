@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
@@ -26,17 +25,20 @@ from multidict import CIMultiDict
 from agent.gate.cache import Fill
 from agent.gate.ejection import UpstreamStalled
 from agent.gate.openai import (
+    EVENT_ENDS,
     NO_TOKEN,
     REQUEST_ID,
     error_body,
     stream_error,
+    stream_error_event,
+    stream_finished,
     usage_from_json,
     usage_from_sse_tail,
 )
 from agent.gate.ratelimit import retry_after_header
 from agent.gate.records import RequestRecord
 from agent.gate.sequences import SequenceGaps
-from agent.gate.stream_usage import EVENT_ENDS, UsageEventFilter
+from agent.gate.stream_usage import UsageEventFilter
 
 log = logging.getLogger(__name__)
 
@@ -88,15 +90,20 @@ def json_error(
     return web.json_response(error_body(message, kind, code), status=status, headers=headers)
 
 
-async def _end_with_error(resp: web.StreamResponse, cut: bool, message: str, code: str) -> None:
-    """End a started stream with an error event, as vLLM and SGLang end theirs on a failure: the OpenAI
-    SDK raises on it, so the client learns its answer failed rather than reading a short one as whole.
-    ``cut``: the client's bytes stop inside an event; a blank line first closes that fragment (an SSE
-    client drops it or fails on it), so the error event arrives whole."""
-    event = error_body(message, "upstream_error", code)
+async def _end_with_error(resp: web.StreamResponse, path: str, cut: bool, message: str, code: str) -> None:
+    """End a started stream with an error event, as vLLM and SGLang end theirs on a failure, in the
+    shape the client's SDK raises on (:func:`~agent.gate.openai.stream_error_event`), so the client
+    learns its answer failed rather than reading a short one as whole. ``cut``: the client's bytes stop
+    inside an event; a blank line first closes that fragment (an SSE client drops it or fails on it), so
+    the error event arrives whole."""
+    event = stream_error_event(path, message, code)
     with contextlib.suppress(ConnectionResetError):
-        await resp.write((b"\n\n" if cut else b"") + b"data: " + json.dumps(event).encode() + b"\n\n")
+        await resp.write((b"\n\n" if cut else b"") + event)
         await resp.write_eof()
+
+
+#: How an upstream's answer breaks on the way: its connection lost, a malformed body, a read timeout
+_BROKEN = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError)
 
 
 class Unanswered(Exception):
@@ -233,38 +240,40 @@ class Relay:
                     await resp.write(chunk)
             if not resp.prepared:  # an empty stream
                 await resp.prepare(request)
-            if unasked is not None and (rest := unasked.rest()):
-                if fill is not None:
-                    fill.feed(rest)
-                await resp.write(rest)
-            await resp.write_eof()
+            await self._close_whole(resp, unasked, fill)
         except (ConnectionResetError, asyncio.CancelledError) as error:
             up.close()  # the client is gone: drop the upstream connection so the engine aborts
             ended("disconnected", 499)
             if isinstance(error, asyncio.CancelledError):
                 raise
             return resp  # nobody to answer: not a server error worth a traceback in the log
-        except UpstreamStalled as stalled:  # its upstream hung mid-stream: say so, rather than hang on
+        except (UpstreamStalled, *_BROKEN) as error:
             up.close()
-            if not resp.prepared:  # before its first byte: the client has had nothing, ask another
+            stalled = isinstance(error, UpstreamStalled)  # its upstream hung mid-stream, rather than broke
+            if stalled and not resp.prepared:  # the client has had nothing: another upstream may answer
                 raise Unanswered from None
-            log.warning("ended a stream from a hung upstream: %s", stalled)
-            ended("upstream_error", 504)
-            cut = unasked is None and not tail.endswith(EVENT_ENDS)
-            await _end_with_error(resp, cut, f"upstream {stalled}", "upstream_stalled")
-            return resp
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as error:
-            up.close()
-            log.warning("the stream from upstream %s broke: %s", record.upstream if record else up.url, error)
-            ended("upstream_error", up.status if resp.prepared else 502)
-            if not resp.prepared:  # nothing sent yet: a clear error rather than an empty 200
-                message = f"the upstream's stream broke before its first byte: {error}"
-                return json_error(502, message, "upstream_error", "bad_gateway")
-            # an engine killed mid-stream: until 2026-12-06 the client's stream just ended, as a whole
-            # answer's would (without [DONE]), and the OpenAI SDK returned the truncated text as the answer
-            cut = unasked is None and not tail.endswith(EVENT_ENDS)
-            await _end_with_error(resp, cut, f"the upstream's stream broke: {error}", "bad_gateway")
-            return resp
+            if resp.prepared and stream_finished(tail):
+                # it hung or broke after the stream's end event: the client has its whole answer
+                log.debug("the stream from upstream %s failed after its end: %s", up.url, error)
+                with contextlib.suppress(ConnectionResetError):
+                    await self._close_whole(resp, unasked, fill)
+            else:
+                name, how = record.upstream if record else up.url, "hung" if stalled else "broke"
+                log.warning("the stream from upstream %s %s: %s", name, how, error)
+                ended("upstream_error", 504 if stalled else up.status if resp.prepared else 502)
+                if not resp.prepared:  # nothing sent yet: a clear error rather than an empty 200
+                    message = f"the upstream's stream broke before its first byte: {error}"
+                    return json_error(502, message, "upstream_error", "bad_gateway")
+                # an engine killed mid-stream: until 2026-12-06 the client's stream just ended, as a whole
+                # answer's would (without [DONE]), and the OpenAI SDK returned the truncated text as whole
+                cut = unasked is None and not tail.endswith(EVENT_ENDS)
+                message, code = (
+                    (f"upstream {error}", "upstream_stalled")
+                    if stalled
+                    else (f"the upstream's stream broke: {error}", "bad_gateway")
+                )
+                await _end_with_error(resp, request.path, cut, message, code)
+                return resp
         # a failure after the 200 went is an event in the stream: the answer failed all the same
         failed = stream_error(tail) if record is not None and up.status < 300 else None
         if record is not None:
@@ -282,6 +291,17 @@ class Relay:
         if fill is not None and self.filled is not None and up.status == 200 and not failed:
             self.filled(fill, up, True, record)
         return resp
+
+    @staticmethod
+    async def _close_whole(
+        resp: web.StreamResponse, unasked: UsageEventFilter | None, fill: Fill | None
+    ) -> None:
+        """End a whole stream: what the usage filter still holds, then the end of the body."""
+        if unasked is not None and (rest := unasked.rest()):
+            if fill is not None:
+                fill.feed(rest)
+            await resp.write(rest)
+        await resp.write_eof()
 
     def _counted(self, events: float, record: RequestRecord) -> float:
         """The output tokens of a stream without usage, from its token events: one each, or, from an

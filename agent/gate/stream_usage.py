@@ -25,14 +25,12 @@ answers 422 to a ``stream_options`` it cannot read, and hosted OpenAI-like APIs 
 
 from __future__ import annotations
 
-from agent.gate.openai import CHAT_PATHS, USAGE_EVENT
+from agent.gate.openai import CHAT_PATHS, EVENT_ENDS, USAGE_EVENT
 from agent.gate.sequences import EVENT_END, MAX_EVENT_BYTES
 
 #: The streams that take ``stream_options``: OpenAI's completions and chat.
 USAGE_PATHS = frozenset({"/v1/completions", *CHAT_PATHS})
 _ASK = b'{"stream_options":{"include_usage":true},'
-EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
-"""How an SSE event ends."""
 
 #: What an upstream refusing a request's fields answers: FastAPI/pydantic servers 400 (vLLM) or 422,
 #: axum/serde ones (TGI) 422.

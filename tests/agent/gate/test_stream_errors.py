@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agent.gate.openai import stream_error
+from agent.gate.openai import stream_error, stream_finished
 from tests.agent.gate.parked import Stepped, serving
 from tests.engines.client import gate_for, gate_tokens
 
@@ -74,20 +74,45 @@ async def test_an_answer_that_failed_mid_stream_is_a_failed_answer(
 
 
 class KilledMidStream(FailingMidStream):
-    """The engine's process dies after three tokens (and, with ``fragment``, part of a fourth): its
-    connection drops without the stream's end, as a kill -9 of llama.cpp mid-generation showed."""
+    """The engine's process dies after ``keep`` events of ``recorded`` (all of them: after its end) and,
+    with ``fragment``, part of the next: its connection drops without the stream's end, as a kill -9 of
+    llama.cpp mid-generation showed."""
 
+    more_paths = ("/v1/messages",)
+    recorded = "vllm-0.32.0-cpu-completions-usage-stream.sse"
+    keep: int | None = 3
     fragment = b""
 
     async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-        recorded = (FIXTURES / "vllm-0.32.0-cpu-completions-usage-stream.sse").read_bytes()
+        events = (FIXTURES / self.recorded).read_bytes().split(b"\n\n")[:-1]
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        await resp.write(b"".join(event + b"\n\n" for event in recorded.split(b"\n\n")[:3]) + self.fragment)
+        await resp.write(b"".join(event + b"\n\n" for event in events[: self.keep]) + self.fragment)
         await asyncio.sleep(0.05)  # on the wire before the drop (an abort discards what is buffered)
         assert request.transport is not None
         request.transport.abort()
         return resp
+
+
+async def _relayed_from_killed(engine: KilledMidStream, path: str) -> tuple[bytes, dict[str, float]]:
+    """What the client read of a stream from ``engine`` through a gate, and the gate's requests by
+    outcome."""
+    async with (
+        gate_for(engine.url, stream_usage=False) as (_, base, registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+    ):
+        body = {"model": "m", "max_tokens": 4, "stream": True}
+        body |= {"messages": [{"role": "user", "content": "Say hello"}]} if path == "/v1/messages" else {}
+        async with client.post(f"{base}{path}", json=body | {"prompt": "Say hello"}) as resp:
+            assert resp.status == 200
+            relayed = await resp.read()
+        line = {"line": "default", "priority": "normal"}
+        outcomes = {
+            outcome: registry.get_sample_value("servepilot_gate_requests_total", line | {"outcome": outcome})
+            or 0.0
+            for outcome in ("ok", "upstream_error")
+        }
+    return relayed, outcomes
 
 
 @pytest.mark.parametrize("fragment", [b"", b'data: {"id":"cmpl-1","choices":[{"te'])
@@ -97,21 +122,45 @@ async def test_a_stream_whose_engine_died_ends_with_an_error_event(fragment: byt
     is closed by a blank line first, so the error event parses."""
     async for engine in serving(KilledMidStream()):
         engine.fragment = fragment
-        async with (
-            gate_for(engine.url, stream_usage=False) as (_, base, registry),
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
-        ):
-            body = {"prompt": "Say hello", "max_tokens": 4, "stream": True}
-            async with client.post(f"{base}/v1/completions", json=body) as resp:
-                assert resp.status == 200
-                relayed = await resp.read()
+        relayed, outcomes = await _relayed_from_killed(engine, "/v1/completions")
         events = relayed.split(b"\n\n")
         assert events[-1] == b"" and events[2].startswith(b"data: ")  # three whole token events
         assert events[3:-2] == ([fragment] if fragment else [])
         error = json.loads(events[-2].removeprefix(b"data: "))["error"]
         assert error["code"] == "bad_gateway" and error["message"].startswith("the upstream's stream broke")
-        labels = {"line": "default", "priority": "normal", "outcome": "upstream_error"}
-        assert registry.get_sample_value("servepilot_gate_requests_total", labels) == 1
+        assert outcomes == {"ok": 0.0, "upstream_error": 1.0}
+
+
+async def test_a_messages_stream_whose_engine_died_ends_with_anthropics_error_event() -> None:
+    """Anthropic's SDK raises on an event named ``error`` and passes over unnamed ones: until 2026-12-07
+    the gate's OpenAI-shaped error event let it read a cut Messages answer as whole."""
+    async for engine in serving(KilledMidStream()):
+        engine.recorded, engine.keep = "vllm-0.32.0-cpu-messages-stream.sse", 4
+        relayed, outcomes = await _relayed_from_killed(engine, "/v1/messages")
+        name, data = relayed.split(b"\n\n")[-2].split(b"\n")
+        assert name == b"event: error"
+        doc = json.loads(data.removeprefix(b"data: "))
+        assert doc["type"] == "error" and doc["error"]["type"] == "api_error", doc
+        assert doc["error"]["message"].startswith("the upstream's stream broke")
+        assert stream_error(relayed) == 500  # the gate reads its own event as the engines' are read
+        assert outcomes == {"ok": 0.0, "upstream_error": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("recorded", "path"),
+    [
+        ("vllm-0.32.0-cpu-completions-usage-stream.sse", "/v1/completions"),  # ends with [DONE]
+        ("vllm-0.32.0-cpu-messages-stream.sse", "/v1/messages"),  # ends with message_stop
+    ],
+)
+async def test_a_stream_that_broke_after_its_end_is_a_whole_answer(recorded: str, path: str) -> None:
+    """Until 2026-12-07 a connection lost after ``[DONE]`` counted the answer an upstream error and
+    added an error event after the end, which no client reads."""
+    async for engine in serving(KilledMidStream()):
+        engine.recorded, engine.keep = recorded, None
+        relayed, outcomes = await _relayed_from_killed(engine, path)
+        assert relayed == (FIXTURES / recorded).read_bytes()
+        assert outcomes == {"ok": 1.0, "upstream_error": 0.0}
 
 
 @pytest.mark.parametrize(
@@ -234,3 +283,27 @@ async def test_a_messages_stream_that_failed_is_a_failed_answer() -> None:
     # its one token event; its prompt as message_start counted it (the stream's only usage, and 0
     # generated: a start's, not the end's)
     assert gate_tokens(registry) == {"prompt": 38.0, "output": 1.0}
+
+
+@pytest.mark.parametrize(
+    "recorded",
+    [
+        "vllm-0.32.0-cpu-completions-usage-stream.sse",
+        "vllm-0.32.0-cpu-chat-usage-stream.sse",
+        "vllm-0.32.0-cpu-messages-stream.sse",
+        "vllm-0.32.0-cpu-responses-stream.sse",
+        "llamacpp-chat-usage-stream.sse",
+    ],
+)
+def test_a_recorded_stream_is_finished_at_its_end_and_not_before(recorded: str) -> None:
+    whole = (FIXTURES / recorded).read_bytes()
+    assert stream_finished(whole)
+    assert stream_finished(whole.replace(b"\n", b"\r\n"))  # an engine that ends its lines so
+    events = whole.split(b"\n\n")
+    assert not stream_finished(b"\n\n".join(events[:-2]) + b"\n\n")  # its last event missing
+    assert not stream_finished(whole[:-20])  # cut inside it
+
+
+def test_text_that_reads_like_an_end_does_not_finish_a_stream() -> None:
+    assert not stream_finished(b'data: {"choices":[{"text":"data: [DONE]"}]}\n\n')
+    assert not stream_finished(b"")

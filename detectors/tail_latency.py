@@ -107,6 +107,40 @@ def _watched(snapshot: Snapshot) -> tuple[list[str], list[tuple[str, re.Match[st
 
 _KIND = {"ttft": "time to first token", "itl": "inter-token latency", "e2e": "end-to-end latency"}
 
+LOAD_DRIVEN_SIGNAL = "tails.load_driven"
+"""The signal of the one finding that holds every load-driven tail (:func:`_grouped`)."""
+
+
+def _ratio(finding: Finding) -> float:
+    """A load-driven tail over its typical value."""
+    return float(finding.evidence["latency_s"]) / float(finding.evidence["reference_s"])
+
+
+def _grouped(load_driven: list[Finding]) -> Finding:
+    """One finding for every load-driven tail of a tick. They share one cause and one remedy (capacity or
+    admission), and under overload nearly every tail rises with it: an overloaded vLLM demo listed 16 of
+    them, one per kind, quantile and bucket, and 16 findings read as 16 problems. Its evidence is the worst
+    tail's, with ``tails`` (how many) and ``signals`` (each one with its ratio, worst first)."""
+    ranked = sorted(load_driven, key=_ratio, reverse=True)
+    worst = ranked[0]
+    evidence = {
+        **worst.evidence,
+        "worst_signal": worst.signal,
+        "tails": float(len(ranked)),
+        "signals": ", ".join(f"{f.signal} {_ratio(f):.1f}x" for f in ranked),
+    }
+    many = f"{len(ranked)} latency tails are" if len(ranked) > 1 else "1 latency tail is"
+    return Finding(
+        detector=worst.detector,
+        signal=LOAD_DRIVEN_SIGNAL,
+        severity=Severity.INFO,
+        score=worst.score,
+        summary=f"{many} above typical, explained by load; the worst: {worst.summary}",
+        since=min(f.since for f in ranked),
+        evidence=evidence,
+        hint=worst.hint,
+    )
+
 
 class _Model:
     def __init__(self, forgetting: float, k: int, n: int, alpha: float) -> None:
@@ -189,7 +223,8 @@ class TailLatencyDetector:
             deepest_at_gate = self._gate_queue.push(snapshot.now, queue_now + max(0.0, gate_queue))
             x_gate = [*x_now]
             x_gate[2] = math.log1p(deepest_at_gate)
-        findings: list[Finding] = []
+        findings: list[Finding] = []  # anomalous tails, each its own finding
+        load_driven: list[Finding] = []  # load-driven ones, grouped into one (:func:`_grouped`)
         values = snapshot.values
         for name, match in tails:
             latency = values[name]
@@ -237,11 +272,14 @@ class TailLatencyDetector:
                 # ("P95 ... is 0.078s, 0.8x its typical") reported a normal tail as the problem (seen live)
                 was_anomalous, was_z, shown = model.last_hit
                 shown = {**shown, "latest_s": latency}
-                findings.append(
-                    self._finding(name, match, was_anomalous, was_z, shown, model.gate.since(snapshot.now))
+                finding = self._finding(
+                    name, match, was_anomalous, was_z, shown, model.gate.since(snapshot.now)
                 )
+                (findings if was_anomalous else load_driven).append(finding)
             if not anomalous:
                 model.learn(x, y)
+        if load_driven:
+            findings.append(_grouped(load_driven))
         return findings
 
     def _finding(

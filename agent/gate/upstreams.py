@@ -69,10 +69,10 @@ class UpstreamPool:
         changed = upstream.healthy != healthy
         upstream.healthy, upstream.checked_at = healthy, now
         upstream.last_error = "" if healthy else error
-        if changed:
-            log.warning(
-                "upstream %s is %s%s", name, "up" if healthy else "down", f": {error}" if error else ""
-            )
+        if healthy and changed:  # good news: info, so a log alert on warnings is not raised by a recovery
+            log.info("upstream %s is up", name)
+        elif changed:
+            log.warning("upstream %s is down%s", name, f": {error}" if error else "")
         return changed
 
     def describe(self) -> dict[str, dict[str, object]]:

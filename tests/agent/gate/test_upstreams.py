@@ -37,3 +37,19 @@ def test_bad_split_is_refused_and_the_old_one_kept(split: dict[str, float], mess
     with pytest.raises(ValueError, match=message):
         pool.set_split(split)
     assert pool.weights["primary"] == 1.0
+
+
+def test_an_upstream_going_down_is_a_warning_and_coming_back_is_info(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A vLLM killed and restarted logged "upstream primary is up" as a warning: a recovery raised
+    whatever alerts on the sidecar's warnings."""
+    pool = UpstreamPool({"primary": "http://a", "fp8": "http://b"}, {"primary": 1.0})
+    with caplog.at_level("INFO", logger="agent.gate.upstreams"):
+        assert pool.mark("primary", False, 1.0, "ClientConnectorError: refused")
+        assert not pool.mark("primary", False, 2.0, "ClientConnectorError: refused")  # no change: no line
+        assert pool.mark("primary", True, 3.0)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "upstream primary is down: ClientConnectorError: refused"),
+        ("INFO", "upstream primary is up"),
+    ]

@@ -3,8 +3,14 @@
 Mount with :func:`add_admin_routes` on the agent's aiohttp app (it listens on loopback by default).
 Writes need ``Authorization: Bearer <token>``; the token is read once from a file
 (:func:`load_token`) and compared in constant time (``hmac.compare_digest``), so response timing says
-nothing about how much of a guess was right. Without a token file the write routes answer 503: an
-override nobody can authenticate is an override anybody could use. ``GET /api/actions`` is read-only
+nothing about how much of a guess was right. Each accepted override is one audit record, policy
+``operator``: pause and resume (knob ``actuation.paused``), a pin and an unpin (the knob; ``to`` is None
+when unpinned), a forced or released breaker level (``breaker.forced``), a canary start or abort
+(``canary``), with the caller's address. Until 2026-12-06 only a pin's effect was recorded (and only when
+it moved the knob): who paused actuation during an incident was nowhere.
+
+Without a token file the write routes answer 503: an override nobody can authenticate is an override
+anybody could use. ``GET /api/actions`` is read-only
 and open, like ``/api/state``.
 
 Routes::
@@ -38,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from agent.audit import AuditLog
+from agent.audit import Action, AuditLog
 from agent.modes import Actuation
 
 if TYPE_CHECKING:
@@ -88,6 +94,11 @@ def add_admin_routes(
             )
         return None
 
+    def overridden(request: web.Request, knob: str, before: Any, after: Any, what: str) -> None:
+        """Audit an operator's override (``what`` it did), once accepted."""
+        reason = f"{what} by an operator (admin API, from {request.remote or 'an unknown address'})"
+        audit.record(Action(clock(), knob, before, after, reason, "operator", actuation.mode.value, "ok"))
+
     async def body(request: web.Request) -> dict[str, Any]:
         try:
             doc = json.loads(await request.text() or "{}")
@@ -114,12 +125,14 @@ def add_admin_routes(
     async def pause(request: web.Request) -> web.Response:
         if (denied := authorized(request)) is not None:
             return denied
+        overridden(request, "actuation.paused", actuation.paused, True, "actuation paused")
         actuation.paused = True
         return web.json_response(actuation.state())
 
     async def resume(request: web.Request) -> web.Response:
         if (denied := authorized(request)) is not None:
             return denied
+        overridden(request, "actuation.paused", actuation.paused, False, "actuation resumed")
         actuation.paused = False
         return web.json_response(actuation.state())
 
@@ -134,24 +147,30 @@ def add_admin_routes(
             return _error(400, "value must be a number, string or boolean")
         if (why := actuation.check(knob, value)) is not None:
             return _error(400, why)
+        overridden(request, knob, actuation.pins.get(knob), value, "pinned")
         actuation.pins[knob] = value
         return web.json_response(actuation.state())
 
     async def unpin(request: web.Request) -> web.Response:
         if (denied := authorized(request)) is not None:
             return denied
-        if actuation.pins.pop(request.match_info["knob"], None) is None:
-            return _error(404, f"knob {request.match_info['knob']!r} is not pinned")
+        knob = request.match_info["knob"]
+        if (value := actuation.pins.pop(knob, None)) is None:
+            return _error(404, f"knob {knob!r} is not pinned")
+        overridden(request, knob, value, None, "unpinned (the policies decide it again)")
         return web.json_response(actuation.state())
 
     async def breaker(request: web.Request) -> web.Response:
         if (denied := authorized(request)) is not None:
             return denied
         level = (await body(request)).get("level", "missing")
+        before = actuation.forced.get("breaker.level")
         if level is None:
             actuation.forced.pop("breaker.level", None)
+            overridden(request, "breaker.forced", before, None, "breaker released to its rules")
         elif isinstance(level, int) and not isinstance(level, bool) and level in breaker_levels:
             actuation.forced["breaker.level"] = level
+            overridden(request, "breaker.forced", before, level, f"breaker forced to L{level}")
         else:
             usable = ", ".join(map(str, breaker_levels))
             return _error(
@@ -166,11 +185,15 @@ def add_admin_routes(
             return denied
         if canary is None:
             return _error(404, "the precision canary is disabled: set canary.enabled")
-        if request.method == "POST":
-            return web.json_response(canary.start(clock()))
-        if request.method == "DELETE":
-            return web.json_response(canary.abort(clock()))
-        return web.json_response(canary.status())
+        if request.method == "GET":
+            return web.json_response(canary.status())
+        before = canary.status().get("phase")
+        started = request.method == "POST"
+        doc = canary.start(clock()) if started else canary.abort(clock())
+        overridden(
+            request, "canary", before, doc.get("phase"), "canary started" if started else "canary aborted"
+        )
+        return web.json_response(doc)
 
     async def reload_route(request: web.Request) -> web.Response:
         if (denied := authorized(request)) is not None:

@@ -134,8 +134,10 @@ class Actuation:
         if self.mode is Mode.OBSERVE:
             return None
         knob, reason, target = proposal.knob, proposal.reason, proposal.value
-        if knob in self.pins:
+        if knob in self.pins and proposal.policy != "operator":  # a policy's proposal on a pinned knob
             target, reason = self.pins[knob], f"pinned by operator (policy wanted {proposal.value!r})"
+        elif knob in self.pins:  # the pin itself, held while no policy proposes (it said "policy wanted"
+            target = self.pins[knob]  # the pinned value, seen live)
         binding = self._knobs.get(knob)
         current = None
         if binding is not None:

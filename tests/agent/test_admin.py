@@ -140,6 +140,40 @@ async def test_a_breaker_level_without_its_upstream_cannot_be_forced() -> None:
     assert actuation.forced == {"breaker.level": 3}
 
 
+async def test_each_accepted_override_is_one_audit_record_and_a_refused_one_none(
+    admin: tuple[str, Actuation, AuditLog],
+) -> None:
+    """Until 2026-12-06 only a pin's effect reached the audit log, and only when it moved the knob: a
+    pause during an incident, who forced the breaker and when, were nowhere."""
+    url, _, audit = admin
+    async with aiohttp.ClientSession() as s:
+        for method, path, doc in [
+            ("POST", "pause", None),
+            ("POST", "resume", None),
+            ("POST", "pin", {"knob": "batch.max_in_flight", "value": 32}),
+            ("POST", "pin", {"knob": "batch.max_in_flight", "value": 100_000}),  # past the bounds: refused
+            ("DELETE", "pin/batch.max_in_flight", None),
+            ("DELETE", "pin/batch.max_in_flight", None),  # not pinned any more: 404
+            ("POST", "breaker", {"level": 1}),
+            ("POST", "breaker", {"level": "high"}),  # refused
+            ("POST", "breaker", {"level": None}),
+        ]:
+            await s.request(method, f"{url}/api/admin/{path}", headers=AUTH, json=doc)
+        listed = (await (await s.get(url + "/api/actions")).json())["actions"][::-1]
+    assert [(a["knob"], a["from"], a["to"]) for a in listed] == [
+        ("actuation.paused", False, True),
+        ("actuation.paused", True, False),
+        ("batch.max_in_flight", None, 32),
+        ("batch.max_in_flight", 32, None),
+        ("breaker.forced", None, 1),
+        ("breaker.forced", 1, None),
+    ]
+    assert all(a["policy"] == "operator" and a["result"] == "ok" and a["mode"] == "act" for a in listed)
+    assert listed[0]["reason"] == "actuation paused by an operator (admin API, from 127.0.0.1)"
+    assert listed[4]["reason"].startswith("breaker forced to L1 by an operator")
+    assert audit.recent(100) == listed[::-1]
+
+
 async def test_actions_are_listed_newest_first(admin: tuple[str, Actuation, AuditLog]) -> None:
     url, _, audit = admin
     for i in range(3):

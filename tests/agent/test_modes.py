@@ -124,6 +124,17 @@ async def test_a_pinned_knob_gets_the_pinned_value() -> None:
     assert knob.value == 32 and action is not None and "pinned by operator" in action.reason
 
 
+async def test_a_pin_held_while_no_policy_proposes_says_no_policy_wanted_it() -> None:
+    """The sidecar proposes a pin itself while no policy proposes that knob; its record read "pinned by
+    operator (policy wanted 12)" for a pin of 12 that the policy had just moved away from (seen live)."""
+    knob = Knob()
+    act = _actuation("act", knob)
+    act.pins["gate.limit"] = 32
+    action = await act.execute(Proposal("operator", "gate.limit", 32, "pinned by operator"))
+    assert knob.value == 32 and action is not None
+    assert action.reason == "pinned by operator" and action.policy == "operator"
+
+
 async def test_a_failing_actuator_is_audited_as_an_error_not_raised() -> None:
     action = await _actuation("act", Knob(fail=True)).execute(PROPOSAL)
     assert action is not None and action.result == "error: RuntimeError: engine said no"

@@ -129,6 +129,8 @@ async def test_a_rollout_started_by_the_admin_route_passes_the_gate_and_steps_fp
     assert (await (await rig.admin.get("/api/admin/canary", headers=AUTH)).json())["phase"] == "idle"
     started = await rig.admin.post("/api/admin/canary", headers=AUTH)
     assert started.status == 200 and (await started.json())["phase"] == "gate"
+    [record] = [a for a in rig.sidecar.knobs.audit.recent(100) if a["knob"] == "canary"]
+    assert (record["from"], record["to"], record["policy"]) == ("idle", "gate", "operator")
     await rig.tick()  # the meter starts measuring both upstreams (and the tick waits for it here)
     await rig.tick()  # the perplexities are in the snapshot; the gate passes
     status = await (await rig.admin.get("/api/admin/canary", headers=AUTH)).json()

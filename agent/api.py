@@ -5,7 +5,13 @@ loop turns it 503, so Kubernetes restarts a wedged sidecar but not one whose eng
 
 With the gate, ``/api/upstreams`` lists its upstreams: split, health and why one is out.
 
-``/readyz`` is also 503 while the ``engine_stall`` detector finds the engine hung (unless
+``/readyz`` is also 503 while the gate has no healthy upstream (with the gate on): it can serve nothing
+then (beside a vLLM killed -9 under load, it answered 716 requests 502 in the 38 s until the engine was
+back). An engine container whose process exits is taken out of the Service by the kubelet at once; one
+whose process stays while its ``/health`` fails is not, for the minute its liveness probe takes (it
+has no readiness probe once started), nor is a pod whose gate sends to upstreams outside it. Unready,
+the Service sends new requests to the pod's replicas. And it is 503 while the ``engine_stall`` detector
+finds the engine hung (unless
 ``agent.unready_when_engine_stalled`` is off): the engine's ``/health`` still answers then, so nothing
 else takes the pod out of its Service, and every request sent to it would wait for a 503 from the gate.
 Unready, the pod gets no new requests; it is ready again at the engine's first progress. Readiness, not
@@ -71,6 +77,8 @@ def build_app(
                     return web.json_response(
                         {"status": "engine_stalled", "reason": finding.summary}, status=503
                     )
+        if upstreams is not None and (unready := _no_healthy_upstream(upstreams)) is not None:
+            return unready
         return web.json_response({"status": "ready", "last_tick_age_s": round(age, 3)})
 
     async def engine_livez(_: web.Request) -> web.Response:
@@ -113,10 +121,9 @@ def build_gate_app(registry: CollectorRegistry, pool: UpstreamPool) -> web.Appli
     app = web.Application(client_max_size=64 * 1024)
 
     async def readyz(_: web.Request) -> web.Response:
+        if (unready := _no_healthy_upstream(pool)) is not None:
+            return unready
         healthy = [up.name for up in pool.upstreams.values() if up.healthy]
-        if not healthy:
-            reasons = "; ".join(f"{up.name}: {up.last_error or 'down'}" for up in pool.upstreams.values())
-            return web.json_response({"status": "no_upstream", "reason": reasons}, status=503)
         return web.json_response({"status": "ready", "healthy_upstreams": healthy})
 
     app.router.add_get("/metrics", _metrics_handler(registry))
@@ -124,6 +131,15 @@ def build_gate_app(registry: CollectorRegistry, pool: UpstreamPool) -> web.Appli
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/api/upstreams", _upstreams_handler(pool))
     return app
+
+
+def _no_healthy_upstream(pool: UpstreamPool) -> web.Response | None:
+    """The 503 a readiness probe gets while none of the gate's upstreams is healthy (each one's last
+    error named), or None."""
+    if any(up.healthy for up in pool.upstreams.values()):
+        return None
+    reasons = "; ".join(f"{up.name}: {up.last_error or 'down'}" for up in pool.upstreams.values())
+    return web.json_response({"status": "no_upstream", "reason": reasons}, status=503)
 
 
 def _upstreams_handler(pool: UpstreamPool) -> Callable[[web.Request], Awaitable[web.Response]]:

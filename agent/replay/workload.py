@@ -71,6 +71,11 @@ def load(
     path = Path(path)
     if not rate_scale > 0 or not np.isfinite(rate_scale):
         raise TraceError(f"rate scale must be a positive number, got {rate_scale}")
+    if path.is_dir():  # a folder of traces (../shared/data/traces/azure_llm_2023): name what it holds
+        held = sorted(p.name for p in path.iterdir() if p.suffix in (".csv", ".jsonl"))
+        raise TraceError(
+            f"{path} is a folder; name a trace file in it ({', '.join(held) or 'it holds none'})"
+        )
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
     rng = np.random.default_rng(seed)

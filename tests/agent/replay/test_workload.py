@@ -54,6 +54,16 @@ def test_missing_file_is_one_line_error(tmp_path):
         load(tmp_path / "nope.csv", max_model_len=4096)
 
 
+def test_a_folder_is_refused_naming_the_traces_in_it(tmp_path):
+    """``--trace ../shared/data/traces/azure_llm_2023`` said "no such file" of a folder that exists."""
+    (tmp_path / "AzureLLMInferenceTrace_conv.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    (tmp_path / "LICENSE").write_text("")
+    with pytest.raises(
+        TraceError, match=r"is a folder; name a trace file in it \(AzureLLMInferenceTrace_conv.csv\)"
+    ):
+        load(tmp_path, max_model_len=4096)
+
+
 def test_zero_rate_scale_is_refused(conv):
     with pytest.raises(TraceError, match="rate scale"):
         load(conv, max_model_len=4096, rate_scale=0.0)

@@ -167,12 +167,31 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
+def _versus_line(summary: dict[str, Any]) -> str:
+    """``auto``'s goodput against the best static setting and the engine default, in one line."""
+    parts = []
+    for key, what in (("best_static", "the best static"), ("engine_default", "the engine default")):
+        other = summary["versus"][key]
+        ratio = "-" if other["goodput_ratio"] is None else f"{other['goodput_ratio']:.3f}x"
+        parts.append(f"{ratio} {what} ({other['policy']})")
+    attained = summary["versus"]["slo_attainment"]
+    return f"{summary['policy']} goodput: {', '.join(parts)}, at {attained:.2%} SLO attainment"
+
+
 def run(args: argparse.Namespace) -> int:
     from agent.cli import UsageError
     from agent.config import load
     from agent.replay.from_config import Flags, describe, spec_fields
     from agent.replay.report import render
-    from agent.replay.runner import ReplaySpec, parse_policy, run_policy, sweep
+    from agent.replay.runner import (
+        ReplaySpec,
+        engine_default,
+        parse_policy,
+        run_policy,
+        run_summary,
+        sweep,
+        versus,
+    )
     from agent.replay.slo import Slo
     from agent.replay.summary import class_table, spec_line, summarise, table
     from agent.traces import TraceError
@@ -217,9 +236,15 @@ def run(args: argparse.Namespace) -> int:
         replay_run, name = run_policy(spec, args.policy)
         summary: dict[str, Any] = summarise(replay_run, name)
         if args.sweep:
-            rows, best = sweep(spec)
+            rows, best = sweep(spec, workload=replay_run.workload)
+            default_name = engine_default(spec)
+            default = next((row for row in rows if row["policy"] == default_name), None)
+            if default is None:  # a --default-batch the sweep's grid lacks
+                default = run_summary(spec, default_name, with_actions=False, workload=replay_run.workload)
+                rows.append(default)
             summary["sweep"] = rows
             summary["best_static"] = best
+            summary["versus"] = versus(summary, best, default)
         if args.spec_compare:
             rows = []
             for k in args.spec_compare:
@@ -240,6 +265,7 @@ def run(args: argparse.Namespace) -> int:
     print(table([summary, *summary.get("sweep", []), *summary.get("spec_compare", [])]))
     if args.sweep:
         print(f"best static in hindsight: {summary['best_static']['policy']}")
+        print(_versus_line(summary))
     if args.spec_compare:
         best = summary["best_spec"]
         print(f"best draft length for this load: {best} (goodput, then SLO attainment; ties: shorter)")

@@ -12,7 +12,7 @@ config's ``policies`` section would.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -234,6 +234,26 @@ def run_summary(
 ) -> dict[str, Any]:
     run, name = run_policy(spec, policy, workload)
     return summarise(run, name, with_actions=with_actions)
+
+
+def engine_default(spec: ReplaySpec) -> str:
+    """The static policy that is the engine's default setting on ``spec``'s GPU (or its
+    ``default_batch``), at the default token budget: what a deployment without servepilot runs."""
+    return f"static:{spec.default_batch or vllm_defaults(spec.gpu)[0]}"
+
+
+def versus(summary: Mapping[str, Any], best: Mapping[str, Any], default: Mapping[str, Any]) -> dict[str, Any]:
+    """``summary``'s goodput as a multiple of the best static setting's and the engine default's (the
+    issue's two yardsticks: at least 1x and 1.3x), with the SLO attainment beside them."""
+
+    def ratio(other: Mapping[str, Any]) -> float | None:
+        return summary["goodput_tps"] / other["goodput_tps"] if other["goodput_tps"] > 0 else None
+
+    return {
+        "best_static": {"policy": best["policy"], "goodput_ratio": ratio(best)},
+        "engine_default": {"policy": default["policy"], "goodput_ratio": ratio(default)},
+        "slo_attainment": summary["slo_attainment"],
+    }
 
 
 def static_grid(

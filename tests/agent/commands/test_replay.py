@@ -1,5 +1,6 @@
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,28 @@ def test_sweep_reports_the_best_static(conv, capsys):
     _main(["--trace", str(conv), "--rate-scale", "5", "--sweep", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert out["best_static"]["policy"].startswith("static:") and len(out["sweep"]) > 3
+
+
+def test_sweep_says_auto_against_the_best_static_and_the_engine_default(conv, capsys):
+    """The issue's yardsticks in the command's own words, not worked out by hand from the table."""
+    _main(["--trace", str(conv), "--rate-scale", "5", "--sweep", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    rows = {row["policy"]: row for row in out["sweep"]}
+    versus = out["versus"]
+    assert versus["engine_default"]["policy"] == "static:256"  # vLLM V1's max_num_seqs on the A100
+    for key in ("best_static", "engine_default"):
+        other = rows[versus[key]["policy"]]
+        assert versus[key]["goodput_ratio"] == pytest.approx(out["goodput_tps"] / other["goodput_tps"])
+    assert versus["best_static"]["policy"] == out["best_static"]["policy"]
+    _main(["--trace", str(conv), "--rate-scale", "5", "--sweep", "--default-batch", "200"])
+    text = capsys.readouterr().out
+    assert "static:200 " in text  # a default the grid lacks is replayed beside it
+    assert re.search(
+        r"^auto goodput: \d\.\d{3}x the best static \(static:[\d/]+\), \d\.\d{3}x the engine default "
+        r"\(static:200\), at \d+\.\d\d% SLO attainment$",
+        text,
+        re.MULTILINE,
+    ), text
 
 
 def test_report_file_is_written(conv, tmp_path):

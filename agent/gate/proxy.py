@@ -554,7 +554,10 @@ class Gate:
             return self._unreadable(request, keyed, 413, message, "request_too_large")
         path = request.rel_url.path
         known = path in ADMITTED_PATHS
-        if not known and path not in self.cfg.admit_paths:
+        # generation is a POST: anything else on these paths (a browser's CORS preflight, an OPTIONS or
+        # HEAD) runs nothing, and passes through. A preflight through llama.cpp was admitted as a request,
+        # charged to its line's bucket and timed as a 0-token answer.
+        if request.method != "POST" or (not known and path not in self.cfg.admit_paths):
             return await self.forwarder.forward(request, body, None, RequestInfo())
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):  # its body is read here: a clear refusal, not "not JSON"

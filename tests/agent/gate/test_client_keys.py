@@ -77,13 +77,28 @@ async def test_without_a_known_key_every_path_is_refused_before_the_engine(engin
 
 
 async def test_a_browsers_cors_preflight_passes_without_a_key(engine: Keyed) -> None:
-    """Browsers send it without credentials before a cross-origin POST; the engine answers it."""
+    """Browsers send it without credentials before a cross-origin POST; the engine answers it. It runs
+    nothing: through llama.cpp it was admitted as a request until 2026-12-06, charged to its line's
+    bucket (x-ratelimit-remaining-requests 1999 of 2000) and timed as a 0-token answer."""
     async with (
-        gate_for(engine.url, api_keys=KEYS, require_api_key=True) as (_, base, _registry),
+        gate_for(engine.url, api_keys=KEYS, require_api_key=True) as (gate, base, registry),
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
-        client.options(f"{base}/v1/completions", headers={"Origin": "https://app.example"}) as resp,
     ):
-        assert resp.status == 405  # the fake engine serves no OPTIONS (aiohttp says so), not the gate: 401
+        async with client.options(
+            f"{base}/v1/completions", headers={"Origin": "https://app.example"}
+        ) as resp:
+            assert (
+                resp.status == 405
+            )  # the fake engine serves no OPTIONS (aiohttp says so), not the gate: 401
+            assert "x-ratelimit-remaining-requests" not in resp.headers
+        counted = [
+            s
+            for m in registry.collect()
+            if m.name == "servepilot_gate_requests"
+            for s in m.samples
+            if s.value
+        ]
+        assert counted == [] and gate.admission.in_flight == 0
 
 
 async def test_without_require_api_key_an_unknown_key_goes_to_the_default_line(engine: Keyed) -> None:

@@ -34,6 +34,14 @@ week's warnings were such lows (a TTFT mean of 34 ms, a GPU at 41 C). An alarm o
 below its usual level (an EWMA with a one-hour half-life, ``benign_low_half_life_s``) is ``info``
 ("unusually low"); above it, it is judged as any other.
 
+**An engine restart explains what follows it.** A restarted engine starts cold: its load falls to
+nothing and comes back, its step sizes, memory and caches find new levels. Beside a vLLM killed and
+restarted under load, the tokens per step (``engine.iteration_tokens.p95``) raised a warning 40 s after
+it was back, for a change whose cause was already known. The engine's process start time
+(``engine.process_start_time_seconds``, where its ``/metrics`` says it: vLLM, SGLang) moving is one info
+finding, "the engine restarted", held ``hold_s``; an alarm within ``restart_window_s`` after it is info
+too, naming the restart. Not a hang nor a crash loop: those have their own detector and alerts.
+
 **A new baseline settles first.** For its first ``settle_points`` points (3600: an hour at the agent's
 1 s tick) a signal's scorer has seen little of its range, and each widening of it scores as a new level:
 a fresh sidecar beside a healthy engine raised 15 warnings in its first hour (``bench/soak.py``), one per
@@ -74,8 +82,10 @@ DEFAULT_BENIGN_LOW = r"(_seconds\.mean$)|(temperature_celsius\.mean$)|(preemptio
 DEFAULT_EXCLUDE = (
     r"(\.(max|last|p50|samples)$)|(_total$)|(energy_joules$)|(\.throttle)|(process_used_bytes)"
     r"|(^probe\.device)|(\.position\d+$)|(memory_total_bytes$)|(power_limit_watts$)|(_info$)"
-    r"|(_seconds\.p9[059]$)|(decode_tokens_per_step$)"
+    r"|(_seconds\.p9[059]$)|(decode_tokens_per_step$)|(process_start_time_seconds$)"
 )
+#: The engine's process start time (agent/collectors/engine_metrics.py): when it moves, the engine restarted.
+ENGINE_STARTED = "engine.process_start_time_seconds"
 
 
 class GeneralAnomalyDetector:
@@ -98,6 +108,7 @@ class GeneralAnomalyDetector:
         settle_points: int = 3600,
         benign_low: str | None = DEFAULT_BENIGN_LOW,
         benign_low_half_life_s: float = 3600.0,
+        restart_window_s: float = 300.0,
     ) -> None:
         self.scorer_factory = scorer_factory
         self.thresholder_factory = thresholder_factory
@@ -128,6 +139,10 @@ class GeneralAnomalyDetector:
         self.load_moved_: tuple[float, str] | None = None
         #: the load signal whose warning reported the current load change (one per change)
         self.load_warning_: str | None = None
+        self.restart_window_s = restart_window_s
+        #: the engine's process start time last seen, and when it last moved (a restart)
+        self.engine_started_: float | None = None
+        self.restarted_at_: float | None = None
 
     def suppressed_total(self) -> int:
         """Alarms the per-signal budgets dropped so far (``servepilot_findings_suppressed_total``)."""
@@ -176,6 +191,7 @@ class GeneralAnomalyDetector:
         values, now = snapshot.values, snapshot.now
         scorers, thresholders, last_scores = self.scorers_, self.thresholders_, self.last_scores_
         raised: list[tuple[str, float]] = []
+        self._follow_restarts(values.get(ENGINE_STARTED), now)
         for name in self._watched_in(snapshot):
             scorer = scorers.get(name)
             if scorer is None:
@@ -204,6 +220,28 @@ class GeneralAnomalyDetector:
                 findings.append(finding)
         return findings
 
+    def _follow_restarts(self, started: float | None, now: float) -> None:
+        """Note a restart when the engine's start time moved, and report it (module docstring)."""
+        if started is None:
+            return
+        before, self.engine_started_ = self.engine_started_, started
+        if before is None or started == before:
+            return
+        self.restarted_at_ = now
+        self.active_[ENGINE_STARTED] = Finding(
+            detector=self.name,
+            signal=ENGINE_STARTED,
+            severity=Severity.INFO,
+            score=1.0,
+            summary=f"the engine restarted: its process started {max(0.0, now - started):.0f} s ago",
+            since=now,
+            evidence={"started_at": started, "previous_started_at": before},
+            hint=(
+                f"alarms in the next {self.restart_window_s:.0f} s are reported as info: a cold engine's "
+                "levels move; the container's restart reason says why it restarted"
+            ),
+        )
+
     def _finding(
         self, name: str, value: float, score: float, now: float, usual: float | None = None
     ) -> Finding:
@@ -223,6 +261,14 @@ class GeneralAnomalyDetector:
                 f"{usual:.4g}"
             )
             hint = "lower is better for this signal: a quiet spell or a faster engine, not a fault"
+        elif self.restarted_at_ is not None and now - self.restarted_at_ < self.restart_window_s:
+            evidence["engine_restarted_s_ago"] = now - self.restarted_at_
+            severity = Severity.INFO
+            summary = (
+                f"{name} is unusual (anomaly score {score:.2f}), "
+                f"{now - self.restarted_at_:.0f} s after the engine restarted"
+            )
+            hint = "a cold engine's levels move after a restart; alone it is no fault"
         elif seen < self.settle_points and score < self.load_threshold:
             evidence["settling_points"] = seen
             severity = Severity.INFO

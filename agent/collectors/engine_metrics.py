@@ -204,6 +204,8 @@ class SignalDeriver:
     def update(self, scrape: Scrape, now: float) -> dict[str, float]:
         self._follow_restarts(scrape.started_at)
         values: dict[str, float] = {}
+        if self.started_at is not None:  # its moves are restarts (the general detector reads them so)
+            values[PROCESS_START] = self.started_at
         for name, value in scrape.gauges.items():
             values[name] = value
         for name, value in scrape.counters.items():

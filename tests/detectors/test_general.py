@@ -181,6 +181,48 @@ def test_a_signal_unusual_long_after_the_load_moved_is_a_warning_again() -> None
     assert late and late[0].severity.value == "warning"
 
 
+def _restarted(det: GeneralAnomalyDetector, restart_at: int, ticks: int) -> list[list[Finding]]:
+    """Idle, then busy, then at ``restart_at`` a new engine process (its start time moves): idle for 20
+    ticks (a level seen before: no load alarm, as live), then busy again with its step sizes at a level
+    never seen (cold)."""
+    rng = np.random.default_rng(4)
+    out = []
+    for i in range(ticks):
+        idle = i < 100 or restart_at <= i < restart_at + 20
+        values = {
+            "engine.process_start_time_seconds": 1e9 + (restart_at if i >= restart_at else 0),
+            "engine.requests_running": (0.0 if idle else 40.0) + float(rng.integers(0, 2)),
+            "engine.iteration_tokens.p95": (0.0 if idle else 256.0 if i >= restart_at else 64.0)
+            + float(rng.uniform(0, 2)),
+        }
+        out.append(list(det.update(Snapshot(float(i), values, {}))))
+    return out
+
+
+def test_an_engine_restart_is_one_info_finding_and_what_moves_after_it_is_info() -> None:
+    """Beside a vLLM killed and restarted under load, its tokens per step raised a warning 40 s after it
+    was back, for a change whose cause was known."""
+    det = _production()
+    ticks = _restarted(det, restart_at=500, ticks=560)
+    assert not any(ticks[420:500])
+    final = {f.signal: f for f in ticks[-1]}
+    assert set(final) == {"engine.process_start_time_seconds", "engine.iteration_tokens.p95"}
+    assert {f.severity for f in final.values()} == {Severity.INFO}
+    restart = final["engine.process_start_time_seconds"]
+    assert restart.summary.startswith("the engine restarted") and restart.evidence["started_at"] == 1e9 + 500
+    assert "20 s after the engine restarted" in final["engine.iteration_tokens.p95"].summary
+    det = _production()  # the same move with no restart window: a warning, as any level never seen
+    det.restart_window_s = 0.0
+    late = {f.signal: f for f in _restarted(det, restart_at=500, ticks=560)[-1]}
+    assert late["engine.iteration_tokens.p95"].severity is Severity.WARNING
+
+
+def test_the_first_start_time_seen_is_no_restart() -> None:
+    det = _production()
+    values = {"engine.process_start_time_seconds": 1e9, "engine.requests_running": 1.0}
+    assert det.update(Snapshot(0.0, values, {})) == [] and det.restarted_at_ is None
+
+
 def _one_bin_out(det: GeneralAnomalyDetector, at: int) -> list[object]:
     """Steady noise in [0, 1], then at point ``at`` a value one bin beyond it (novelty score 0.9)."""
     rng = np.random.default_rng(4)

@@ -331,6 +331,12 @@ def test_a_restart_no_counter_shows_starts_every_window_over() -> None:
     for now, text in enumerate((old, greedy, sampled)):
         values = deriver.update(parse(text, mapping, float(now)), float(now))
     assert deriver.restarts == 1
+    # the start time is a signal: its moves are restarts to the general detector (detectors/general.py)
+    assert (
+        values["engine.process_start_time_seconds"]
+        == parse(sampled, mapping, 0.0).started_at
+        != 1795968446.72
+    )
     ttft = "vllm:time_to_first_token_seconds"
     assert values["engine.ttft_seconds.mean"] == pytest.approx(
         (_sample(sampled, ttft + "_sum") - _sample(greedy, ttft + "_sum")) / 16

@@ -10,8 +10,7 @@ when unpinned), a forced or released breaker level (``breaker.forced``), a canar
 it moved the knob): who paused actuation during an incident was nowhere.
 
 Without a token file the write routes answer 503: an override nobody can authenticate is an override
-anybody could use. ``GET /api/actions`` is read-only
-and open, like ``/api/state``.
+anybody could use. ``GET /api/actions`` is read-only and open, like ``/api/state``.
 
 Routes::
 

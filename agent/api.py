@@ -10,8 +10,9 @@ then (beside a vLLM killed -9 under load, it answered 716 requests 502 in the 38
 back). An engine container whose process exits is taken out of the Service by the kubelet at once; one
 whose process stays while its ``/health`` fails is not, for the minute its liveness probe takes (it
 has no readiness probe once started), nor is a pod whose gate sends to upstreams outside it. Unready,
-the Service sends new requests to the pod's replicas. And it is 503 while the ``engine_stall`` detector
-finds the engine hung (unless
+the Service sends new requests to the pod's replicas.
+
+And it is 503 while the ``engine_stall`` detector finds the engine hung (unless
 ``agent.unready_when_engine_stalled`` is off): the engine's ``/health`` still answers then, so nothing
 else takes the pod out of its Service, and every request sent to it would wait for a 503 from the gate.
 Unready, the pod gets no new requests; it is ready again at the engine's first progress. Readiness, not

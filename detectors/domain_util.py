@@ -205,6 +205,40 @@ class WindowMax:
         return kept[0][1]
 
 
+ENGINE_STARTED = "engine.process_start_time_seconds"
+"""The engine's process start time (agent/collectors/engine_metrics.py, where its ``/metrics`` says it:
+vLLM, SGLang): when it moves, the engine restarted."""
+
+
+class RestartWatch:
+    """When the engine last restarted (its process start time moved), from the snapshots fed to it. A
+    restarted engine runs cold for minutes: its load falls and comes back, its levels move, its
+    throughput per batch is lower, and the detectors that see it say so as the restart's, not a fault's."""
+
+    __slots__ = ("restarted_at", "started")
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+        self.restarted_at: float | None = None
+
+    def feed(self, snapshot: Snapshot) -> bool:
+        """True on the tick the start time moved; the first one seen is no restart."""
+        started = snapshot.get(ENGINE_STARTED)
+        if started is None:
+            return False
+        before, self.started = self.started, started
+        if before is None or started == before:
+            return False
+        self.restarted_at = snapshot.now
+        return True
+
+    def within(self, now: float, window_s: float) -> float | None:
+        """Seconds since the last restart when under ``window_s``, else None."""
+        if self.restarted_at is None or now - self.restarted_at >= window_s:
+            return None
+        return now - self.restarted_at
+
+
 class LastHit:
     """What a :class:`KOfN` alarm shows on a check it holds through: its last positive check's finding.
 

@@ -57,6 +57,7 @@ import re
 from collections.abc import Callable, Iterable
 
 from detectors.base import Finding, Severity
+from detectors.domain_util import ENGINE_STARTED, RestartWatch
 from detectors.snapshot import Snapshot
 from detectors.streaming import StreamingScorer
 from detectors.thresholds import Thresholder
@@ -84,8 +85,6 @@ DEFAULT_EXCLUDE = (
     r"|(^probe\.device)|(\.position\d+$)|(memory_total_bytes$)|(power_limit_watts$)|(_info$)"
     r"|(_seconds\.p9[059]$)|(decode_tokens_per_step$)|(process_start_time_seconds$)"
 )
-#: The engine's process start time (agent/collectors/engine_metrics.py): when it moves, the engine restarted.
-ENGINE_STARTED = "engine.process_start_time_seconds"
 
 
 class GeneralAnomalyDetector:
@@ -140,9 +139,7 @@ class GeneralAnomalyDetector:
         #: the load signal whose warning reported the current load change (one per change)
         self.load_warning_: str | None = None
         self.restart_window_s = restart_window_s
-        #: the engine's process start time last seen, and when it last moved (a restart)
-        self.engine_started_: float | None = None
-        self.restarted_at_: float | None = None
+        self.restarts_ = RestartWatch()
 
     def suppressed_total(self) -> int:
         """Alarms the per-signal budgets dropped so far (``servepilot_findings_suppressed_total``)."""
@@ -191,7 +188,8 @@ class GeneralAnomalyDetector:
         values, now = snapshot.values, snapshot.now
         scorers, thresholders, last_scores = self.scorers_, self.thresholders_, self.last_scores_
         raised: list[tuple[str, float]] = []
-        self._follow_restarts(values.get(ENGINE_STARTED), now)
+        if self.restarts_.feed(snapshot):
+            self._restarted(now)
         for name in self._watched_in(snapshot):
             scorer = scorers.get(name)
             if scorer is None:
@@ -220,14 +218,10 @@ class GeneralAnomalyDetector:
                 findings.append(finding)
         return findings
 
-    def _follow_restarts(self, started: float | None, now: float) -> None:
-        """Note a restart when the engine's start time moved, and report it (module docstring)."""
-        if started is None:
-            return
-        before, self.engine_started_ = self.engine_started_, started
-        if before is None or started == before:
-            return
-        self.restarted_at_ = now
+    def _restarted(self, now: float) -> None:
+        """Report the engine's restart (module docstring)."""
+        started = self.restarts_.started
+        assert started is not None
         self.active_[ENGINE_STARTED] = Finding(
             detector=self.name,
             signal=ENGINE_STARTED,
@@ -235,7 +229,7 @@ class GeneralAnomalyDetector:
             score=1.0,
             summary=f"the engine restarted: its process started {max(0.0, now - started):.0f} s ago",
             since=now,
-            evidence={"started_at": started, "previous_started_at": before},
+            evidence={"started_at": started},
             hint=(
                 f"alarms in the next {self.restart_window_s:.0f} s are reported as info: a cold engine's "
                 "levels move; the container's restart reason says why it restarted"
@@ -261,13 +255,10 @@ class GeneralAnomalyDetector:
                 f"{usual:.4g}"
             )
             hint = "lower is better for this signal: a quiet spell or a faster engine, not a fault"
-        elif self.restarted_at_ is not None and now - self.restarted_at_ < self.restart_window_s:
-            evidence["engine_restarted_s_ago"] = now - self.restarted_at_
+        elif (ago := self.restarts_.within(now, self.restart_window_s)) is not None:
+            evidence["engine_restarted_s_ago"] = ago
             severity = Severity.INFO
-            summary = (
-                f"{name} is unusual (anomaly score {score:.2f}), "
-                f"{now - self.restarted_at_:.0f} s after the engine restarted"
-            )
+            summary = f"{name} is unusual (anomaly score {score:.2f}), {ago:.0f} s after the engine restarted"
             hint = "a cold engine's levels move after a restart; alone it is no fault"
         elif seen < self.settle_points and score < self.load_threshold:
             evidence["settling_points"] = seen

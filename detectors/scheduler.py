@@ -50,7 +50,12 @@ The diagnosis checks, in this order, and names the first that holds (all are kep
    gate, ``gate.queue_depth``: there the engine's own queue stays near empty) while the KV cache has
    room (usage below 90%), or queue time p95 is over twice its baseline: the scheduler is not filling
    the batch it could run;
-4. otherwise **unexplained** — look at clocks and thermal throttling.
+4. **engine restarted** — its process started within ``restart_window_s`` (300 s; its start time moved,
+   :class:`~detectors.domain_util.RestartWatch`): a cold engine (caches, compiled graphs, the allocator
+   finding its pools) runs below its old rate for minutes. Beside a vLLM killed and restarted under load
+   the rate was 40% under the model's for two minutes, a critical finding for a cause already known; it
+   is a warning at most;
+5. otherwise **unexplained** — look at clocks and thermal throttling.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ from collections import deque
 from functools import partial
 
 from detectors.base import Finding, Severity
-from detectors.domain_util import KOfN, LastHit, RecursiveLeastSquares
+from detectors.domain_util import KOfN, LastHit, RecursiveLeastSquares, RestartWatch
 from detectors.snapshot import Snapshot
 
 
@@ -110,6 +115,7 @@ class SchedulerEfficiencyDetector:
         min_batch_spread: float = 0.1,
         noise_z: float = 4.0,
         noise_forgetting: float = 0.99,
+        restart_window_s: float = 300.0,
     ) -> None:
         self.threshold = threshold
         self.warmup = warmup
@@ -134,6 +140,8 @@ class SchedulerEfficiencyDetector:
         self.noise_z = noise_z
         #: mean of d^2 over the ticks faster than the model: the healthy spread of the deviation
         self.noise_ = _RunningMean(noise_forgetting)
+        self.restart_window_s = restart_window_s
+        self.restarts_ = RestartWatch()
 
     def expected_throughput(self, batch: float) -> float | None:
         """:math:`\\hat T(B)` under the current model, or ``None`` before it is usable.
@@ -156,6 +164,7 @@ class SchedulerEfficiencyDetector:
 
     def update(self, snapshot: Snapshot) -> list[Finding]:
         """Score this tick's throughput against the learned relation, diagnose a shortfall, then learn."""
+        self.restarts_.feed(snapshot)  # every tick, idle ones too: an engine restarts while down
         throughput = _one_token_per_step(snapshot, snapshot.get("engine.generation_tokens_per_second"))
         batch = snapshot.get("engine.batch_size_mean")
         if batch is None:
@@ -219,9 +228,11 @@ class SchedulerEfficiencyDetector:
             ("request-length mix shift", self._mix_shift(prompt_len, evidence)),
             ("fragmentation", self._fragmentation(snapshot, evidence)),
             ("batch timeout / queueing", self._queueing(snapshot, evidence)),
+            ("engine restarted", self._restarted(snapshot.now, evidence)),
         ]
         cause = next((name for name, holds in causes if holds), "unexplained")
         evidence["cause"] = cause
+        critical = deviation < -2 * self.threshold and cause != "engine restarted"
         hints = {
             "request-length mix shift": "Longer prompts cost prefill time per step; expected, not a fault. "
             "Consider chunked prefill or routing long prompts to a separate pool.",
@@ -229,12 +240,14 @@ class SchedulerEfficiencyDetector:
             "segments or a smaller KV block size help.",
             "batch timeout / queueing": "Requests wait while the cache has room: the batch limit or the "
             "scheduler's batching delay is too tight; raise the effective batch.",
+            "engine restarted": "A restarted engine runs cold for minutes (caches, compiled graphs, the "
+            "allocator's pools): wait; a shortfall that outlasts the warm-up is the engine's to explain.",
             "unexplained": "No load or memory cause found: check SM clocks, thermal and power throttling.",
         }
         return Finding(
             detector=self.name,
             signal="engine.generation_tokens_per_second",
-            severity=Severity.CRITICAL if deviation < -2 * self.threshold else Severity.WARNING,
+            severity=Severity.CRITICAL if critical else Severity.WARNING,
             score=-deviation / (2 * self.threshold),
             summary=(
                 f"throughput {throughput:.0f} tok/s{' (without accepted draft tokens)' if drafting else ''} "
@@ -245,6 +258,12 @@ class SchedulerEfficiencyDetector:
             evidence=evidence,
             hint=hints[cause],
         )
+
+    def _restarted(self, now: float, evidence: dict[str, float | str]) -> bool:
+        ago = self.restarts_.within(now, self.restart_window_s)
+        if ago is not None:
+            evidence["engine_restarted_s_ago"] = ago
+        return ago is not None
 
     def _mix_shift(self, prompt_len: float | None, evidence: dict[str, float | str]) -> bool:
         base = self.prompt_len_.value

@@ -220,7 +220,7 @@ def test_an_engine_restart_is_one_info_finding_and_what_moves_after_it_is_info()
 def test_the_first_start_time_seen_is_no_restart() -> None:
     det = _production()
     values = {"engine.process_start_time_seconds": 1e9, "engine.requests_running": 1.0}
-    assert det.update(Snapshot(0.0, values, {})) == [] and det.restarted_at_ is None
+    assert det.update(Snapshot(0.0, values, {})) == [] and det.restarts_.restarted_at is None
 
 
 def _one_bin_out(det: GeneralAnomalyDetector, at: int) -> list[object]:

@@ -80,6 +80,28 @@ def test_shortfall_names_the_first_cause_in_order(changes: dict[str, float], cau
     assert float(findings[-1].evidence["deviation"]) == pytest.approx(-0.35, abs=0.08)
 
 
+@pytest.mark.parametrize(
+    ("changes", "cause", "severity"),
+    [
+        ({}, "engine restarted", Severity.WARNING),  # a cold engine: known, not critical
+        ({"engine__requests_waiting": 50.0}, "batch timeout / queueing", Severity.CRITICAL),  # first in order
+    ],
+)
+def test_a_shortfall_after_an_engine_restart_names_it_after_the_three_causes(
+    changes: dict[str, float], cause: str, severity: Severity
+) -> None:
+    """Beside a vLLM killed and restarted under load, the cold engine ran 40% under the model for two
+    minutes: a critical finding for a cause already known."""
+    detector = SchedulerEfficiencyDetector()
+    healthy = [row | {"engine.process_start_time_seconds": 1e9} for row in _healthy(600)]
+    _run(healthy, detector)
+    restarted = [row | {"engine.process_start_time_seconds": 1e9 + 600} for row in _degraded(**changes)]
+    findings = _run(restarted, detector)
+    assert findings and findings[-1].evidence["cause"] == cause
+    assert findings[-1].severity is severity
+    assert 0 < float(findings[-1].evidence["engine_restarted_s_ago"]) < 30
+
+
 def test_degraded_period_is_not_learned() -> None:
     detector = SchedulerEfficiencyDetector()
     _run(_healthy(600), detector)

@@ -221,6 +221,13 @@ class Relay:
                     )
                     carried = chunk.count(b"data:") - empty
                     arrived = carried > 0 or not empty  # a chunk with no whole event: a token's rest
+                    if (
+                        arrived
+                        and not carried
+                        and chunk[:1] == b":"
+                        and (not tail or tail.endswith(EVENT_ENDS))
+                    ):
+                        arrived = False  # an SSE comment at an event's start: a keep-alive, not a token
                 events += carried
                 if arrived:
                     if last is None:

@@ -163,6 +163,42 @@ async def test_a_stream_that_broke_after_its_end_is_a_whole_answer(recorded: str
         assert outcomes == {"ok": 1.0, "upstream_error": 0.0}
 
 
+class KeptAlive(Stepped):
+    """An upstream that writes SSE comments while it prefills (axum's keep-alive, as TGI sends it; some
+    gateways do the same), then vLLM's recorded completion stream, one event per step."""
+
+    path = "/v1/completions"
+
+    def __init__(self) -> None:
+        super().__init__([100.0])
+        self.go.set()
+
+    async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        recorded = (FIXTURES / "vllm-0.32.0-cpu-completions-usage-stream.sse").read_bytes()
+        events = [event + b"\n\n" for event in recorded.split(b"\n\n")[:-1]]
+        return await self.send(request, [b":\n\n", b": keep-alive\n\n", *events])
+
+
+async def test_keep_alive_comments_are_neither_a_first_token_nor_a_gap() -> None:
+    """Until 2026-12-06 a comment-only chunk counted as a token's arrival: a 15-s prefill behind
+    keep-alives read as a TTFT of one keep-alive interval."""
+    async for engine in serving(KeptAlive()):
+        async with (
+            gate_for(engine.url, stream_usage=False) as (gate, base, registry),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+        ):
+            gate.clock = engine.clock
+            body = {"prompt": "Say hello", "max_tokens": 4, "stream": True}
+            async with client.post(f"{base}/v1/completions", json=body) as resp:
+                relayed = await resp.read()
+        assert relayed.startswith(b":\n\n: keep-alive\n\n")  # relayed as sent
+        bucket = {"bucket": "le256"}
+        # the gate reads its clock at arrival, then once per chunk: the first token is the third chunk
+        ttft = registry.get_sample_value("servepilot_gate_ttft_seconds_sum", bucket)
+        assert ttft == pytest.approx(3 * Stepped.STEP_S)
+        assert gate_tokens(registry)["output"] == 4.0
+
+
 @pytest.mark.parametrize(
     ("tail", "status"),
     [

@@ -27,7 +27,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from agent.audit import AuditLog
+from agent.audit import Action, AuditLog
 from agent.collectors.base import Collector
 from agent.config import Config, ConfigError, priority_targets
 from agent.control.base import ControlError, KnobSpec
@@ -44,6 +44,11 @@ ENGINE_CLOCK = "sm_clock_mhz"
 def _checked(spec: KnobSpec, value: Any) -> str | None:
     """Why the engine would refuse ``value`` for the knob ``spec`` describes (None when it would not)."""
     return spec.check(spec.coerce(value))
+
+
+#: The gate's own knobs: in this process, so a restart starts them at the configuration
+#: (:meth:`Knobs.restore_gate`).
+GATE_KNOBS = (knobs.BATCH, knobs.QUEUE_WAIT, knobs.UPSTREAM, knobs.FP8_SHARE)
 
 
 class Knobs:
@@ -262,6 +267,63 @@ class Knobs:
         if self._control_up is not None:
             self._control_up.set(1.0)
         return None
+
+    def gate_state(self) -> dict[str, Any] | None:
+        """The gate's knobs as they stand, with the settings they started from, for ``agent.state_path``
+        (:meth:`restore_gate`); None without a gate."""
+        if self.gate is None:
+            return None
+        values = self.values()
+        return {
+            "knobs": {knob: values[knob] for knob in GATE_KNOBS if knob in values},
+            "configured": self._gate_configured(),
+        }
+
+    def _gate_configured(self) -> dict[str, Any]:
+        """The settings the gate's knobs start from, and the bounds the policies hold them to."""
+        gate, policies = self.cfg.gate, self.cfg.policies
+        return {
+            "max_in_flight": gate.max_in_flight,
+            "max_queue_wait_s": gate.max_queue_wait_s,
+            "split": dict(gate.split),
+            "upstreams": sorted(gate.upstreams),
+            "batch_bounds": [policies.batch_min, policies.batch_max],
+        }
+
+    async def restore_gate(self, saved: Mapping[str, Any], now: float) -> list[str]:
+        """Set the gate's knobs to where they stood before a restart (act mode only), each one audited.
+
+        The gate lives in this process, so a restart started it at its configured limit: beside a llama.cpp
+        whose 4 slots had brought the limit to 8, a restart with actuation paused by the operator opened it
+        to 64, and nothing moved it back while paused. Not when the gate's settings or the batch bounds
+        differ from those saved (a restart to change them must get them), nor outside act mode (the knobs
+        are the configuration's there)."""
+        if self.gate is None or self.actuation.mode is not Mode.ACT or not isinstance(saved, Mapping):
+            return []
+        if saved.get("configured") != self._gate_configured():
+            log.info(
+                "the gate's knobs start from the configuration: its gate settings changed since the save"
+            )
+            return []
+        restored: list[str] = []
+        for knob, value in dict(saved.get("knobs") or {}).items():
+            if knob not in GATE_KNOBS or knob not in self.actuation.knobs:
+                continue
+            read, write = self.actuation.binding(knob)
+            try:
+                current = await read()
+                if current == value or self.actuation.check(knob, value) is not None:
+                    continue
+                applied = await write(value)
+            except Exception as error:  # a value the knob no longer takes: it starts from the configuration
+                log.warning("the gate's %s not restored to %r: %s", knob, value, error)
+                continue
+            why = "restored to where it stood before the sidecar restarted (agent.state_path)"
+            self.audit.record(Action(now, knob, current, applied, why, "restore", Mode.ACT.value, "ok"))
+            restored.append(f"{knob}={applied!r}")
+        if restored:
+            log.info("restored the gate's knobs: %s", ", ".join(restored))
+        return restored
 
     def renew(self) -> None:
         """Called every tick: keeps the GPU setting's lease alive while the agent is healthy. A control

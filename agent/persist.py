@@ -14,6 +14,7 @@ Contents (one pickle of a plain dict)::
     {"version": 1, "servepilot": "0.1.0", "saved_at": <unix s>,
      "policies": {"breaker": {<BreakerState fields>}, "canary": {<CanaryState fields>}},
      "overrides": {"paused": bool, "pins": {knob: value}},
+     "gate": {"knobs": {knob: value}, "configured": {...}},   # agent/knobs.py: Knobs.gate_state
      "general": {"scorer": "<module.Class>", "params": {...}, "scorers": {signal: scorer},
                  "thresholders": {signal: thresholder}}}
 
@@ -49,6 +50,7 @@ BREAKER = "breaker"
 CANARY = "canary"
 GENERAL = "general"
 OVERRIDES = "overrides"
+GATE = "gate"
 
 
 def _servepilot_version() -> str:
@@ -75,9 +77,10 @@ def _fresh_pair(detector: Any) -> tuple[Any, Any]:
     return detector.scorer_factory(), detector.thresholder_factory()
 
 
-def capture(loop: Loop, now: float, actuation: Any = None) -> bytes:
+def capture(loop: Loop, now: float, actuation: Any = None, gate: Mapping[str, Any] | None = None) -> bytes:
     """The state document as bytes. Runs on the event loop between ticks, so it sees a consistent state.
-    ``actuation`` (agent/modes.py), when given, contributes the operator's pause and pins."""
+    ``actuation`` (agent/modes.py), when given, contributes the operator's pause and pins; ``gate`` the
+    gate's knobs (agent/knobs.py: ``Knobs.gate_state``)."""
     document: dict[str, Any] = {
         "version": VERSION,
         "servepilot": _servepilot_version(),
@@ -92,6 +95,8 @@ def capture(loop: Loop, now: float, actuation: Any = None) -> bytes:
         document["policies"][CANARY] = dataclasses.asdict(canary)
     if actuation is not None:
         document[OVERRIDES] = {"paused": bool(actuation.paused), "pins": dict(actuation.pins)}
+    if gate is not None:
+        document[GATE] = dict(gate)
     detector = _general(loop)
     if detector is not None and getattr(detector, "scorers_", None):
         scorer, _ = _fresh_pair(detector)
@@ -243,11 +248,20 @@ def restore(
     return restored
 
 
-def load_into(path: str, loop: Loop, actuation: Any = None, held: dict[str, Any] | None = None) -> list[str]:
-    """:func:`read` then :func:`restore`; an empty list when nothing was saved or usable."""
+def load_into(
+    path: str,
+    loop: Loop,
+    actuation: Any = None,
+    held: dict[str, Any] | None = None,
+    gate: dict[str, Any] | None = None,
+) -> list[str]:
+    """:func:`read` then :func:`restore`; an empty list when nothing was saved or usable. ``gate``, when
+    given, takes the saved gate knobs, for the caller to set (they are set from the event loop)."""
     document = read(path, loop)
     if document is None:
         return []
+    if gate is not None and isinstance(document.get(GATE), Mapping):
+        gate.update(document[GATE])
     restored = restore(document, loop, actuation, held)
     if restored:
         log.info("restored brain state from %s: %s", path, ", ".join(restored))

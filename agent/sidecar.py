@@ -330,7 +330,7 @@ class Sidecar:
             return
         from agent import persist
 
-        data = persist.capture(self.loop, self.loop.clock(), self.knobs.actuation)
+        data = persist.capture(self.loop, self.loop.clock(), self.knobs.actuation, self.knobs.gate_state())
         try:
             await asyncio.get_running_loop().run_in_executor(None, persist.write_atomically, path, data)
         except OSError as error:
@@ -498,6 +498,7 @@ class Sidecar:
             # only for a bound knob (before, every pin on an engine knob was dropped at each restart)
             # while the engine's control API is still being asked for, pins on knobs not bound yet wait
             waiting = self.knobs.control_error is not None and self.knobs.control_error.temporary
+            gate: dict[str, Any] = {}
             await asyncio.get_running_loop().run_in_executor(
                 None,
                 persist.load_into,
@@ -505,7 +506,9 @@ class Sidecar:
                 self.loop,
                 self.knobs.actuation,
                 self._held_pins if waiting else None,
+                gate,
             )
+            await self.knobs.restore_gate(gate, self.loop.clock())
             # an operator's forced level was saved with the breaker: the override survives the restart
             forced = getattr(self.loop.policy_state("breaker"), "forced", None)
             if forced is not None:

@@ -251,6 +251,49 @@ async def test_an_operators_pause_and_pins_survive_a_restart(tmp_path: Path) -> 
         await second.stop()
 
 
+def _acting(cfg: config.Config, **gate: Any) -> config.Config:
+    data = _with_gate(cfg, "primary").model_dump()
+    data["actuators"]["mode"] = "act"
+    data["gate"].update(gate)
+    return config.build(data)
+
+
+async def test_the_gates_knobs_stand_where_they_stood_after_a_restart(tmp_path: Path) -> None:
+    """The gate lives in the sidecar, so a restart started it at its configured limit: beside a llama.cpp
+    whose slots had brought it to 8, a restart with actuation paused opened it to 64, and nothing moved
+    it back while paused. Not restored when the gate's settings changed (a restart to change them)."""
+    cfg = _acting(_cfg(tmp_path), max_in_flight=64)
+    first = Sidecar(cfg, collectors=[OneValue()])
+    await first.start()
+    try:
+        _, write = first.knobs.actuation.binding("batch.max_in_flight")
+        await write(8)
+        first.knobs.actuation.paused = True
+    finally:
+        await first.stop()
+    second = Sidecar(cfg, collectors=[OneValue()])
+    await second.start()
+    try:
+        assert second.knobs.gate is not None and second.knobs.gate.limit == 8
+        assert second.knobs.actuation.paused is True
+        [record] = [a for a in second.knobs.audit.recent(10) if a["policy"] == "restore"]
+        assert (record["knob"], record["from"], record["to"]) == ("batch.max_in_flight", 64, 8)
+    finally:
+        await second.stop()
+    # observe mode (the knobs are the configuration's there), then a changed setting: both start from it
+    for changed, limit in (
+        (_with_gate(_cfg(tmp_path), "primary"), 64),
+        (_acting(_cfg(tmp_path), max_in_flight=32), 32),
+    ):
+        third = Sidecar(changed, collectors=[OneValue()])
+        await third.start()
+        try:
+            assert third.knobs.gate is not None and third.knobs.gate.limit == limit
+            assert not [a for a in third.knobs.audit.recent(10) if a["policy"] == "restore"]
+        finally:
+            await third.stop()
+
+
 async def test_a_pin_on_an_engine_knob_survives_a_restart(
     tmp_path: Path, sim_engine: tuple[Any, str]
 ) -> None:

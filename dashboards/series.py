@@ -56,6 +56,7 @@ AGENT: list[Series] = _agent(
     "servepilot_engine_spec_accepted_by_position_per_second",
     "servepilot_engine_spec_drafts_per_second",
     "servepilot_engine_prompt_tokens_per_second",
+    "servepilot_engine_process_start_time_seconds",  # where the engine says it (vLLM, SGLang)
     "servepilot_allocator_reserved_bytes",
     "servepilot_finding_active",
     "servepilot_finding_score",

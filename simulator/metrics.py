@@ -7,6 +7,7 @@ process (tests) without colliding in the global registry.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -24,9 +25,12 @@ TORCH_VERSION = "2.13.0+cu126"
 class VllmCollector(Collector):
     """``vllm:*`` families with ``model_name`` and ``engine="0"`` labels, as vLLM V1 serves them."""
 
-    def __init__(self, core: EngineCore, model_name: str) -> None:
+    def __init__(self, core: EngineCore, model_name: str, started_at: float | None = None) -> None:
         self.core = core
         self.labels = {"model_name": model_name, "engine": "0"}
+        #: the engine process's start time (now when not given), as prometheus_client's process collector
+        #: serves it beside vLLM's families (``process_start_time_seconds``, unix seconds): a restart moves it
+        self.started_at = time.time() if started_at is None else started_at
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
         family = GaugeMetricFamily(name, doc, labels=list(self.labels))
@@ -54,6 +58,11 @@ class VllmCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         core, stats = self.core, self.core.stats
+        yield GaugeMetricFamily(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds.",
+            self.started_at,
+        )
         yield self._gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches.", core.num_running
         )

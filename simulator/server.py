@@ -91,7 +91,8 @@ class SimServer:
         self._streams: dict[str, streams.TokenQueue] = {}
         self._wake = asyncio.Event()
         self.nvml = NvmlView(core, seed=seed, pid=self.pid, node_gpus=node_gpus)
-        self.registry = registry_with(VllmCollector(core, self.model_name))
+        self.engine_metrics = VllmCollector(core, self.model_name)
+        self.registry = registry_with(self.engine_metrics)
         self.probe_registry = registry_with(
             ProbeCollector(core, self.sim_now, self.pid, self.nvml.engine_uuids)
         )

@@ -12,7 +12,9 @@ fit (days for the seasonal models), so the test writes the state file the agent 
 (:mod:`tests.dashboards.forecast_seed`: 4 hours of per-minute rates of the bundled trace, ``last_value``
 model) -- the path a restarted agent takes. Checks:
 
-1. every dashboard query returns data (``QUIET`` lists exceptions with the reason; it is empty);
+1. every dashboard query returns data (``QUIET`` lists exceptions with the reason; it is empty), the
+   annotations' events included: a config reload, and an engine restart as its ``/metrics`` tells it (a
+   new ``process_start_time_seconds``);
 2. a fault in the simulator (``/metrics`` slower than the agent's deadline) makes
    ``ServepilotEngineDown`` fire in Prometheus, reach Alertmanager and arrive at a webhook receiver;
 3. the agent's own signed webhook reaches a verifying receiver that was down when the alert fired
@@ -285,6 +287,15 @@ async def test_dashboards_alerts_and_webhooks_against_real_prometheus_and_alertm
                     lambda: instant('increase(servepilot_config_reloads_total{result="applied"}[2m]) > 0'),
                     30,
                     "a config reload",
+                )
+                # The engine restarts, as its /metrics tells it: a new process start time (the engine
+                # restarts annotation's data; the sidecar's windows start over, its detectors say why)
+                await until(lambda: instant("servepilot_engine_process_start_time_seconds"), 30, "start time")
+                sim.engine_metrics.started_at = time.time()
+                await until(
+                    lambda: instant("changes(servepilot_engine_process_start_time_seconds[2m]) > 0"),
+                    30,
+                    "an engine restart",
                 )
                 refused = []
                 # one fits the capped line's bucket and the rest are turned away (429); or, low behind the

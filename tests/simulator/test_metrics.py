@@ -36,6 +36,12 @@ def test_engine_exposes_the_vllm_v1_families() -> None:
     assert set(_families(render(registry_with(VllmCollector(core, "m"))))) >= VLLM_FAMILIES
 
 
+def test_engine_exposes_its_start_time_as_vllms_process_collector_does() -> None:
+    """The sidecar tells a restart by it (agent/collectors/engine_metrics.py)."""
+    text = render(registry_with(VllmCollector(make_core(), "m", started_at=1795968446.72))).decode()
+    assert "\nprocess_start_time_seconds 1.79596844672e+09\n" in text
+
+
 def test_two_simulators_do_not_share_a_registry() -> None:
     first, second = make_core(), make_core()
     first.stats.generation_tokens = 7

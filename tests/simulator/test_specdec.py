@@ -85,12 +85,13 @@ def test_the_acceptance_switch_changes_it_at_run_time() -> None:
 def test_the_counters_map_through_the_name_table_as_a_real_vllms_do() -> None:
     mapping = load_mappings()["vllm"]
     core = _core(3, 0.7)
-    text = render(registry_with(VllmCollector(core, "m"))).decode()
+    registry = registry_with(VllmCollector(core, "m"))  # one engine process: one start time
+    text = render(registry).decode()
     assert "vllm:spec_decode_num_drafts_total" in text
     deriver = SignalDeriver(mapping, window_s=60.0)
     deriver.update(parse(text, mapping, 0.0), 0.0)
     workload.run(core, workload.poisson_arrivals(8, 20, (100, 400), (50, 200), seed=1))
-    after = parse(render(registry_with(VllmCollector(core, "m"))).decode(), mapping, 20.0)
+    after = parse(render(registry).decode(), mapping, 20.0)
     assert after.errors == ()
     values = deriver.update(after, 20.0)
     assert values["engine.spec_acceptance_ratio"] == pytest.approx((0.7 + 0.49 + 0.343) / 3, rel=0.05)
@@ -117,6 +118,7 @@ def test_the_spec_decode_detector_sees_the_acceptance_the_switch_takes_away() ->
     )
     severities: list[tuple[int, Severity]] = []
     started = 0
+    registry = registry_with(VllmCollector(core, "m"))  # one engine process: one start time
     for tick in range(90):
         if tick == 60:  # the traffic turns to what the drafts do not predict
             core.set_faults(core.faults.updated({"spec_acceptance": 0.05}), core.time)
@@ -125,7 +127,7 @@ def test_the_spec_decode_detector_sees_the_acceptance_the_switch_takes_away() ->
                 core.submit(f"r{started}", 200, 600, now=core.time)
                 started += 1
             core.step(core.time)
-        text = render(registry_with(VllmCollector(core, "m"))).decode()
+        text = render(registry).decode()
         values = deriver.update(parse(text, mapping, float(tick)), float(tick))
         snapshot = Snapshot.from_readings(tick, {"engine": Reading("engine", tick, SourceStatus.OK, values)})
         severities += [(tick, f.severity) for f in detector.update(snapshot)]

@@ -23,6 +23,11 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gate"
 TIMEOUT = 5.0
 
 
+def _recorded(name: str) -> list[bytes]:
+    """The events of a recorded stream in tests/fixtures/gate, each with its blank line."""
+    return [event + b"\n\n" for event in (FIXTURES / name).read_bytes().split(b"\n\n")[:-1]]
+
+
 def _vllm_error(code: int) -> bytes:
     """vLLM 0.32's streamed error, written as its create_streaming_error_response writes it."""
     error = {"message": "Internal server error", "type": "InternalServerError", "param": None, "code": code}
@@ -40,8 +45,7 @@ class FailingMidStream(Stepped):
         self.code = 500
 
     async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-        recorded = (FIXTURES / "vllm-0.32.0-cpu-completions-usage-stream.sse").read_bytes()
-        tokens = [event + b"\n\n" for event in recorded.split(b"\n\n")[:3]]
+        tokens = _recorded("vllm-0.32.0-cpu-completions-usage-stream.sse")[:3]
         return await self.send(request, [*tokens, _vllm_error(self.code), b"data: [DONE]\n\n"])
 
 
@@ -84,10 +88,10 @@ class KilledMidStream(FailingMidStream):
     fragment = b""
 
     async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-        events = (FIXTURES / self.recorded).read_bytes().split(b"\n\n")[:-1]
+        events = _recorded(self.recorded)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        await resp.write(b"".join(event + b"\n\n" for event in events[: self.keep]) + self.fragment)
+        await resp.write(b"".join(events[: self.keep]) + self.fragment)
         await asyncio.sleep(0.05)  # on the wire before the drop (an abort discards what is buffered)
         assert request.transport is not None
         request.transport.abort()
@@ -174,8 +178,7 @@ class KeptAlive(Stepped):
         self.go.set()
 
     async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-        recorded = (FIXTURES / "vllm-0.32.0-cpu-completions-usage-stream.sse").read_bytes()
-        events = [event + b"\n\n" for event in recorded.split(b"\n\n")[:-1]]
+        events = _recorded("vllm-0.32.0-cpu-completions-usage-stream.sse")
         return await self.send(request, [b":\n\n", b": keep-alive\n\n", *events])
 
 
@@ -290,8 +293,7 @@ class FailingMessages(Stepped):
         self.go.set()
 
     async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-        recorded = (FIXTURES / "vllm-0.32.0-cpu-messages-stream.sse").read_bytes()
-        events = [event + b"\n\n" for event in recorded.split(b"\n\n")[:3]]  # start, block start, a token
+        events = _recorded("vllm-0.32.0-cpu-messages-stream.sse")[:3]  # start, block start, a token
         error = b'event: error\ndata: {"type":"error","error":{"type":"internal_error","message":"x"}}\n\n'
         return await self.send(request, [*events, error, b"data: [DONE]\n\n"])
 

@@ -36,8 +36,8 @@ below its usual level (an EWMA with a one-hour half-life, ``benign_low_half_life
 
 **An engine restart explains what follows it.** A restarted engine starts cold: its load falls to
 nothing and comes back, its step sizes, memory and caches find new levels. Beside a vLLM killed and
-restarted under load, the tokens per step (``engine.iteration_tokens.p95``) raised a warning 40 s after
-it was back, for a change whose cause was already known. The engine's process start time
+restarted under load, the tokens per step (``engine.iteration_tokens.p95``) raised a warning within 5 s
+of its being back, for a change whose cause was already known. The engine's process start time
 (``engine.process_start_time_seconds``, where its ``/metrics`` says it: vLLM, SGLang) moving is one info
 finding, "the engine restarted", held ``hold_s``; an alarm within ``restart_window_s`` after it is info
 too, naming the restart. Not a hang nor a crash loop: those have their own detector and alerts.

@@ -53,8 +53,8 @@ The diagnosis checks, in this order, and names the first that holds (all are kep
 4. **engine restarted** — its process started within ``restart_window_s`` (300 s; its start time moved,
    :class:`~detectors.domain_util.RestartWatch`): a cold engine (caches, compiled graphs, the allocator
    finding its pools) runs below its old rate for minutes. Beside a vLLM killed and restarted under load
-   the rate was 40% under the model's for two minutes, a critical finding for a cause already known; it
-   is a warning at most;
+   its rate stayed about 40% under the rate before for two minutes, a critical finding for a cause
+   already known; it is a warning at most;
 5. otherwise **unexplained** — look at clocks and thermal throttling.
 """
 

@@ -200,8 +200,8 @@ def _restarted(det: GeneralAnomalyDetector, restart_at: int, ticks: int) -> list
 
 
 def test_an_engine_restart_is_one_info_finding_and_what_moves_after_it_is_info() -> None:
-    """Beside a vLLM killed and restarted under load, its tokens per step raised a warning 40 s after it
-    was back, for a change whose cause was known."""
+    """Beside a vLLM killed and restarted under load, its tokens per step raised a warning within 5 s of
+    its being back, for a change whose cause was known."""
     det = _production()
     ticks = _restarted(det, restart_at=500, ticks=560)
     assert not any(ticks[420:500])

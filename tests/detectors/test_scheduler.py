@@ -90,7 +90,7 @@ def test_shortfall_names_the_first_cause_in_order(changes: dict[str, float], cau
 def test_a_shortfall_after_an_engine_restart_names_it_after_the_three_causes(
     changes: dict[str, float], cause: str, severity: Severity
 ) -> None:
-    """Beside a vLLM killed and restarted under load, the cold engine ran 40% under the model for two
+    """Beside a vLLM killed and restarted under load, the cold engine ran about 40% under its old rate for two
     minutes: a critical finding for a cause already known."""
     detector = SchedulerEfficiencyDetector()
     healthy = [row | {"engine.process_start_time_seconds": 1e9} for row in _healthy(600)]

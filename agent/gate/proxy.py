@@ -41,6 +41,7 @@ from agent.gate.metrics import GateMetrics
 from agent.gate.openai import (
     ADMITTED_PATHS,
     MAX_REQUEST_ID,
+    MESSAGES_PATH,
     REQUEST_ID,
     BadRequest,
     RequestInfo,
@@ -50,7 +51,7 @@ from agent.gate.openai import (
 from agent.gate.peers import PeerCount, peers_loop
 from agent.gate.ratelimit import LineLimiter, LineLimits, LineResolver
 from agent.gate.records import GateStats, LengthBuckets, RequestRecord
-from agent.gate.relay import Relay, add_gate_headers, json_error
+from agent.gate.relay import Relay, add_gate_headers, for_messages_clients, json_error
 from agent.gate.stream_usage import ask_stream_usage
 from agent.gate.upstreams import UpstreamPool, health_loop
 from agent.gate.websockets import WebSocketRelay, is_websocket
@@ -511,6 +512,8 @@ class Gate:
             record = request.get(RECORD)
             if response is not None and not response.prepared and record is not None:
                 add_gate_headers(response.headers, record)  # a JSON answer, a refusal or an error
+            if response is not None and request.path == MESSAGES_PATH:
+                for_messages_clients(response)
             if self.access_log is not None:
                 self._log_access(request, response, started)
 

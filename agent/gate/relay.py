@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
@@ -82,12 +83,44 @@ def add_gate_headers(headers: MutableMapping[str, str], record: RequestRecord) -
         headers[name] = value
 
 
+#: The key a gate's own JSON error carries its message under (aiohttp responses are mappings), so that
+#: :func:`for_messages_clients` can reshape it on its way out
+GATE_ERROR: web.ResponseKey[str] = web.ResponseKey("servepilot_gate_error", str)
+
+#: Anthropic's error type for each status the gate answers with (its API's documented types)
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
 def json_error(
     status: int, message: str, kind: str, code: str, retry_after_s: float | None = None
 ) -> web.Response:
     """An OpenAI-shaped JSON error, with ``Retry-After`` where waiting helps."""
     headers = {"Retry-After": retry_after_header(retry_after_s)} if retry_after_s is not None else None
-    return web.json_response(error_body(message, kind, code), status=status, headers=headers)
+    response = web.json_response(error_body(message, kind, code), status=status, headers=headers)
+    response[GATE_ERROR] = message
+    return response
+
+
+def for_messages_clients(response: web.StreamResponse) -> None:
+    """Reshape a gate's own JSON error (:func:`json_error`) as Anthropic's Messages API writes errors,
+    ``{"type": "error", "error": {"type", "message"}}``, as vLLM's ``/v1/messages`` answers its own: a
+    client of Anthropic's SDK reading ``error.type`` got OpenAI's names from the gate (a 429 read
+    ``rate_limit_exceeded``, not ``rate_limit_error``). Answers relayed from the engine are left as sent."""
+    message = response.get(GATE_ERROR)
+    if message is None or not isinstance(response, web.Response) or response.prepared:
+        return
+    kind = ANTHROPIC_ERROR_TYPES.get(response.status, "api_error")
+    response.text = json.dumps({"type": "error", "error": {"type": kind, "message": message}})
 
 
 async def _end_with_error(resp: web.StreamResponse, path: str, cut: bool, message: str, code: str) -> None:

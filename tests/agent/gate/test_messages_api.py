@@ -182,3 +182,48 @@ def test_anthropic_usage_adds_the_cached_prompt_back_and_chat_without_v1_is_chat
         == _info("/v1/chat/completions", chat)
         == RequestInfo(False, 2.0, 3.0)
     )
+
+
+ENGINE_REFUSAL = {"type": "error", "error": {"type": "BadRequestError", "message": "max_tokens too large"}}
+
+
+class RefusingMessages(ParkedEngine):
+    """An engine that answers every Messages request with its own 400, in vLLM 0.32's shape there
+    (vllm/entrypoints/anthropic/api_router.py: ``translate_error_response``)."""
+
+    path = "/v1/messages"
+    more_paths = ("/v1/chat/completions",)
+
+    async def answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        return web.json_response(ENGINE_REFUSAL, status=400)
+
+
+async def test_the_gates_own_refusals_on_messages_are_in_anthropics_shape() -> None:
+    """vLLM answers its own errors on /v1/messages in Anthropic's shape; the gate's refusals there were
+    OpenAI's until 2026-12-06 (a client reading ``error.type`` got ``rate_limit_exceeded``). An answer
+    the engine sent is relayed as it came, and the other APIs keep OpenAI's shape."""
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "Say hello"}]}
+    async for engine in serving(RefusingMessages()):
+        async with (
+            gate_for(engine.url, default_requests_per_min=1.0) as (_, base, _registry),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+        ):
+            answers = []
+            for path, sent in [
+                ("/v1/messages", b"{not json"),  # the gate's 400
+                ("/v1/chat/completions", b"{not json"),  # the gate's 400, OpenAI's shape
+                *[("/v1/messages", json.dumps(body).encode())] * 3,  # the engine's 400 twice, then a 429
+            ]:
+                headers = {"Content-Type": "application/json"}
+                async with client.post(base + path, data=sent, headers=headers) as resp:
+                    answers.append((resp.status, await resp.json(), resp.headers.get("Retry-After")))
+    (bad, _, _), (openai_bad, openai_doc, _) = answers[0], answers[1]
+    assert bad == 400 and answers[0][1]["type"] == "error"
+    assert answers[0][1]["error"]["type"] == "invalid_request_error"
+    assert answers[0][1]["error"]["message"].startswith("request body is not valid JSON")
+    assert openai_bad == 400 and openai_doc["error"]["code"] == "bad_request"  # OpenAI's, as before
+    assert [status for status, _, _ in answers[2:]] == [400, 400, 429]
+    assert answers[2][1] == answers[3][1] == ENGINE_REFUSAL  # the engine's, as it came
+    limited, retry = answers[4][1], answers[4][2]
+    assert set(limited) == {"type", "error"} and limited["error"]["type"] == "rate_limit_error"
+    assert retry is not None and float(retry) > 0

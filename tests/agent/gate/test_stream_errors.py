@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from agent.gate.openai import stream_error, stream_finished
-from tests.agent.gate.parked import Stepped, serving
+from agent.gate.proxy import Gate
+from tests.agent.gate.parked import ParkedEngine, Stepped, serving
 from tests.engines.client import gate_for, gate_tokens
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gate"
@@ -26,6 +28,25 @@ TIMEOUT = 5.0
 def _recorded(name: str) -> list[bytes]:
     """The events of a recorded stream in tests/fixtures/gate, each with its blank line."""
     return [event + b"\n\n" for event in (FIXTURES / name).read_bytes().split(b"\n\n")[:-1]]
+
+
+async def _streamed(
+    engine: ParkedEngine, path: str = "/v1/completions", clock: Callable[[], float] | None = None
+) -> tuple[bytes, Gate, CollectorRegistry]:
+    """What a client read of a stream of ``path`` from ``engine`` through a gate (answered 200), the gate
+    (stopped) and its registry; ``clock``: the gate's, an engine's virtual one."""
+    async with (
+        gate_for(engine.url, stream_usage=False) as (gate, base, registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+    ):
+        if clock is not None:
+            gate.clock = clock
+        body = {"model": "m", "prompt": "Say hello", "max_tokens": 4, "stream": True}
+        body |= {"messages": [{"role": "user", "content": "Say hello"}]} if path == "/v1/messages" else {}
+        async with client.post(f"{base}{path}", json=body) as resp:
+            assert resp.status == 200  # as the engine sent it: the client reads an error event itself
+            relayed = await resp.read()
+    return relayed, gate, registry
 
 
 def _vllm_error(code: int) -> bytes:
@@ -60,16 +81,8 @@ async def test_an_answer_that_failed_mid_stream_is_a_failed_answer(
     engine: FailingMidStream, code: int, outcome: str
 ) -> None:
     engine.code = code
-    async with (
-        gate_for(engine.url, stream_usage=False) as (gate, base, registry),
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
-    ):
-        gate.clock = engine.clock
-        body = {"prompt": "Say hello", "max_tokens": 4, "stream": True}
-        async with client.post(f"{base}/v1/completions", json=body) as resp:
-            assert resp.status == 200  # as the engine sent it: the client reads the error event itself
-            relayed = await resp.read()
-        errors = gate.stats.errors
+    relayed, gate, registry = await _streamed(engine, clock=engine.clock)
+    errors = gate.stats.errors
     assert _vllm_error(code) in relayed and relayed.endswith(b"data: [DONE]\n\n")
     labels = {"line": "default", "priority": "normal", "outcome": outcome}
     assert registry.get_sample_value("servepilot_gate_requests_total", labels) == 1
@@ -101,21 +114,13 @@ class KilledMidStream(FailingMidStream):
 async def _relayed_from_killed(engine: KilledMidStream, path: str) -> tuple[bytes, dict[str, float]]:
     """What the client read of a stream from ``engine`` through a gate, and the gate's requests by
     outcome."""
-    async with (
-        gate_for(engine.url, stream_usage=False) as (_, base, registry),
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
-    ):
-        body = {"model": "m", "max_tokens": 4, "stream": True}
-        body |= {"messages": [{"role": "user", "content": "Say hello"}]} if path == "/v1/messages" else {}
-        async with client.post(f"{base}{path}", json=body | {"prompt": "Say hello"}) as resp:
-            assert resp.status == 200
-            relayed = await resp.read()
-        line = {"line": "default", "priority": "normal"}
-        outcomes = {
-            outcome: registry.get_sample_value("servepilot_gate_requests_total", line | {"outcome": outcome})
-            or 0.0
-            for outcome in ("ok", "upstream_error")
-        }
+    relayed, _, registry = await _streamed(engine, path)
+    line = {"line": "default", "priority": "normal"}
+    outcomes = {
+        outcome: registry.get_sample_value("servepilot_gate_requests_total", line | {"outcome": outcome})
+        or 0.0
+        for outcome in ("ok", "upstream_error")
+    }
     return relayed, outcomes
 
 
@@ -186,14 +191,7 @@ async def test_keep_alive_comments_are_neither_a_first_token_nor_a_gap() -> None
     """Until 2026-12-06 a comment-only chunk counted as a token's arrival: a 15-s prefill behind
     keep-alives read as a TTFT of one keep-alive interval."""
     async for engine in serving(KeptAlive()):
-        async with (
-            gate_for(engine.url, stream_usage=False) as (gate, base, registry),
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
-        ):
-            gate.clock = engine.clock
-            body = {"prompt": "Say hello", "max_tokens": 4, "stream": True}
-            async with client.post(f"{base}/v1/completions", json=body) as resp:
-                relayed = await resp.read()
+        relayed, _, registry = await _streamed(engine, clock=engine.clock)
         assert relayed.startswith(b":\n\n: keep-alive\n\n")  # relayed as sent
         bucket = {"bucket": "le256"}
         # the gate reads its clock at arrival, then once per chunk: the first token is the third chunk

@@ -336,17 +336,23 @@ def error_body(message: str, kind: str, code: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "code": code}}
 
 
-def stream_error_event(path: str, message: str, code: str) -> bytes:
+def anthropic_error(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's Messages API error, ``{"type": "error", "error": {"type", "message"}}``, with the type
+    its API gives ``status`` (:data:`ANTHROPIC_ERROR_TYPES`; ``api_error`` for any other)."""
+    kind = ANTHROPIC_ERROR_TYPES.get(status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def stream_error_event(path: str, message: str, code: str, status: int) -> bytes:
     """The SSE event that ends a started stream with an error, in the shape its API's clients raise on:
     for Anthropic's Messages (:data:`MESSAGES_PATH`) an event named ``error`` carrying
     ``{"type": "error", "error": {"type", "message"}}`` (Anthropic's SDK raises on that name and passes
     over unnamed events, so an OpenAI-shaped one would let it read a cut answer as whole); for every
     other API an unnamed event with OpenAI's error shape (:func:`error_body`), which the OpenAI SDK
-    raises on, as vLLM writes it. ``code``: the gate's reason, e.g. ``bad_gateway``."""
+    raises on, as vLLM writes it. ``code``: the gate's reason, e.g. ``bad_gateway``; ``status``: the
+    one a refusal before the stream began would have had (504 for a hung upstream, 502 a broken one)."""
     if path == MESSAGES_PATH:
-        kind = "timeout_error" if code == "upstream_stalled" else "api_error"
-        doc: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
-        return b"event: error\ndata: " + json.dumps(doc).encode() + b"\n\n"
+        return b"event: error\ndata: " + json.dumps(anthropic_error(status, message)).encode() + b"\n\n"
     return b"data: " + json.dumps(error_body(message, "upstream_error", code)).encode() + b"\n\n"
 
 
@@ -426,6 +432,19 @@ ERROR_TYPE_STATUS = {
     "overloaded_error": 529,
 }
 """The HTTP status each of Anthropic's error types is answered with, for an error event with no code."""
+
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",  # Anthropic's own overload is 529 (:data:`ERROR_TYPE_STATUS`); the gate's 503
+    504: "timeout_error",
+}
+"""The Anthropic error type of each status the gate answers a Messages client with."""
 
 #: Stream events that carry no token, as the engines write them (without spaces): the end, ``[DONE]``, and
 #: in a chat stream a sequence's opening event, its role alone (vLLM: content ""; llama.cpp: null; both

@@ -29,6 +29,7 @@ from agent.gate.openai import (
     EVENT_ENDS,
     NO_TOKEN,
     REQUEST_ID,
+    anthropic_error,
     error_body,
     stream_error,
     stream_error_event,
@@ -87,19 +88,6 @@ def add_gate_headers(headers: MutableMapping[str, str], record: RequestRecord) -
 #: :func:`for_messages_clients` can reshape it on its way out
 GATE_ERROR: web.ResponseKey[str] = web.ResponseKey("servepilot_gate_error", str)
 
-#: Anthropic's error type for each status the gate answers with (its API's documented types)
-ANTHROPIC_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    415: "invalid_request_error",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-    504: "timeout_error",
-}
-
 
 def json_error(
     status: int, message: str, kind: str, code: str, retry_after_s: float | None = None
@@ -119,17 +107,18 @@ def for_messages_clients(response: web.StreamResponse) -> None:
     message = response.get(GATE_ERROR)
     if message is None or not isinstance(response, web.Response) or response.prepared:
         return
-    kind = ANTHROPIC_ERROR_TYPES.get(response.status, "api_error")
-    response.text = json.dumps({"type": "error", "error": {"type": kind, "message": message}})
+    response.text = json.dumps(anthropic_error(response.status, message))
 
 
-async def _end_with_error(resp: web.StreamResponse, path: str, cut: bool, message: str, code: str) -> None:
+async def _end_with_error(
+    resp: web.StreamResponse, path: str, cut: bool, message: str, code: str, status: int
+) -> None:
     """End a started stream with an error event, as vLLM and SGLang end theirs on a failure, in the
     shape the client's SDK raises on (:func:`~agent.gate.openai.stream_error_event`), so the client
     learns its answer failed rather than reading a short one as whole. ``cut``: the client's bytes stop
     inside an event; a blank line first closes that fragment (an SSE client drops it or fails on it), so
     the error event arrives whole."""
-    event = stream_error_event(path, message, code)
+    event = stream_error_event(path, message, code, status)
     with contextlib.suppress(ConnectionResetError):
         await resp.write((b"\n\n" if cut else b"") + event)
         await resp.write_eof()
@@ -307,12 +296,12 @@ class Relay:
                 # an engine killed mid-stream: until 2026-12-06 the client's stream just ended, as a whole
                 # answer's would (without [DONE]), and the OpenAI SDK returned the truncated text as whole
                 cut = unasked is None and not tail.endswith(EVENT_ENDS)
-                message, code = (
-                    (f"upstream {error}", "upstream_stalled")
+                message, code, status = (
+                    (f"upstream {error}", "upstream_stalled", 504)
                     if stalled
-                    else (f"the upstream's stream broke: {error}", "bad_gateway")
+                    else (f"the upstream's stream broke: {error}", "bad_gateway", 502)
                 )
-                await _end_with_error(resp, request.path, cut, message, code)
+                await _end_with_error(resp, request.path, cut, message, code, status)
                 return resp
         # a failure after the 200 went is an event in the stream: the answer failed all the same
         failed = stream_error(tail) if record is not None and up.status < 300 else None

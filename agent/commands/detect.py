@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+STDOUT = "-"
+
 
 class DetectInputError(ValueError):
     """Bad input, reported as one line (exit code 2)."""
@@ -30,10 +32,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "detect",
         help="score a timestamp,value CSV (or a NAB-style tree) with a streaming anomaly detector",
         description="Write timestamp,value,anomaly_score (NAB format) for every row of --input, scored "
-        "causally. With --input DIR --output DIR, every category/name.csv under DIR is scored.",
+        "causally, to --output or standard output. With --input DIR --output DIR, every category/name.csv "
+        "under DIR is scored.",
     )
     parser.add_argument("--input", help="CSV file with a timestamp,value header, or a directory of them")
-    parser.add_argument("--output", help="output CSV file, or directory when --input is one")
+    parser.add_argument(
+        "--output",
+        default=STDOUT,
+        help="output CSV file (default: standard output), or directory when --input is one",
+    )
     parser.add_argument("--detector", help="scorer name (default: the registry's default); see --list")
     parser.add_argument("--list", action="store_true", help="list the registered scorers and exit")
     parser.set_defaults(func=run)
@@ -126,20 +133,26 @@ def _read(path: Path) -> Series:
     return read_series(text, str(path))
 
 
-def _pairs(source: Path, target: Path) -> list[tuple[Path, Path]]:
+def _pairs(source: Path, target: Path | None) -> list[tuple[Path, Path | None]]:
+    """(input, output) files; output None is standard output (a single input file only)."""
     if source.is_dir():
+        if target is None:
+            raise DetectInputError("--output DIR is required when --input is a directory")
         files = sorted(p for p in source.rglob("*.csv") if p.is_file())
         if not files:
             raise DetectInputError(f"no .csv files under {str(source)!r}")
         return [(p, target / p.relative_to(source)) for p in files]
     if not source.exists():
         raise DetectInputError(f"input {str(source)!r} does not exist")
-    if target.is_dir():
+    if target is not None and target.is_dir():
         raise DetectInputError(f"output {str(target)!r} is a directory but input is a file")
     return [(source, target)]
 
 
-def _write(path: Path, text: str) -> None:
+def _write(path: Path | None, text: str) -> None:
+    if path is None:
+        sys.stdout.write(text)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8", newline="") as handle:
@@ -158,13 +171,13 @@ def run(args: argparse.Namespace) -> int:
             flag = "default" if name == DEFAULT_SCORER else ("on" if reg.default_enabled else "off")
             print(f"{name:<16} {flag:<8} {reg.description}")
         return 0
-    if not args.input or not args.output:
-        raise UsageError("--input and --output are required (or use --list)")
+    if not args.input:
+        raise UsageError("--input is required (or use --list)")
     detector = args.detector or DEFAULT_SCORER
     if detector not in SCORERS:
         raise UsageError(f"unknown detector {detector!r}; known: {', '.join(sorted(SCORERS))}")
     try:
-        pairs = _pairs(Path(args.input), Path(args.output))
+        pairs = _pairs(Path(args.input), None if args.output == STDOUT else Path(args.output))
         parsed = [(_read(src), dst) for src, dst in pairs]
     except DetectInputError as error:
         raise UsageError(str(error)) from None

@@ -83,6 +83,20 @@ def test_directory_mode_mirrors_the_tree(tmp_path: Path) -> None:
     assert len(rows(tmp_path / "out" / "catA" / "x.csv")) == 1883
 
 
+def test_output_defaults_to_standard_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("--input", str(FIXTURES / "art_daily_jumpsup.csv")) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "timestamp,value,anomaly_score"
+    assert len(out) == len(rows(FIXTURES / "art_daily_jumpsup.csv"))
+
+
+def test_a_directory_needs_an_output_directory(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    shutil.copy(FIXTURES / "rogue_agent_key_hold.csv", tmp_path / "in" / "x.csv")
+    with pytest.raises(UsageError, match="--output DIR is required"):
+        run("--input", str(tmp_path / "in"))
+
+
 def test_list_names_the_default(capsys: pytest.CaptureFixture[str]) -> None:
     assert run("--list") == 0
     assert any(

@@ -32,7 +32,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "in-sample one-step naive MAE) and sMAPE per model and horizon, and the selected model.",
     )
     parser.add_argument(
-        "--input", required=True, help="timestamp,count CSV, Azure trace CSV or Mooncake JSONL"
+        "--input",
+        "--trace",  # the name replay uses for the same files
+        dest="input",
+        required=True,
+        help="timestamp,count CSV, Azure trace CSV or Mooncake JSONL (also --trace)",
     )
     parser.add_argument("--horizon", type=parse_duration, default=1800.0, help="selection horizon (30m)")
     parser.add_argument("--step", type=parse_duration, default=60.0, help="aggregation step (1m)")

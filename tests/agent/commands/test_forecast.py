@@ -40,8 +40,9 @@ def test_json_has_the_contract_shape(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert all(m["mase"] > 0 and 0 <= m["smape"] <= 2 for m in report["models"])
 
 
-def test_text_table_lists_every_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["forecast", "--input", str(_series(tmp_path)), "--step", "30m", "--models", "last_value"]
+@pytest.mark.parametrize("flag", ["--input", "--trace"])
+def test_text_table_lists_every_model(tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str) -> None:
+    argv = ["forecast", flag, str(_series(tmp_path)), "--step", "30m", "--models", "last_value"]
     assert _main(argv) == 0
     out = capsys.readouterr().out
     assert "last_value" in out and "selected at 30 min: last_value" in out

@@ -18,6 +18,10 @@ else takes the pod out of its Service, and every request sent to it would wait f
 Unready, the pod gets no new requests; it is ready again at the engine's first progress. Readiness, not
 liveness: a restart reloads the weights, which a short or mistaken verdict must never cost.
 
+And it is 503 from the moment the sidecar starts to shut down (SIGTERM) while the gate keeps serving
+for ``gate.shutdown_delay_s``: a load balancer that polls readiness stops sending new requests before
+the listener closes.
+
 ``/engine/livez`` is for the *engine* container's liveness probe, and off unless
 ``agent.engine_restart_stall_s`` is set: 503 once the engine has been stalled that long (say 15
 minutes: no verdict lasts that long by mistake), so the kubelet restarts a hung engine without waiting
@@ -53,9 +57,10 @@ def build_app(
     upstreams: UpstreamPool | None = None,
     engine_restart_stall_s: float = 0.0,
     client_certificates: bool = False,
+    shutting_down: Callable[[], bool] = lambda: False,
 ) -> web.Application:
     """``client_certificates``: mutual TLS, every path but the probes' needs a verified client
-    certificate (:mod:`agent.tls`)."""
+    certificate (:mod:`agent.tls`). ``shutting_down``: true once the gate's shutdown has begun."""
     middlewares = [client_certificate_required] if client_certificates else []
     app = web.Application(client_max_size=64 * 1024, middlewares=middlewares)
     app[LOOP_KEY] = loop
@@ -65,6 +70,8 @@ def build_app(
     stale_after = max(5.0, 5 * loop.interval_s)  # no tick for this long: the loop is stuck
 
     async def readyz(_: web.Request) -> web.Response:
+        if shutting_down():
+            return _draining_response()
         snap = loop.state.snapshot
         if snap is None:
             return web.json_response({"status": "starting", "reason": "no tick completed yet"}, status=503)
@@ -114,7 +121,9 @@ def build_app(
     return app
 
 
-def build_gate_app(registry: CollectorRegistry, pool: UpstreamPool) -> web.Application:
+def build_gate_app(
+    registry: CollectorRegistry, pool: UpstreamPool, shutting_down: Callable[[], bool] = lambda: False
+) -> web.Application:
     """The standalone gate's own face (``servepilot gate``): its metrics, on their own port, since every
     path of the gate's port belongs to the upstream (``/metrics`` there is the engine's). ``/readyz`` is
     503 while no upstream is healthy: the gate would still try them all, but a load balancer with another
@@ -122,6 +131,8 @@ def build_gate_app(registry: CollectorRegistry, pool: UpstreamPool) -> web.Appli
     app = web.Application(client_max_size=64 * 1024)
 
     async def readyz(_: web.Request) -> web.Response:
+        if shutting_down():
+            return _draining_response()
         if (unready := _no_healthy_upstream(pool)) is not None:
             return unready
         healthy = [up.name for up in pool.upstreams.values() if up.healthy]
@@ -132,6 +143,10 @@ def build_gate_app(registry: CollectorRegistry, pool: UpstreamPool) -> web.Appli
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/api/upstreams", _upstreams_handler(pool))
     return app
+
+
+def _draining_response() -> web.Response:
+    return web.json_response({"status": "draining", "reason": "shutting down"}, status=503)
 
 
 def _no_healthy_upstream(pool: UpstreamPool) -> web.Response | None:

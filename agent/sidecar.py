@@ -535,6 +535,7 @@ class Sidecar:
             upstreams=self.knobs.gate.pool if self.knobs.gate is not None else None,
             engine_restart_stall_s=agent_cfg.engine_restart_stall_s,
             client_certificates=agent_cfg.tls_client_ca_file is not None,
+            shutting_down=self._gate_shutting_down,
         )
         admin_args = (self.knobs.actuation, self.knobs.audit, self.knobs.token, self.canary, self.loop.clock)
         admin_kwargs: dict[str, Any] = {
@@ -584,6 +585,9 @@ class Sidecar:
             )
         if self.webhooks is not None:
             self.webhooks.start()
+
+    def _gate_shutting_down(self) -> bool:
+        return self.knobs.gate is not None and self.knobs.gate.shutting_down
 
     async def stop(self) -> None:
         if self.knobs.gate is not None:  # drain first, while the loop still renews leases and exports

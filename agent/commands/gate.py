@@ -155,7 +155,9 @@ async def _serve_metrics(
 
     from agent.api import build_gate_app
 
-    runner = web.AppRunner(build_gate_app(registry, gate.pool), access_log=None, handle_signals=False)
+    runner = web.AppRunner(
+        build_gate_app(registry, gate.pool, lambda: gate.shutting_down), access_log=None, handle_signals=False
+    )
     await runner.setup()
     port = cfg.agent.listen_port if args.metrics_port is None else args.metrics_port
     try:

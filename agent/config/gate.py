@@ -185,8 +185,19 @@ class GateConfig(Section):
         description="retries at most this share of the requests at upstreams (at least 3 at a time), so a "
         "failing upstream cannot double the load on the others (Envoy's retry budget)",
     )
+    shutdown_delay_s: float = Field(
+        0.0,
+        ge=0,
+        le=300,
+        description="on shutdown, new requests are still accepted this long (readiness 503 'draining') "
+        "before the listener closes: the seconds a Kubernetes Service takes to stop sending the pod new "
+        "connections, which would be refused otherwise (the manifests set 5)",
+    )
     drain_s: float = Field(
-        10.0, ge=0.1, le=3600, description="on shutdown, in-flight requests get this long to finish"
+        10.0,
+        ge=0.1,
+        le=3600,
+        description="on shutdown, once the listener closes, in-flight requests get this long to finish",
     )
     admit_paths: tuple[str, ...] = Field(
         (),

@@ -129,6 +129,7 @@ class Gate:
         self.port: int | None = None
         self.in_progress = 0
         self.cut = 0
+        self.shutting_down = False  # from the shutdown's start, its delay included: readiness says so
         self._draining = False
         self.metrics = GateMetrics(
             registry,
@@ -259,7 +260,13 @@ class Gate:
     async def drain(self) -> None:
         """Stop accepting and let accepted requests finish, for at most ``drain_s``; idempotent.
 
-        aiohttp's runner does the work: the listener closes (new connections are refused, so a load
+        With ``shutdown_delay_s``, new requests are served that long first, while readiness answers 503:
+        Kubernetes takes a pod out of its Service's endpoints when the pod is deleted, at the same time
+        as the SIGTERM, and every node's kube-proxy and every ingress learns it a moment later. A
+        listener closed at once refuses the connections sent meanwhile, and a client that is not
+        retrying sees an error where the pod could have served it.
+
+        Then aiohttp's runner does the work: the listener closes (new connections are refused, so a load
         balancer or client retries elsewhere), idle kept-alive connections close, and each connection
         with a request in progress (relaying upstream or still queued for admission) closes after its
         response, or has its handler cancelled at ``drain_s``, which drops the upstream request so the
@@ -268,6 +275,14 @@ class Gate:
         runner, self._runner = self._runner, None
         if runner is None:
             return
+        self.shutting_down = True
+        if self.cfg.shutdown_delay_s > 0:
+            log.info(
+                "gate shutting down: new requests accepted for %g s more (readiness 503) before the "
+                "listener closes",
+                self.cfg.shutdown_delay_s,
+            )
+            await asyncio.sleep(self.cfg.shutdown_delay_s)
         self._draining, busy = True, self.in_progress
         started = time.monotonic()
         if busy:

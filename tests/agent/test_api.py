@@ -185,3 +185,20 @@ async def test_the_agent_lists_the_gates_upstreams_only_with_a_gate(aiohttp_clie
     assert primary["healthy"] is True and primary["url"] == "http://127.0.0.1:9"  # no credentials shown
     without = await aiohttp_client(build_app(loop, Exporter()))
     assert (await without.get("/api/upstreams")).status == 404
+
+
+async def test_readyz_is_503_draining_once_the_shutdown_began(aiohttp_client: Any) -> None:
+    """SIGTERM: the gate still serves for ``gate.shutdown_delay_s``, and a load balancer that polls
+    readiness stops sending meanwhile; both the sidecar's and the standalone gate's say so."""
+    shutting = [False]
+    pool = UpstreamPool({"primary": "http://127.0.0.1:9"}, {"primary": 1})
+    app, loop = _app([100.0], upstreams=pool, shutting_down=lambda: shutting[0])
+    sidecar = await aiohttp_client(app)
+    gate = await aiohttp_client(build_gate_app(CollectorRegistry(), pool, lambda: shutting[0]))
+    await loop.tick(100.0)
+    assert (await sidecar.get("/readyz")).status == 200 and (await gate.get("/readyz")).status == 200
+    shutting[0] = True
+    for client in (sidecar, gate):
+        response = await client.get("/readyz")
+        assert response.status == 503
+        assert await response.json() == {"status": "draining", "reason": "shutting down"}

@@ -144,6 +144,19 @@ def test_sidecar_probes_use_healthz_and_readyz(engine: str) -> None:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_the_engine_outlasts_the_gates_shutdown_and_the_pod_outlasts_both(engine: str) -> None:
+    """Deleted, the pod leaves its Service as both containers get SIGTERM: the gate serves on for
+    ``shutdown_delay_s`` while that reaches the nodes, then drains for up to ``drain_s``. The engine's
+    preStop holds it up meanwhile (else the gate relays to nothing), and the grace period covers both."""
+    gate = _config(engine).gate
+    pre_stop = _container(engine, engine)["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    grace = _by_kind(engine, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert gate.shutdown_delay_s >= 3  # endpoint updates take seconds to reach every node
+    assert gate.shutdown_delay_s + gate.drain_s <= float(pre_stop[1]) < grace
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_sidecar_drops_every_capability_and_runs_unprivileged(engine: str) -> None:
     context = _container(engine, "servepilot")["securityContext"]
     assert context["capabilities"] == {"drop": ["ALL"]}

@@ -9,6 +9,7 @@ every stream arrives whole. Only the subprocess test waits on real time (start-u
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import subprocess
 import sys
@@ -48,8 +49,14 @@ async def release() -> AsyncIterator[asyncio.Event]:
     event.set()  # never leave the upstream handler waiting
 
 
-async def _gate(upstream: str, drain_s: float) -> tuple[Gate, str]:
-    cfg = GateConfig(enabled=True, upstreams={"primary": upstream}, drain_s=drain_s, health_interval_s=600)
+async def _gate(upstream: str, drain_s: float, shutdown_delay_s: float = 0.0) -> tuple[Gate, str]:
+    cfg = GateConfig(
+        enabled=True,
+        upstreams={"primary": upstream},
+        drain_s=drain_s,
+        shutdown_delay_s=shutdown_delay_s,
+        health_interval_s=600,
+    )
     gate = Gate(cfg, CollectorRegistry())
     port = await gate.start("127.0.0.1", 0)
     return gate, f"http://127.0.0.1:{port}"
@@ -65,6 +72,29 @@ async def test_an_accepted_stream_finishes_while_new_connections_are_refused(rel
         assert not stopping.done() and gate.in_progress == 1
         release.set()
         assert await response.read() == b"data: two\n\ndata: [DONE]\n\n"
+        await asyncio.wait_for(stopping, timeout=5)
+        assert gate.cut == 0
+
+
+async def test_new_requests_are_served_through_the_shutdown_delay(release: asyncio.Event) -> None:
+    """Kubernetes sends SIGTERM as it takes the pod out of the Service's endpoints, and the nodes learn it
+    a moment later: connections sent meanwhile are served, not refused, for ``shutdown_delay_s``."""
+    async with serve(held_stream_upstream(release)) as upstream, aiohttp.ClientSession() as http:
+        gate, url = await _gate(upstream, drain_s=30.0, shutdown_delay_s=1.0)
+        held = await http.post(f"{url}/v1/completions", json=BODY)
+        await held.content.readuntil(b"\n\n")
+        stopping = asyncio.create_task(gate.stop())
+        for _ in range(1000):  # stop() ends the health checks first, then drains
+            if gate.shutting_down:
+                break
+            await asyncio.sleep(0)
+        assert gate.shutting_down
+        async with http.get(f"{url}/v1/models", headers={"Connection": "close"}) as late:
+            assert late.status == 200  # a new connection, after the shutdown began
+        assert not stopping.done()
+        assert await _refused(gate.port or 0, attempts=10_000)  # then the listener closes
+        release.set()
+        assert await held.read() == b"data: two\n\ndata: [DONE]\n\n"
         await asyncio.wait_for(stopping, timeout=5)
         assert gate.cut == 0
 
@@ -86,9 +116,11 @@ async def test_the_drain_is_bounded_by_drain_s(release: asyncio.Event) -> None:
 TOKENS = 150  # ~1.5 s per stream on the simulated A100: SIGTERM lands well inside it
 
 
-async def _stream(http: aiohttp.ClientSession, url: str, started: asyncio.Event) -> tuple[int, bytes]:
+async def _stream(
+    http: aiohttp.ClientSession, url: str, started: asyncio.Event, tokens: int = TOKENS
+) -> tuple[int, bytes]:
     body = {"model": "meta-llama/Meta-Llama-3-8B-Instruct", "prompt": "hello " * 50}
-    async with http.post(url, json={**body, "max_tokens": TOKENS, "stream": True}) as response:
+    async with http.post(url, json={**body, "max_tokens": tokens, "stream": True}) as response:
         first = await response.content.readuntil(b"\n\n")
         started.set()
         return response.status, first + await response.read()
@@ -108,13 +140,22 @@ async def _wait_ready(http: aiohttp.ClientSession, url: str, procs: list[subproc
     raise AssertionError(f"{url} never answered")
 
 
+async def _wait_status(http: aiohttp.ClientSession, url: str, status: int) -> None:
+    for _ in range(100):
+        async with http.get(url) as response:
+            if response.status == status:
+                return
+        await asyncio.sleep(0.01)  # a real process reacting to a signal
+    raise AssertionError(f"{url} never answered {status}")
+
+
 async def test_sigterm_drains_the_gate_of_servepilot_run(tmp_path: Path) -> None:
-    sim_port, gate_port = _free_port(), _free_port()
+    sim_port, gate_port, agent_port = _free_port(), _free_port(), _free_port()
     (tmp_path / "agent.yaml").write_text(
-        f"agent: {{listen_port: {_free_port()}, admin_listen_port: {_free_port()}}}\n"
+        f"agent: {{listen_port: {agent_port}, admin_listen_port: {_free_port()}}}\n"
         f"engine: {{url: 'http://127.0.0.1:{sim_port}'}}\n"
         "nvml: {backend: 'off'}\naudit: {path: null}\nforecast: {enabled: false}\n"
-        f"gate: {{enabled: true, listen_port: {gate_port}, drain_s: 20,"
+        f"gate: {{enabled: true, listen_port: {gate_port}, drain_s: 20, shutdown_delay_s: 2,"
         f" upstreams: {{primary: 'http://127.0.0.1:{sim_port}'}}}}\n"
     )
     cli = [sys.executable, "-m", "agent.cli"]
@@ -130,7 +171,12 @@ async def test_sigterm_drains_the_gate_of_servepilot_run(tmp_path: Path) -> None
             started = [asyncio.Event() for _ in range(3)]
             streams = [asyncio.create_task(_stream(http, f"{gate}/v1/completions", s)) for s in started]
             await asyncio.wait_for(asyncio.gather(*(s.wait() for s in started)), timeout=10)
+            await _wait_ready(http, f"http://127.0.0.1:{agent_port}/readyz", [sim, run])
             run.send_signal(signal.SIGTERM)
+            # through the shutdown delay: unready, yet a request sent now is served
+            await _wait_status(http, f"http://127.0.0.1:{agent_port}/readyz", 503)
+            late = _stream(http, f"{gate}/v1/completions", asyncio.Event(), 2 * TOKENS)  # outlasts the delay
+            streams.append(asyncio.create_task(late))
             results = await asyncio.wait_for(asyncio.gather(*streams), timeout=20)
         code = await asyncio.to_thread(run.wait, 20)
     finally:
@@ -140,9 +186,11 @@ async def test_sigterm_drains_the_gate_of_servepilot_run(tmp_path: Path) -> None
                 proc.wait()
     output = run.stdout.read() if run.stdout else ""
     assert code == 0, output
-    for status, body in results:
+    # the three streaming at SIGTERM, and the one sent after it
+    for (status, body), tokens in zip(results, (TOKENS, TOKENS, TOKENS, 2 * TOKENS), strict=True):
         assert status == 200
-        assert body.count(b"data: ") == TOKENS + 1  # every token (the last one finishes) and [DONE]
+        assert body.count(b"data: ") == tokens + 1  # every token (the last one finishes) and [DONE]
         assert body.endswith(b"data: [DONE]\n\n")
-    assert "gate draining: 3 request(s) in progress" in output
+    assert "gate shutting down: new requests accepted for 2 s more" in output
+    assert re.search(r"gate draining: [1-4] request\(s\) in progress", output)  # the late one at least
     assert "(0 cut at the limit)" in output

@@ -190,6 +190,16 @@ class Gate:
         )
         self.app = web.Application(client_max_size=cfg.max_body_bytes)
         self.app.router.add_route("*", "/{tail:.*}", self._handle)
+        self.app.on_response_prepare.append(self._close_when_shutting_down)
+
+    async def _close_when_shutting_down(self, _: web.Request, response: web.StreamResponse) -> None:
+        """Once the shutdown began, each answer closes its connection (``Connection: close``). A Service's
+        endpoint update moves new connections only: a client's pooled one (an ingress keeps them) would
+        carry its next request here until the listener closes, and meet the close. Retired after its
+        answer, it is opened again, to another pod. A WebSocket's handshake is left alone."""
+        if self.shutting_down and not isinstance(response, web.WebSocketResponse):
+            response.force_close()
+            response.headers[aiohttp.hdrs.CONNECTION] = "close"
 
     def _upstream_up(self, name: str) -> float:
         return float(self.pool.upstreams[name].healthy)

@@ -1,8 +1,10 @@
 """Time-of-day schedules as data, with a required timezone (KEDA refuses a cron without one).
 
 A schedule is a list of windows ``{days, start, end, mode}`` in one IANA timezone; :meth:`Schedule.mode_at`
-says which mode (``peak``, ``offpeak`` or any label an operator uses) holds at a Unix time. Windows may
-wrap midnight (``22:00-06:00``); the first matching window wins; outside all windows, ``default``.
+says which mode (:data:`MODES`) holds at a Unix time. Windows may wrap midnight (``22:00-06:00``); the
+first matching window wins; outside all windows, ``default``. A mode is one of :data:`MODES`, no free
+label: the energy policy acts on ``peak`` alone, so a window written ``Peak`` or ``busy`` would have
+done nothing, silently.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+#: ``peak`` holds the energy ladder at full clock; ``offpeak`` leaves it to the SLO-gated descent.
+MODES = ("peak", "offpeak")
 
 
 class ScheduleError(ValueError):
@@ -28,6 +32,14 @@ def _clock(text: str, field: str) -> time:
         return time(int(hours), int(minutes))
     except (ValueError, AttributeError):
         raise ScheduleError(f"{field} must look like HH:MM, got {text!r}") from None
+
+
+def _mode(value: Any, field: str) -> str:
+    if value is None:
+        raise ScheduleError(f"{field} is required ({' or '.join(MODES)})")
+    if value not in MODES:
+        raise ScheduleError(f"{field} must be {' or '.join(MODES)}, got {value!r}")
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -71,18 +83,15 @@ class Schedule:
             bad = [d for d in days if d not in DAYS]
             if bad:
                 raise ScheduleError(f"{field}.days must be among {', '.join(DAYS)}, got {bad[0]!r}")
-            mode = item.get("mode")
-            if not mode:
-                raise ScheduleError(f"{field}.mode is required")
             windows.append(
                 Window(
                     frozenset(DAYS.index(d) for d in days),
                     _clock(item.get("start", ""), f"{field}.start"),
                     _clock(item.get("end", ""), f"{field}.end"),
-                    str(mode),
+                    _mode(item.get("mode"), f"{field}.mode"),
                 )
             )
-        return cls(tz, tuple(windows), str(data.get("default", "offpeak")))
+        return cls(tz, tuple(windows), _mode(data.get("default", "offpeak"), "schedule.default"))
 
     def mode_at(self, unix_s: float) -> str:
         """The mode in force at ``unix_s`` (no clock read: time is an argument)."""

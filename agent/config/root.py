@@ -37,6 +37,11 @@ class Config(Section):
                 "policies.energy needs actuators.gpu (locked_clocks or power_limit) to drive, or"
                 " control.enabled with an engine control API that offers sm_clock_mhz"
             )
+        if self.policies.schedule is not None and not self.policies.energy:
+            raise ValueError(
+                "policies.schedule needs policies.energy (its peak windows hold the energy ladder at full"
+                " clock; nothing else reads it)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -71,6 +71,14 @@ def test_examples_exist_for_demo_vllm_and_sglang() -> None:
             },
             "policies.schedule.windows[0].start must look like HH:MM, got '9'",
         ),
+        (
+            {"policies": {"schedule": {"timezone": "UTC", "windows": [{"start": "9:00", "end": "17:00"}]}}},
+            "policies.schedule.windows[0].mode is required (peak or offpeak)",
+        ),
+        (  # a peak schedule with no energy policy to read it did nothing, silently
+            {"policies": {"schedule": {"timezone": "UTC"}}},
+            "policies.schedule needs policies.energy (its peak windows hold the energy ladder at full clock;",
+        ),
         # each of these passed validation and then stopped `servepilot run` with a traceback (exit 1)
         ({"gate": {"split": {"fp8": 1.0}}}, "gate.split names 'fp8', not one of the upstreams (primary)"),
         ({"gate": {"split": {"primary": 0.0}}}, "gate.split must give shares >= 0 with a total above 0"),

@@ -9,7 +9,7 @@ DATA = {
     "timezone": "Europe/Paris",
     "windows": [
         {"days": ["mon", "tue", "wed", "thu", "fri"], "start": "09:00", "end": "18:00", "mode": "peak"},
-        {"start": "22:00", "end": "06:00", "mode": "night"},
+        {"days": ["sat"], "start": "20:00", "end": "02:00", "mode": "peak"},
     ],
 }
 
@@ -27,7 +27,12 @@ def test_weekend_falls_back_to_default():
 
 
 def test_window_wraps_midnight():
-    assert Schedule.from_data(DATA).mode_at(_at("2024-05-16 03:00")) == "night"
+    schedule = Schedule.from_data(DATA)
+    # Saturday's 20:00-02:00 window: its hours after midnight are Sunday's
+    assert schedule.mode_at(_at("2024-05-18 23:00")) == "peak"
+    assert schedule.mode_at(_at("2024-05-19 01:00")) == "peak"
+    assert schedule.mode_at(_at("2024-05-19 03:00")) == "offpeak"
+    assert schedule.mode_at(_at("2024-05-20 01:00")) == "offpeak"  # Sunday has no window
 
 
 def test_mode_follows_the_schedule_timezone_not_utc():
@@ -48,3 +53,21 @@ def test_unknown_timezone_is_refused():
 def test_bad_clock_names_the_field():
     with pytest.raises(ScheduleError, match=r"windows\[0\].start"):
         Schedule.from_data({"timezone": "UTC", "windows": [{"start": "9am", "end": "10:00", "mode": "peak"}]})
+
+
+@pytest.mark.parametrize(
+    ("window", "needle"),
+    [
+        (
+            {"start": "09:00", "end": "10:00", "mode": "Peak"},
+            r"windows\[0\]\.mode must be peak or offpeak, got 'Peak'",
+        ),
+        ({"start": "09:00", "end": "10:00"}, r"windows\[0\]\.mode is required"),
+    ],
+)
+def test_a_mode_the_policies_do_not_know_is_refused(window: dict[str, str], needle: str) -> None:
+    """Only ``peak`` does anything: a window written ``Peak`` would have been a no-op, found at peak."""
+    with pytest.raises(ScheduleError, match=needle):
+        Schedule.from_data({"timezone": "UTC", "windows": [window]})
+    with pytest.raises(ScheduleError, match=r"schedule\.default must be peak or offpeak"):
+        Schedule.from_data({"timezone": "UTC", "default": "night"})

@@ -7,14 +7,14 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from agent.config.base import GpuIndices, HttpUrl, OffMeansOff, Section
+from agent.config.base import GpuIndices, HttpUrl, OffMeansOff, Section, ServerUrl
 
 
 class ControlConfig(Section):
     """The engine control client (DESIGN.md section 4). Off unless configured."""
 
     enabled: bool = Field(False, description="use the engine's runtime control endpoints")
-    url: HttpUrl = Field("http://127.0.0.1:8000", description="engine base URL")
+    url: ServerUrl = Field("http://127.0.0.1:8000", description="engine base URL: the server's, without /v1")
     adapter: Literal["auto", "generic", "sglang", "vllm"] = Field("auto", description="API flavour")
     lease_s: float = Field(30.0, ge=1, le=3600, description="the engine reverts to defaults after this")
     release_on_stop: bool = Field(

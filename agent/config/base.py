@@ -24,6 +24,22 @@ HttpUrl = Annotated[str, AfterValidator(check_http_url)]
 """A base URL the sidecar calls: http(s), kept without its trailing slash (paths are appended to it)."""
 
 
+def check_server_url(value: str) -> str:
+    """An engine's (or upstream's) base URL is the server's, not its OpenAI API base: the sidecar adds
+    ``/metrics``, ``/health`` and the request's own ``/v1/...`` path. The ``.../v1`` an OpenAI client is
+    given, pasted here, scraped ``/v1/metrics`` and sent ``/v1/v1/chat/completions``: 404s all round."""
+    if value.lower().endswith("/v1"):
+        raise ValueError(
+            "must be the server's base URL, without /v1 (the sidecar adds /metrics, /health and the "
+            "requests' /v1/... paths to it)"
+        )
+    return value
+
+
+ServerUrl = Annotated[str, AfterValidator(check_http_url), AfterValidator(check_server_url)]
+"""An engine's or upstream's base URL: :data:`HttpUrl`, and not an OpenAI API base ending in ``/v1``."""
+
+
 def off_from_false(value: object) -> object:
     """YAML 1.1 reads an unquoted ``off`` as false (PyYAML's ``safe_load`` does, in a file and in an
     environment override alike), so ``backend: off`` reached a choice field as ``False`` and was refused

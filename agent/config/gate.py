@@ -10,7 +10,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, field_validator, model_validator
 
-from agent.config.base import HttpUrl, Port, Section
+from agent.config.base import Port, Section, ServerUrl
 
 
 class GateLineConfig(Section):
@@ -76,8 +76,9 @@ class GateConfig(Section):
         "127.0.0.1", description="gate address (0.0.0.0 when the pod's service points at it)"
     )
     listen_port: Port = Field(8080, description="gate port")
-    upstreams: dict[str, HttpUrl] = Field(
-        default_factory=lambda: {"primary": "http://127.0.0.1:8000"}, description="upstream name -> base URL"
+    upstreams: dict[str, ServerUrl] = Field(
+        default_factory=lambda: {"primary": "http://127.0.0.1:8000"},
+        description="upstream name -> base URL (the server's, without /v1)",
     )
     split: dict[str, float] = Field(
         default_factory=lambda: {"primary": 1.0}, description="initial traffic share per upstream"

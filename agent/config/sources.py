@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from agent.config.base import GpuIndices, HttpUrl, OffMeansOff, Section
+from agent.config.base import GpuIndices, OffMeansOff, Section, ServerUrl
 
 
 class EngineConfig(Section):
@@ -15,7 +15,7 @@ class EngineConfig(Section):
     kind: Literal["auto", "vllm", "sglang", "llamacpp", "tgi"] = Field(
         "auto", description="metric-name table to use; auto detects from the scrape"
     )
-    url: HttpUrl = Field("http://127.0.0.1:8000", description="engine base URL")
+    url: ServerUrl = Field("http://127.0.0.1:8000", description="engine base URL: the server's, without /v1")
     metrics_path: str = Field("/metrics", description="path of the Prometheus endpoint")
     timeout_s: float = Field(2.0, gt=0, le=60, description="HTTP timeout of one scrape")
     quantile_window_s: float = Field(
@@ -61,7 +61,7 @@ class NvmlConfig(Section):
     energy_interval_s: float = Field(
         1.0, ge=0.1, le=60, description="energy counter and power limit period (the counter is slow to read)"
     )
-    simulated_url: HttpUrl = Field("http://127.0.0.1:8000", description="simulator serving simulated NVML")
+    simulated_url: ServerUrl = Field("http://127.0.0.1:8000", description="simulator serving simulated NVML")
     simulated_timeout_s: float = Field(0.5, gt=0, le=10, description="HTTP timeout of one simulated read")
     gpus: GpuIndices = Field(
         (), description="GPU indices to watch; empty = all, or the engine's once the probe names them"

@@ -49,6 +49,11 @@ def test_examples_exist_for_demo_vllm_and_sglang() -> None:
         ),
         ({"engine": {"kind": "triton"}}, "engine.kind must be one of"),
         ({"engine": {"url": "ftp://x"}}, "engine.url must start with http:// or https://, got 'ftp://x'"),
+        (  # the OpenAI client's base URL, pasted: /v1/metrics scraped, /v1/v1/chat/completions sent
+            {"gate": {"upstreams": {"primary": "http://127.0.0.1:8000/v1/"}}},
+            "gate.upstreams.primary must be the server's base URL, without /v1",
+        ),
+        ({"engine": {"url": "http://vllm:8000/v1"}}, "engine.url must be the server's base URL, without /v1"),
         ({"agent": {"intervall_s": 1}}, "agent.intervall_s is not a known setting"),
         ({"agent": {"interval_s": "fast"}}, "agent.interval_s input should be a valid number"),
         (
@@ -250,3 +255,11 @@ def test_a_yaml_boolean_in_a_choice_field_is_refused_with_the_quoting_hint(tmp_p
         "nvml.backend must be one of 'nvml', 'simulated' or 'off', got True "
         "(YAML reads an unquoted on/off/yes/no as a boolean: quote the word)"
     )
+
+
+def test_a_server_behind_a_path_prefix_is_a_base_url() -> None:
+    """Only the OpenAI API base (``.../v1``) is refused: an engine behind an ingress's prefix is fine."""
+    cfg = config.build(
+        {"engine": {"url": "http://gw/llm/"}, "gate": {"upstreams": {"primary": "http://gw/v1x"}}}
+    )
+    assert cfg.engine.url == "http://gw/llm" and cfg.gate.upstreams["primary"] == "http://gw/v1x"

@@ -828,7 +828,7 @@ def test_the_engine_upstream_is_the_one_whose_url_is_the_engines() -> None:
     )
     assert engine_upstream(cfg("http://127.0.0.1:9000", {"enabled": True, "upstreams": upstreams})) is None
     # loopback by any name is the same engine; another host with the same port is not
-    for engine in ("http://localhost:8000", "http://[::1]:8000", "http://127.0.0.2:8000/v1"):
+    for engine in ("http://localhost:8000", "http://[::1]:8000", "http://127.0.0.2:8000/engine"):
         assert engine_upstream(cfg(engine, {"enabled": True, "upstreams": upstreams})) == "primary", engine
     assert engine_upstream(cfg("http://10.0.0.5:8000", {"enabled": True, "upstreams": upstreams})) is None
     assert engine_upstream(cfg("https://127.0.0.1:8000", {"enabled": True, "upstreams": upstreams})) is None

@@ -9,6 +9,7 @@ the policies to read. Every non-trivial decision in advise and act becomes an :c
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -54,6 +55,49 @@ def _same(a: Any, b: Any) -> bool:
 #: A failure that repeats the one last recorded for a knob (same value, same error) is written to the
 #: audit log again only after this long, with how many times it failed in between.
 ERROR_REPEAT_S = 300.0
+#: Advice that repeats the one last recorded give or take noise (:func:`_near`) is written again only
+#: after this long, with how often it came in between and the targets' range.
+ADVICE_REPEAT_S = 300.0
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _near(current: Any, recorded: Any, target: Any) -> bool:
+    """Whether advising ``current -> target`` says what ``current -> recorded`` said: a move the same way,
+    ending within half the recorded move of its end. Nothing is applied in advise mode, so the policies
+    read the same state each tick and their proposal wobbles with it: beside vLLM, 51 records in four
+    minutes alternated between 16 -> 9 and 16 -> 11 (4 or 5 requests running). 64 -> 32 after 64 -> 48 is
+    news; 16 -> 11 after 16 -> 9 is not."""
+    if not (_number(current) and _number(recorded) and _number(target)):
+        return False
+    move = float(recorded) - float(current)
+    return (
+        move * (float(target) - float(current)) > 0 and abs(float(target) - float(recorded)) <= abs(move) / 2
+    )
+
+
+@dataclass
+class _Held:
+    """The decision last recorded for a knob while nothing is applied (``target``: the one near advice
+    is judged against, kept through reminders), and the near ones since."""
+
+    current: Any
+    target: Any
+    at: float
+    repeats: int = 0
+    low: float = math.inf
+    high: float = -math.inf
+
+    def note(self, target: float) -> None:
+        self.repeats += 1
+        self.low, self.high = min(self.low, float(target)), max(self.high, float(target))
+
+    def summary(self) -> str:
+        return (
+            f" (proposed {self.repeats} more time(s) since the last record, to {self.low:g}..{self.high:g})"
+        )
 
 
 def _one_line(error: BaseException) -> str:
@@ -77,8 +121,9 @@ class Actuation:
         self._unbound: dict[str, Any] = {}
         #: The decision last recorded per knob while nothing is applied (advise mode, or act mode paused),
         #: as (from, to). Policies propose every tick and the value never moves, so the same advice came
-        #: once a tick: 26 identical "1980 -> 1824" entries a minute from the energy policy alone.
-        self._held: dict[str, tuple[Any, Any]] = {}
+        #: once a tick: 26 identical "1980 -> 1824" entries a minute from the energy policy alone. Near
+        #: ones (:func:`_near`) are recorded again every ADVICE_REPEAT_S, with their count and range.
+        self._held: dict[str, _Held] = {}
         #: The failure last recorded per knob: (target, result, recorded at, repeats since). A pin on an
         #: engine knob while the engine is down failed, and was written out, every tick: 86,400 lines a
         #: day, which rotated the real history out of the audit log within two days of an outage.
@@ -161,10 +206,20 @@ class Actuation:
             return self._audit(knob, None, target, reason, proposal.policy, why)
         waiting = binding.waiting() if binding.waiting is not None and self.mode is Mode.ACT else None
         if self.mode is Mode.ADVISE or self.paused or waiting:
-            held = self._held.get(knob)
-            if held is not None and _same(held[0], current) and _same(held[1], target):
-                return None  # recorded already: the same advice again is not news
-            self._held[knob] = (current, target)
+            held, now = self._held.get(knob), self.clock()
+            reference = target
+            if held is not None and _same(held.current, current):
+                if _same(held.target, target):
+                    if _number(target):
+                        held.note(target)
+                    return None  # recorded already: the same advice again is not news
+                if _near(current, held.target, target):
+                    if now - held.at < ADVICE_REPEAT_S:
+                        held.note(target)
+                        return None
+                    reason += held.summary()  # a reminder: the wobble is still judged against the first
+                    reference = held.target
+            self._held[knob] = _Held(current, reference, now)
             result = "advised" if self.mode is Mode.ADVISE else "paused" if self.paused else "waiting"
             if waiting and not self.paused:
                 reason = f"{reason}; held: {waiting}"

@@ -106,6 +106,30 @@ async def test_the_same_advice_is_recorded_once_not_every_tick() -> None:
         assert len(act.audit.recent()) == 3 and knob.writes == 0
 
 
+async def test_advice_that_wobbles_around_the_last_record_is_recorded_every_5_minutes() -> None:
+    """Beside vLLM in advise mode the batch policy read 4 or 5 requests running each tick and advised
+    16 -> 9, 16 -> 11, 16 -> 9, ...: 51 records in four minutes, all one recommendation. Now that is one
+    record, and a reminder every ADVICE_REPEAT_S with the count and range; a move the other way, or one
+    that ends well past the recorded one, is news at once."""
+    now = {"t": 0.0}
+    act = Actuation("advise", AuditLog(AuditConfig(path=None), CollectorRegistry()), clock=lambda: now["t"])
+    knob = Knob(16)
+    act.bind("batch.max_in_flight", knob.read, knob.write)
+    recorded = []
+    for tick, target in enumerate([9, 11, 9, 12, 8, 11, 9] * 50):  # 350 one-second ticks
+        now["t"] = float(tick)
+        action = await act.execute(Proposal("batch_auto", "batch.max_in_flight", target, "engine queues"))
+        if action is not None:
+            recorded.append(action)
+    # 9 again at 300 and 301 is the record itself; 11 at 302 is the first near one past the 5 minutes
+    assert [(a.time, a.to_value) for a in recorded] == [(0.0, 9), (302.0, 11)]
+    assert recorded[1].reason == "engine queues (proposed 301 more time(s) since the last record, to 8..12)"
+    for target in (20, 3):  # up instead of down; down to 3, past half the recorded move (16 -> 8) beyond 8
+        action = await act.execute(Proposal("batch_auto", "batch.max_in_flight", target, "r"))
+        assert action is not None and action.to_value == target
+    assert knob.writes == 0
+
+
 async def test_after_a_pause_the_decision_is_applied_and_recorded() -> None:
     knob = Knob()
     act = _actuation("act", knob)

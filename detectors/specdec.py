@@ -5,6 +5,8 @@ Inputs (flat engine signals from the metric table, ``agent/collectors/metric_nam
 * vLLM: ``engine.spec_drafts_per_second``, ``engine.spec_draft_tokens_per_second`` and
   ``engine.spec_accepted_tokens_per_second`` (rates of ``vllm:spec_decode_num_{drafts,draft_tokens,
   accepted_tokens}_total``), and ``engine.spec_acceptance_ratio`` = accepted / draft tokens;
+* llama.cpp: the same three rates and ratio, from ``llamacpp:spec_decode_num_*_total`` (counted as vLLM
+  counts them: ``drafts`` are verification steps);
 * SGLang: ``engine.spec_acceptance_ratio`` (``sglang:spec_accept_rate``) and
   ``engine.spec_accept_length`` (``sglang:spec_accept_length``, tokens per verify step).
 

@@ -119,8 +119,8 @@ class Actuation:
         #: proposes every tick. In act mode one audited error says so; in advise mode a value is advised
         #: when it changes. One entry per tick would flood the log and the error counter.
         self._unbound: dict[str, Any] = {}
-        #: The decision last recorded per knob while nothing is applied (advise mode, or act mode paused),
-        #: as (from, to). Policies propose every tick and the value never moves, so the same advice came
+        #: The decision last recorded per knob while nothing is applied (advise mode, or act mode paused,
+        #: or the actuator waiting). Policies propose every tick and the value never moves, so the same advice came
         #: once a tick: 26 identical "1980 -> 1824" entries a minute from the energy policy alone. Near
         #: ones (:func:`_near`) are recorded again every ADVICE_REPEAT_S, with their count and range.
         self._held: dict[str, _Held] = {}

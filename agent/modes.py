@@ -90,7 +90,7 @@ class _Held:
     low: float = math.inf
     high: float = -math.inf
 
-    def note(self, target: float) -> None:
+    def note(self, target: Any) -> None:  # a number: _number() or _near() said so
         self.repeats += 1
         self.low, self.high = min(self.low, float(target)), max(self.high, float(target))
 
@@ -120,9 +120,9 @@ class Actuation:
         #: when it changes. One entry per tick would flood the log and the error counter.
         self._unbound: dict[str, Any] = {}
         #: The decision last recorded per knob while nothing is applied (advise mode, or act mode paused,
-        #: or the actuator waiting). Policies propose every tick and the value never moves, so the same advice came
-        #: once a tick: 26 identical "1980 -> 1824" entries a minute from the energy policy alone. Near
-        #: ones (:func:`_near`) are recorded again every ADVICE_REPEAT_S, with their count and range.
+        #: or the actuator waiting). Policies propose every tick and the value never moves, so the same
+        #: advice came once a tick: 26 identical "1980 -> 1824" entries a minute from the energy policy
+        #: alone. Near ones (:func:`_near`) are recorded again every ADVICE_REPEAT_S, with count and range.
         self._held: dict[str, _Held] = {}
         #: The failure last recorded per knob: (target, result, recorded at, repeats since). A pin on an
         #: engine knob while the engine is down failed, and was written out, every tick: 86,400 lines a

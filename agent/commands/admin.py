@@ -93,6 +93,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     actions.add_parser("reload", help="re-read the config file (as SIGHUP does)")
     recent = actions.add_parser("actions", help="recent actions from the audit log, newest first")
     recent.add_argument("--limit", type=int, default=20, help="how many (1-10000)")
+    recent.add_argument(
+        "--table",
+        action="store_true",
+        help="one line per action (UTC time, knob, from, to, result, policy, reason) instead of JSON",
+    )
     parser.set_defaults(func=run)
 
 
@@ -249,5 +254,34 @@ def run(args: argparse.Namespace) -> int:
         one_line = " ".join(str(reason or answer).split())  # an HTML error page, too
         print(f"servepilot admin: {status} {one_line}", file=sys.stderr)
         return 1
-    print(json.dumps(answer, indent=2, sort_keys=True) if not isinstance(answer, str) else answer)
+    if getattr(args, "table", False) and isinstance(answer, dict) and isinstance(answer.get("actions"), list):
+        print(actions_table(answer["actions"]))
+    else:
+        print(json.dumps(answer, indent=2, sort_keys=True) if not isinstance(answer, str) else answer)
     return 0
+
+
+def actions_table(actions: list[dict[str, object]]) -> str:
+    """The audit records as an operator reads them in a terminal, newest first as served: the columns
+    padded to their widest cell, the reason last and whole (it is the line's point)."""
+    from datetime import UTC, datetime
+
+    def when(record: dict[str, object]) -> str:
+        stamp = record.get("time")
+        if not isinstance(stamp, int | float):
+            return "?"
+        return datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+    def value(v: object) -> str:
+        return "-" if v is None else v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+
+    rows: list[tuple[str, ...]] = [("TIME (UTC)", "KNOB", "FROM", "TO", "RESULT", "POLICY", "REASON")]
+    for record in actions:
+        moved = (value(record.get("from")), value(record.get("to")))
+        cells = (record.get("result"), record.get("policy"), record.get("reason"))
+        rows.append((when(record), str(record.get("knob")), *moved, *(str(c) for c in cells)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1]
+        for row in rows
+    )

@@ -141,6 +141,26 @@ async def test_pause_pin_and_state_through_the_configs_address_and_token(
     assert actuation.pins == {} and not actuation.paused
 
 
+async def test_actions_as_a_table_one_line_each_newest_first(
+    sidecar: tuple[Path, Actuation], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What an operator reads through weeks of advise mode: time, knob, the move, result, policy, why."""
+    config, _ = sidecar
+    assert await _cli("-c", str(config), "pin", "batch.max_in_flight", "32") == 0
+    assert await _cli("-c", str(config), "pause") == 0
+    capsys.readouterr()
+    assert await _cli("-c", str(config), "actions", "--table") == 0
+    lines = capsys.readouterr().out.splitlines()
+    header, newest, pin = lines[0], lines[1], lines[2]
+    assert header.split() == ["TIME", "(UTC)", "KNOB", "FROM", "TO", "RESULT", "POLICY", "REASON"]
+    assert newest.split()[2:7] == ["actuation.paused", "false", "true", "ok", "operator"]
+    assert newest.endswith("actuation paused by an operator (admin API, from 127.0.0.1)")
+    assert pin.split()[2:7] == ["batch.max_in_flight", "-", "32", "ok", "operator"]  # a pin has no from
+    for column in ("TO", "RESULT", "REASON"):  # padded into columns
+        assert newest[header.index(column) - 1] == pin[header.index(column) - 1] == " "
+    assert len(lines) == 3
+
+
 async def test_a_refusal_is_exit_1_with_the_agents_reason_on_one_line(
     sidecar: tuple[Path, Actuation], capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

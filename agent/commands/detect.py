@@ -35,7 +35,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "causally, to --output or standard output. With --input DIR --output DIR, every category/name.csv "
         "under DIR is scored.",
     )
-    parser.add_argument("--input", help="CSV file with a timestamp,value header, or a directory of them")
+    parser.add_argument(
+        "--input",
+        help="CSV file with a timestamp,value header (- for standard input), or a directory of them",
+    )
     parser.add_argument(
         "--output",
         default=STDOUT,
@@ -177,8 +180,11 @@ def run(args: argparse.Namespace) -> int:
     if detector not in SCORERS:
         raise UsageError(f"unknown detector {detector!r}; known: {', '.join(sorted(SCORERS))}")
     try:
-        pairs = _pairs(Path(args.input), None if args.output == STDOUT else Path(args.output))
-        parsed = [(_read(src), dst) for src, dst in pairs]
+        target = None if args.output == STDOUT else Path(args.output)
+        if args.input == STDOUT:  # standard input, as "-" is in a pipe
+            parsed = [(read_series(sys.stdin.read().removeprefix("\ufeff"), "<stdin>"), target)]
+        else:
+            parsed = [(_read(src), dst) for src, dst in _pairs(Path(args.input), target)]
     except DetectInputError as error:
         raise UsageError(str(error)) from None
     points, started = 0, time.process_time()

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import shutil
 from pathlib import Path
 
@@ -88,6 +89,15 @@ def test_output_defaults_to_standard_output(capsys: pytest.CaptureFixture[str]) 
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "timestamp,value,anomaly_score"
     assert len(out) == len(rows(FIXTURES / "art_daily_jumpsup.csv"))
+
+
+def test_standard_input_in_standard_output_out(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = FIXTURES / "art_daily_jumpsup.csv"
+    monkeypatch.setattr("sys.stdin", io.StringIO(source.read_text()))
+    assert run("--input", "-") == 0
+    assert [line.split(",")[:2] for line in capsys.readouterr().out.splitlines()[1:]] == rows(source)[1:]
 
 
 def test_a_directory_needs_an_output_directory(tmp_path: Path) -> None:

@@ -51,12 +51,18 @@ MESSAGES_TOKEN_EVENT = b'"content_block_delta"'
 usage). Generated text cannot forge it: inside a JSON string its quotes are escaped."""
 CHAT_BATCH_PATH = "/v1/chat/completions/batch"
 """vLLM's batch chat: ``messages`` is a list of conversations, each answered (``n`` times) in one reply."""
+STRUCTURED_DECISION_PATH = "/v1/systemone"
+"""vLLM's structured decisions (since 0.32): a ``state`` (text or JSON), ``questions`` (id to
+``{type, instructions, criteria}``) and ``instructions``, answered in one JSON reply by a model that
+supports it (501 otherwise), under the engine's ``priority``: model work with no stream and no
+generation bound, judged as one output against the TTFT SLO."""
 SAGEMAKER_PATH = "/invocations"
 """SageMaker's route, which vLLM serves: a completion, chat, embedding... body, told apart by its fields."""
 POOLING_PATHS = frozenset(
     {
         "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",  # vLLM
         "/generative_scoring",  # vLLM: the probabilities of label tokens after a query and each item
+        STRUCTURED_DECISION_PATH,  # vLLM: one JSON answer to questions about a state (_decision)
         "/encode", "/v1/classify",  # SGLang (which serves /classify, /v1/rerank and /v1/score too)
         "/embedding", "/embeddings", "/reranking", "/v1/reranking",  # llama.cpp
     }
@@ -215,8 +221,27 @@ def _prompt_count(prompt: Any) -> int:
     return 1
 
 
+def _decision(doc: dict[str, Any]) -> RequestInfo:
+    """A structured decision's prompt: its ``state`` and ``questions`` as the model reads them, text or
+    JSON (a JSON state's size in bytes: it is serialised into the prompt), and its ``instructions``. Its
+    images, audio and videos are not text: a data URL's base64 would count as thousands of tokens."""
+    prompt = _text_tokens(doc.get("instructions") or "")
+    for key in ("state", "questions"):
+        value = doc.get(key)
+        if isinstance(value, str):
+            prompt += _text_tokens(value)
+        elif value is not None:
+            prompt += (
+                len(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass")) / BYTES_PER_TOKEN
+            )
+    model = doc.get("model")
+    return RequestInfo(prompt_tokens=prompt, model=model if isinstance(model, str) else "")
+
+
 def _parse(path: str, body: bytes) -> RequestInfo:
     doc = _load(body)
+    if path == STRUCTURED_DECISION_PATH:
+        return _decision(doc)
     if path in POOLING_PATHS or path == SAGEMAKER_PATH:
         return _by_field(doc)
     choices = max((v for v in (doc.get("n"), doc.get("best_of")) if _count(v)), default=1)

@@ -2,7 +2,8 @@
 
 The gate admits the routes it knows (:data:`~agent.gate.openai.ADMITTED_PATHS`) and ``gate.admit_paths``;
 anything else passes straight through, unlimited. Engines add routes from release to release (vLLM
-0.32 serves Anthropic's ``/v1/messages``, a batch chat and a ``/v1/systemone``), and one that runs the
+0.32 serves Anthropic's ``/v1/messages``, a batch chat and structured decisions at ``/v1/systemone``,
+all admitted since), and one that runs the
 model but is not admitted lets its clients past the in-flight limit and the buckets without anyone
 noticing. ``servepilot check`` lists what each upstream serves in three groups: admitted, passed through
 on purpose (:data:`NOT_MODEL_RUNS`: tokenizers, health, cache resets, weight updates, pause/sleep...), and

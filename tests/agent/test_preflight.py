@@ -193,11 +193,13 @@ def test_no_data_is_shown_but_does_not_fail() -> None:
 
 
 async def test_an_upstreams_routes_the_gate_would_pass_through_unlimited_are_named() -> None:
-    """From the upstream's /openapi.json (vLLM 0.32's real route list): every POST route is admitted or
-    known harmless but one, which the check names without failing; admit_paths quiets it."""
+    """From the upstream's /openapi.json (vLLM 0.32's real route list, and one route a later release
+    adds): every POST route is admitted or known harmless but the new one, which the check names without
+    failing; admit_paths quiets it."""
     document = json.loads(
         (Path(__file__).parents[1] / "fixtures/gate/vllm-0.32.0-cpu-openapi-paths.json").read_text()
     )
+    document["paths"]["/v1/newer"] = {"post": {"summary": "Newer"}}
 
     async def openapi(_: web.Request) -> web.Response:
         return web.json_response(document)
@@ -213,13 +215,13 @@ async def test_an_upstreams_routes_the_gate_would_pass_through_unlimited_are_nam
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     try:
-        for admit, named in (((), True), (("/v1/systemone",), False)):
+        for admit, named in (((), True), (("/v1/newer",), False)):
             gate = {"enabled": True, "upstreams": {"primary": url}, "admit_paths": list(admit)}
             sources = {"engine": {"url": url}, "nvml": {"backend": "off"}, "probe": {"enabled": False}}
             cfg = config.build({**sources, "gate": gate})
             row = {r.name: r for r in await run_checks(cfg)}["routes primary"]
             assert row.status == "ok" and not row.failed
-            assert ("passed through unlimited, not known to the gate: /v1/systemone" in row.detail) is named
+            assert ("passed through unlimited, not known to the gate: /v1/newer" in row.detail) is named
             assert "/v1/messages" in row.detail and row.target == f"{url}/openapi.json"
     finally:
         await runner.cleanup()

@@ -238,7 +238,7 @@ async def test_anthropic_messages_are_admitted_and_every_route_is_judged(engine:
     """``POST /v1/messages`` (Anthropic's API, which vLLM serves) through the gate, streamed and not: held
     to the limit, its first token timed at the first ``content_block_delta``, its tokens counted from the
     usage vLLM sends. And this vLLM's whole route list, from its /openapi.json, sorted by the gate's
-    rules: every POST route is admitted or known harmless but ``/v1/systemone``."""
+    rules: every POST route is admitted or known harmless."""
     from agent.engines.launcher import SERVED_MODEL
     from agent.gate.routes import classify
 
@@ -263,7 +263,7 @@ async def test_anthropic_messages_are_admitted_and_every_route_is_judged(engine:
     _held_and_counted(queued, registry, usages)
     ttft = registry.get_sample_value("servepilot_gate_ttft_seconds_count", {"bucket": "le256"})
     assert ttft == 3 + _first_token_is_whole(plain[1]["usage"])
-    assert "/v1/messages" in routes.admitted and routes.unjudged == ("/v1/systemone",), routes
+    assert "/v1/messages" in routes.admitted and routes.unjudged == (), routes
 
 
 async def test_each_sequence_of_a_stream_with_n_2_is_timed_by_its_own_tokens(engine: RunningEngine) -> None:

@@ -20,7 +20,14 @@ import pytest
 from aiohttp import web
 
 from agent.config import ConfigError, build
-from agent.gate.openai import ADMITTED_PATHS, BadRequest, RequestInfo, parse_any, parse_request
+from agent.gate.openai import (
+    ADMITTED_PATHS,
+    NON_GENERATING_PATHS,
+    BadRequest,
+    RequestInfo,
+    parse_any,
+    parse_request,
+)
 from tests.agent.gate.parked import ParkedEngine, serving
 from tests.engines.client import ONE_AT_A_TIME, gate_for
 
@@ -49,6 +56,19 @@ def test_score_pooling_and_classify_bodies_are_read_by_field_name() -> None:
         parse_request("/v1/rerank", b"query=x")
     with pytest.raises(BadRequest, match="not valid JSON"):
         parse_request("/score", b'{"text_1": NaN}')
+
+
+def test_a_structured_decision_counts_its_state_questions_and_instructions_not_its_images() -> None:
+    """vLLM 0.32's ``/v1/systemone`` (its request schema, StructuredDecisionRequest): model work answered
+    in one JSON reply, so admitted and judged as one output. A JSON state is serialised into the prompt;
+    an image's base64 data URL is not text."""
+    questions = {"q1": {"type": "yes_no", "instructions": "Is the sky blue?"}}
+    body = {"model": "m", "state": {"sky": "blue"}, "questions": questions, "instructions": "x" * 8}
+    sized = len(json.dumps({"sky": "blue"})) + len(json.dumps(questions)) + 8
+    info = _info("/v1/systemone", {**body, "images": ["data:image/png;base64," + "A" * 40_000]})
+    assert info == RequestInfo(False, sized / 4, 0.0, "m", 1)
+    assert _info("/v1/systemone", {"state": "s" * 40, "questions": {}}).prompt_tokens == (40 + 2) / 4
+    assert "/v1/systemone" in ADMITTED_PATHS and "/v1/systemone" in NON_GENERATING_PATHS
 
 
 def test_llamacpp_infill_counts_the_code_around_the_cursor() -> None:

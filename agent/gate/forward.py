@@ -217,13 +217,21 @@ class Forwarder:
         502 (none could be reached) gives its line back the tokens it was charged: during an engine's
         outage, clients' retries drained their lines' token budgets for answers nobody gave, and the
         lines met 429 ``token_rate`` once the engine was back. A 504 (one hung, perhaps busy with it)
-        keeps its charge, as a failed answer does."""
+        keeps its charge, as a failed answer does.
+
+        Either answer closes the client's connection (``Connection: close``): a client retries a 502 or
+        504 at once (OpenAI's SDK does, twice), and on the kept-alive connection it came on, which a
+        Kubernetes Service pinned to this pod, whose engine cannot answer: the same error again. On a new
+        connection the Service may send the retry to a replica that can."""
         if record is not None:
             record.outcome, record.status = "upstream_error", status
             record.unanswered = status == 502
             record.e2e_s = self.clock() - record.arrived
             self.relay.finish(record)
-        return json_error(status, message, "upstream_error", code)
+        response = json_error(status, message, "upstream_error", code)
+        response.force_close()
+        response.headers[aiohttp.hdrs.CONNECTION] = "close"
+        return response
 
     def may_retry(self, retried: int) -> bool:
         """Whether a request that met a retriable error may try the next upstream: a request already on

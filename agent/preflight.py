@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -67,6 +67,26 @@ def _target(collector: object) -> str:
     return ""
 
 
+def slots_advice(cfg: Config, values: Mapping[str, float]) -> str | None:
+    """What a llama.cpp with few slots behind the gate needs said (None when nothing). The batch policy
+    brings the gate's limit down to what the slots take, but not under ``policies.batch_min``, which the
+    arbiter holds every batch value to: with 1-3 slots the rest of those 8 wait in llama.cpp's own FIFO
+    queue, out of reach of the gate's priorities and deadlines, however the policy decides."""
+    from policies.batch_auto import slots_take
+
+    slots = values.get("engine.slots_total")
+    if not slots or not cfg.gate.enabled or cfg.policies.set == "none":
+        return None
+    take = slots_take(slots, cfg.gate.high_reserved_ratio)
+    if take >= cfg.policies.batch_min:
+        return None
+    return (
+        f"its {slots:.0f} slot(s) take {take:.0f} requests from the gate, under policies.batch_min "
+        f"{cfg.policies.batch_min}: {cfg.policies.batch_min - take:.0f} would wait in llama.cpp's own "
+        f"queue, past the gate's priorities (set policies.batch_min to {take:.0f} or below)"
+    )
+
+
 async def check_sources(cfg: Config) -> list[CheckResult]:
     """Collect once from every source the config enables (engine, llama.cpp slots, NVML, probe)."""
     return [result for result, _ in await _collect_sources(cfg)]
@@ -104,6 +124,8 @@ async def _collect_sources(cfg: Config) -> list[tuple[CheckResult, Reading]]:
                     f"GPU {gpu.index} {gpu.uuid}" + (" (engine)" if gpu.index in engine else "")
                     for gpu in gpus
                 )
+            if reading.status is SourceStatus.OK and (advice := slots_advice(cfg, reading.values)):
+                detail += "; " + advice
             row = CheckResult(collector.name, reading.status.value, detail, took, _target(collector))
             results.append((row, reading))
         return results

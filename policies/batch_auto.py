@@ -262,8 +262,13 @@ def _slots_take(snapshot: Snapshot, limit: float, reserved: float, in_flight: fl
     slots = snapshot.get(knobs.ENGINE_SLOTS)
     if in_flight is None or not slots or slots <= 0:
         return math.inf
-    share = min(0.5, reserved / limit) if limit > 0 else 0.0
-    return math.ceil((slots + _slack(slots)) / (1.0 - share))
+    return slots_take(slots, reserved / limit if limit > 0 else 0.0)
+
+
+def slots_take(slots: float, reserve_share: float) -> float:
+    """The gate's limit at which an engine with ``slots`` runs them all with a slack to admit from, the
+    high class's reserve (``reserve_share`` of the limit, at most half) on top."""
+    return math.ceil((slots + _slack(slots)) / (1.0 - min(0.5, reserve_share)))
 
 
 def _slack(running: float) -> float:

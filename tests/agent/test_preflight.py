@@ -14,7 +14,7 @@ from aiohttp import web
 
 from agent import config
 from agent.cli import main
-from agent.preflight import CheckResult, render, run_checks
+from agent.preflight import CheckResult, render, run_checks, slots_advice
 from detectors.snapshot import Reading, SourceStatus
 from simulator.engine import make_core
 from simulator.server import SimServer
@@ -491,3 +491,19 @@ async def test_the_gate_peers_row_says_how_many_share_the_rates(monkeypatch: pyt
     monkeypatch.setattr(peers, "resolve", unknown)
     result = await check_peers(config.build({"gate": {"enabled": True, "peers_dns": "llm-vllm-gates"}}))
     assert result.status == "error" and "Name or service not known" in result.detail
+
+
+def test_a_llamacpp_whose_slots_take_fewer_than_batch_min_is_told_what_to_set() -> None:
+    """With 2 slots the batch policy would hold the gate's limit at 5 (2 + a slack of 2, over 0.8 for the
+    high reserve), but the arbiter holds every batch value to batch_min (8): 3 requests wait in
+    llama.cpp's FIFO queue, past the gate's priorities. 4 slots take 8: nothing to say."""
+    cfg = config.build({"gate": {"enabled": True}})
+    assert slots_advice(cfg, {"engine.slots_total": 2.0}) == (
+        "its 2 slot(s) take 5 requests from the gate, under policies.batch_min 8: 3 would wait in "
+        "llama.cpp's own queue, past the gate's priorities (set policies.batch_min to 5 or below)"
+    )
+    assert slots_advice(cfg, {"engine.slots_total": 4.0}) is None
+    assert slots_advice(cfg, {}) is None  # not llama.cpp
+    low = config.build({"gate": {"enabled": True}, "policies": {"batch_min": 5, "initial_batch": 5}})
+    assert slots_advice(low, {"engine.slots_total": 2.0}) is None
+    assert slots_advice(config.build({}), {"engine.slots_total": 2.0}) is None  # no gate: no limit

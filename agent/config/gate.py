@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import Field, field_validator, model_validator
@@ -289,6 +290,22 @@ class GateConfig(Section):
                 raise ValueError(f"upstream_models names {name!r}, not one of the upstreams ({known})")
             if not model.strip():
                 raise ValueError(f"upstream_models.{name} must be a model name, got {model!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _no_upstream_is_the_gate(self) -> GateConfig:
+        """An upstream at the gate's own port on this host sends every request back to the gate (the
+        engine's port and the gate's mixed up: 8080 for 8000). The gate answers such a loop 508 at its
+        first return (agent/gate/forward.py); here it is the one line that names the field."""
+        local = {"127.0.0.1", "localhost", "::1", "0.0.0.0", "::", self.listen_host}
+        for name, url in self.upstreams.items():
+            parts = urlsplit(url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            if parts.hostname in local and port == self.listen_port:
+                raise ValueError(
+                    f"upstreams.{name} is the gate's own address (port {self.listen_port}): every request "
+                    "would come back to the gate; the engine listens elsewhere (vLLM 8000, SGLang 30000)"
+                )
         return self
 
     @model_validator(mode="after")

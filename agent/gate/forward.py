@@ -20,6 +20,7 @@ import json
 import logging
 import random
 import re
+import uuid
 from collections.abc import Callable, Mapping
 
 import aiohttp
@@ -45,6 +46,9 @@ from agent.gate.upstreams import Upstream, UpstreamPool, upstream_auth
 from agent.tls import gate_upstream_context
 
 log = logging.getLogger(__name__)
+
+#: The proxies a request went through (RFC 9110): the gate adds itself, as proxies do.
+VIA = "Via"
 
 _JSON_OBJECT = re.compile(rb"\s*\{")
 """How a JSON object body starts; anything else is passed on as it came."""
@@ -88,6 +92,17 @@ class Forwarder:
         self.auth = upstream_auth(cfg())
         #: the upstreams that refused the ``stream_options`` the gate asks streams' usage with
         self.usage_refusals = UsageRefusals()
+        #: this gate's entry in the ``Via`` header of what it sends upstream (RFC 9110 section 7.6.3),
+        #: by which it knows a request that came back to it (:meth:`came_back`)
+        self.via = f"1.1 servepilot-{uuid.uuid4().hex[:12]}"
+
+    def came_back(self, headers: Mapping[str, str]) -> bool:
+        """Whether a request has been through this gate already: an upstream that leads back to the gate
+        (``gate.upstreams`` naming the gate's own port, or a Service in front of the gates). Each hop
+        was admitted and held a slot until the queue gave up, and only X-Forwarded-For outgrowing 8 kB
+        (about 740 hops) ended the loop: one request took every slot of the gate for its queue timeout."""
+        via = headers.get(VIA)
+        return via is not None and self.via in via
 
     def open(self) -> aiohttp.ClientSession:
         """Open the upstream session (the health checks use it too) and return it."""
@@ -136,6 +151,8 @@ class Forwarder:
         if request.remote:  # as proxies do: the engine's log (uvicorn trusts loopback) names the client
             prior = headers.get(FORWARDED_FOR)
             headers[FORWARDED_FOR] = f"{prior}, {request.remote}" if prior else request.remote
+        prior = headers.get(VIA)
+        headers[VIA] = f"{prior}, {self.via}" if prior else self.via
         if record is not None:
             # the gate reads the answer (its usage, its events): uncompressed, as the engines send anyway
             headers["Accept-Encoding"] = "identity"

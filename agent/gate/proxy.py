@@ -130,6 +130,7 @@ class Gate:
         self.in_progress = 0
         self.cut = 0
         self.shutting_down = False  # from the shutdown's start, its delay included: readiness says so
+        self._loop_said = False
         self._draining = False
         self.metrics = GateMetrics(
             registry,
@@ -565,6 +566,8 @@ class Gate:
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         arrived = self.clock()
+        if self.forwarder.came_back(request.headers):  # before anything is read, admitted or charged
+            return self._loop_detected()
         keyed = self.resolver.key_line(request.headers)
         # before its body is read: nothing is done for it. Not a CORS preflight (OPTIONS), which browsers
         # send without credentials: the engine answers it (vLLM's --allowed-origins), and runs nothing
@@ -829,6 +832,15 @@ class Gate:
             gpu_s = 0.0 if record is None else max(0.0, record.e2e_s - record.queue_wait_s)
             content_type = up.headers.get("Content-Type", "application/json")
             self.cache.put(fill.key, body, content_type, streaming, gpu_s, identity)
+
+    def _loop_detected(self) -> web.Response:
+        """508 (RFC 5842) to a request that came back through an upstream leading to this gate, said
+        once in the log: it is a wiring mistake, and every request meets it."""
+        message = "request loop: the request came back to this gate through its upstream (gate.upstreams)"
+        if not self._loop_said:
+            self._loop_said = True
+            log.error("%s; upstreams %s lead back to the gate", message, dict(self.cfg.upstreams))
+        return json_error(508, message, "upstream_error", "loop_detected")
 
     async def _serve_cached(self, request: web.Request, entry: Entry) -> web.StreamResponse:
         """Answer from the cache: a JSON body as is, a stream replayed event by event."""

@@ -54,6 +54,10 @@ def test_examples_exist_for_demo_vllm_and_sglang() -> None:
             "gate.upstreams.primary must be the server's base URL, without /v1",
         ),
         ({"engine": {"url": "http://vllm:8000/v1"}}, "engine.url must be the server's base URL, without /v1"),
+        (  # the engine's port and the gate's mixed up: every request came back to the gate
+            {"gate": {"listen_port": 8080, "upstreams": {"primary": "http://localhost:8080"}}},
+            "gate.upstreams.primary is the gate's own address (port 8080): every request would come back",
+        ),
         ({"agent": {"intervall_s": 1}}, "agent.intervall_s is not a known setting"),
         ({"agent": {"interval_s": "fast"}}, "agent.interval_s input should be a valid number"),
         (

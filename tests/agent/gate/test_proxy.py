@@ -17,6 +17,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from agent.config import GateConfig, GateLineConfig
+from agent.engines.launcher import free_port
 from agent.gate.collector import GateCollector
 from agent.gate.proxy import Gate
 from policies import knobs
@@ -40,6 +41,7 @@ class Upstream:
         self.peak = 0
         self.seen = 0
         self.bodies: list[dict[str, Any]] = []  # as received, in order
+        self.vias: list[str] = []  # the Via header of each, in order
         self.aborted: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.runner: web.AppRunner | None = None
         self.url = ""
@@ -48,6 +50,7 @@ class Upstream:
         body = await request.json()
         self.seen += 1
         self.bodies.append(body)
+        self.vias.append(request.headers.get("Via", ""))
         if self.fail_status:
             error = {"message": "engine unavailable", "type": "InternalServerError", "code": self.fail_status}
             return web.json_response({"error": error}, status=self.fail_status)
@@ -474,6 +477,32 @@ async def test_dead_upstream_gets_502_json(client: aiohttp.ClientSession) -> Non
         assert resp.headers["Connection"] == "close"
     finally:
         await gate.stop()
+
+
+async def test_a_request_that_comes_back_to_the_gate_is_a_508_at_once(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """An upstream leading back to the gate (its own port, the engine's mixed up with it) looped each
+    request through the gate some 740 times, every hop admitted and holding a slot, until
+    X-Forwarded-For outgrew 8 kB. The gate's own ``Via`` entry stops it at its first return; a request
+    that went through another gate first is served."""
+    port = free_port()
+    loop = Gate(
+        GateConfig(enabled=True, upstreams={"primary": f"http://127.0.0.1:{port}"}), CollectorRegistry()
+    )
+    await loop.start("127.0.0.1", port)
+    behind = await _gate({"primary": upstream.url})
+    front = await _gate({"primary": f"http://127.0.0.1:{behind.port}"})  # a chain of two gates: no loop
+    try:
+        resp = await _post(client, loop, _body())
+        assert resp.status == 508 and (await resp.json())["error"]["code"] == "loop_detected"
+        assert loop.admission.in_flight == 0 and loop.in_progress == 0
+        chained = await _post(client, front, _body())
+        assert chained.status == 200, await chained.text()
+        assert upstream.vias[-1] == f"{front.forwarder.via}, {behind.forwarder.via}"
+    finally:
+        for gate in (loop, front, behind):
+            await gate.stop()
 
 
 async def test_connection_failure_fails_over_to_the_next_upstream(

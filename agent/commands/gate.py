@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agent import logs
+
 if TYPE_CHECKING:
     from aiohttp import web
     from prometheus_client import CollectorRegistry
@@ -53,7 +55,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         "agent.listen_port, 9400; 0 picks a free one)",
     )
     parser.add_argument("--no-metrics", action="store_true", help="serve no metrics port")
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    logs.add_arguments(parser, "warning")
 
 
 def _with_overrides(file_cfg: Config | None, args: argparse.Namespace) -> Config:
@@ -82,9 +84,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} must be in [0, 65535], got {port}")
     cfg = _with_overrides(config.load(args.config, os.environ) if args.config else None, args)
     run_loop = eventloop.runner(cfg.agent.event_loop)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.setup(args)
     try:
         run_loop(_serve(cfg, args))
     except OSError as error:
@@ -134,7 +134,11 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
 
         settle_after_start_up()
         where = f"http://{args.host or cfg.gate.listen_host}:{bound}"
-        print(f"servepilot gate: {where} -> {dict(cfg.gate.upstreams)}{shown}", flush=True)
+        started = f"servepilot gate: {where} -> {dict(cfg.gate.upstreams)}{shown}"
+        if args.log_format == "json":  # stdout and stderr are one stream in a pod: a record, not a line
+            logging.getLogger("servepilot").info(started)
+        else:
+            print(started, flush=True)
         await stop.wait()
     finally:
         stop.set()  # ends the TLS watch

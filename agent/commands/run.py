@@ -8,6 +8,8 @@ import logging
 import os
 import signal
 
+from agent import logs
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
@@ -19,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "rules without a restart; a file that changes anything else is refused (docs/gate.md).",
     )
     parser.add_argument("--config", "-c", required=True, help="YAML config file (see examples/)")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    logs.add_arguments(parser, "info")
     parser.set_defaults(func=run)
 
 
@@ -32,9 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config.load(args.config, os.environ)
     run_loop = eventloop.runner(cfg.agent.event_loop)  # before logging: a bad choice is exit 2
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.setup(args)
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -51,3 +51,5 @@ def setup(args: argparse.Namespace) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(json_formatter() if args.log_format == "json" else logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    if args.log_format == "json":  # a library's warning is written on two lines of its own otherwise
+        logging.captureWarnings(True)

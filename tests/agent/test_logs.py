@@ -36,6 +36,20 @@ def test_a_record_with_a_traceback_is_one_json_line() -> None:
     assert fields["time"][:19] == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
 
 
+def test_a_warning_of_a_library_is_a_record_too() -> None:
+    script = (
+        "import argparse, warnings; from agent import logs; "
+        "logs.setup(argparse.Namespace(log_level='info', log_format='json')); "
+        "warnings.warn('deprecated knob', DeprecationWarning, stacklevel=1)"
+    )
+    run = subprocess.run(
+        [sys.executable, "-W", "always", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    [line] = run.stderr.splitlines()
+    record = json.loads(line)
+    assert record["logger"] == "py.warnings" and "DeprecationWarning: deprecated knob" in record["message"]
+
+
 def test_the_gate_writes_nothing_but_json_lines() -> None:
     gate = subprocess.Popen(
         [sys.executable, "-m", "agent.cli", "gate", "--upstream", f"http://127.0.0.1:{free_port()}",

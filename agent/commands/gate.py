@@ -78,6 +78,7 @@ def _with_overrides(file_cfg: Config | None, args: argparse.Namespace) -> Config
 def run(args: argparse.Namespace) -> int:
     from agent import config, eventloop
     from agent.cli import UsageError
+    from agent.exporter import without_created_series
 
     for flag, port in (("--port", args.port), ("--metrics-port", args.metrics_port)):
         if port is not None and not 0 <= port <= 65535:
@@ -85,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = _with_overrides(config.load(args.config, os.environ) if args.config else None, args)
     run_loop = eventloop.runner(cfg.agent.event_loop)
     logs.setup(args)
+    without_created_series()
     try:
         run_loop(_serve(cfg, args))
     except OSError as error:

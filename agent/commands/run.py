@@ -30,9 +30,11 @@ def run(args: argparse.Namespace) -> int:
     # the process, which is SIGHUP's default; serve() installs the reload handler once it can reload
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     from agent import config, eventloop
+    from agent.exporter import without_created_series
     from agent.sidecar import serve
 
     cfg = config.load(args.config, os.environ)
+    without_created_series()
     run_loop = eventloop.runner(cfg.agent.event_loop)  # before logging: a bad choice is exit 2
     logs.setup(args)
 

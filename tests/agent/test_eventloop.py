@@ -110,3 +110,12 @@ def test_servepilot_run_says_which_loop_it_runs(tmp_path: Path, env: dict[str, s
         "event_loop": expected,
     }
     assert agent.version() != "unknown"  # the test environment installs the package (pip install -e)
+
+
+def test_servepilot_run_exports_no_created_series(tmp_path: Path) -> None:
+    """prometheus_client's ``_created`` samples are off in the process (exporter.without_created_series):
+    Prometheus 2 ingests each as a series no dashboard or rule reads."""
+    code, log, scrape = _run_sidecar(tmp_path, {})
+    assert code == 0, log
+    assert "servepilot_tick_duration_seconds_count" in scrape  # a histogram is there, without its _created
+    assert "_created" not in scrape

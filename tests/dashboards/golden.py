@@ -36,7 +36,7 @@ from agent.config import (
     ProbeConfig,
     WebhookConfig,
 )
-from agent.exporter import Exporter
+from agent.exporter import Exporter, without_created_series
 from agent.forecasting import LiveForecaster
 from agent.knobs import Knobs
 from agent.loop import Loop
@@ -80,7 +80,9 @@ def surface(exposition: str) -> list[str]:
 
 
 async def agent_exposition(tmp_path: Path, encoder: Callable[[Any], bytes] = generate_latest) -> str:
-    """Run four ticks of the real loop against replayed captures; return the agent's /metrics text."""
+    """Run four ticks of the real loop against replayed captures; return the agent's /metrics text
+    (without ``_created`` samples, as ``servepilot run`` exports it)."""
+    without_created_series()
     scrapes = [p.read_text(encoding="utf-8") for p in ENGINE_SCRAPES]
     served = {"n": 0}
 

@@ -27,13 +27,12 @@ import aiohttp
 from aiohttp import web
 
 from agent.config import GateConfig
-from agent.gate.access_log import FORWARDED_FOR
 from agent.gate.cache import Fill
 from agent.gate.held import HeldRequests
 from agent.gate.metrics import GateMetrics
 from agent.gate.openai import REQUEST_ID, RequestInfo
 from agent.gate.records import GateStats, RequestRecord
-from agent.gate.relay import Relay, Unanswered, forward_headers, json_error
+from agent.gate.relay import VIA, Relay, Unanswered, json_error, upstream_headers
 from agent.gate.stream_usage import (
     MAX_REFUSAL_BYTES,
     REASK_AFTER_S,
@@ -48,7 +47,6 @@ from agent.tls import gate_upstream_context
 log = logging.getLogger(__name__)
 
 #: The proxies a request went through (RFC 9110): the gate adds itself, as proxies do.
-VIA = "Via"
 
 _JSON_OBJECT = re.compile(rb"\s*\{")
 """How a JSON object body starts; anything else is passed on as it came."""
@@ -146,13 +144,7 @@ class Forwarder:
         candidate gets it when an upstream refuses the connection, or when it hung before sending any of
         its answer (the gate's ``stalled_upstreams``): the client has had nothing yet."""
         assert self.session is not None, "Gate.start() was not called"
-        headers = forward_headers(request.headers)
-        headers.update(self.auth)  # the engine's key: the client's (the gate's) is not the engine's
-        if request.remote:  # as proxies do: the engine's log (uvicorn trusts loopback) names the client
-            prior = headers.get(FORWARDED_FOR)
-            headers[FORWARDED_FOR] = f"{prior}, {request.remote}" if prior else request.remote
-        prior = headers.get(VIA)
-        headers[VIA] = f"{prior}, {self.via}" if prior else self.via
+        headers = upstream_headers(request, self.auth, self.via)
         if record is not None:
             # the gate reads the answer (its usage, its events): uncompressed, as the engines send anyway
             headers["Accept-Encoding"] = "identity"

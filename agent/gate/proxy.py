@@ -185,6 +185,7 @@ class Gate:
             self.metrics,
             lambda: self.forwarder.session,
             self.forwarder.auth,
+            self.forwarder.via,
             self._rng.random,
             cfg.max_body_bytes,
             self._count_realtime,

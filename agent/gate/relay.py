@@ -23,6 +23,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from agent.gate.access_log import FORWARDED_FOR
 from agent.gate.cache import Fill
 from agent.gate.ejection import UpstreamStalled
 from agent.gate.openai import (
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 #: answer reached its client as garbage). The gate asks for answers it reads uncompressed
 #: (:mod:`agent.gate.forward`). ``Expect: 100-continue`` was answered to the client already, and the gate
 #: holds the whole body: passed on, it made the gate wait for the upstream's 100 before sending it.
+VIA = "Via"
 HOP_BY_HOP = frozenset(
     h.lower()
     for h in (
@@ -64,6 +66,23 @@ Filled = Callable[[Fill, aiohttp.ClientResponse, bool, "RequestRecord | None"], 
 def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
     """``headers`` without the hop-by-hop ones: what goes on to the other side."""
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
+
+
+def upstream_headers(request: web.Request, auth: Mapping[str, str], via: str) -> CIMultiDict[str]:
+    """What ``request`` goes upstream with, as a proxy sends it: its end-to-end headers, the engine's
+    key in place of the client's (``auth``: the client's key is the gate's), the client's address added
+    to ``X-Forwarded-For`` (the engine's log, uvicorn trusting loopback, names the client) and the
+    gate's own entry ``via`` to ``Via`` (RFC 9110 section 7.6.3), by which a request that comes back to
+    the gate is known. A WebSocket's handshake carries the same: a loop through the realtime route is
+    caught as one through any other."""
+    headers = forward_headers(request.headers)
+    headers.update(auth)
+    if request.remote:
+        prior = headers.get(FORWARDED_FOR)
+        headers[FORWARDED_FOR] = f"{prior}, {request.remote}" if prior else request.remote
+    prior = headers.get(VIA)
+    headers[VIA] = f"{prior}, {via}" if prior else via
+    return headers
 
 
 def answer_headers(up: aiohttp.ClientResponse, record: RequestRecord | None) -> CIMultiDict[str]:

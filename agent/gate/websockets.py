@@ -29,10 +29,9 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import WSMsgType, web
 
-from agent.gate.access_log import FORWARDED_FOR
 from agent.gate.metrics import GateMetrics
 from agent.gate.openai import usage_from_json
-from agent.gate.relay import forward_headers, json_error
+from agent.gate.relay import json_error, upstream_headers
 from agent.gate.upstreams import UpstreamPool
 
 log = logging.getLogger(__name__)
@@ -73,6 +72,7 @@ class WebSocketRelay:
         metrics: GateMetrics,
         http: Callable[[], aiohttp.ClientSession | None],
         auth: dict[str, str],
+        via: str,
         pick: Callable[[], float],
         max_msg_bytes: int,
         counted: Callable[[str, tuple[float, float]], None] | None = None,
@@ -81,6 +81,7 @@ class WebSocketRelay:
         self.metrics = metrics
         self._http = http
         self.auth = auth
+        self.via = via  # the gate's Via entry, as its HTTP requests carry (agent/gate/forward.py)
         self._pick = pick
         self.max_msg_bytes = max_msg_bytes
         #: called with a session's line and each utterance's (prompt, output) tokens
@@ -92,14 +93,10 @@ class WebSocketRelay:
         """Relay ``request``'s session; ``line``: its business line, whose tokens it counts."""
         http = self._http()
         assert http is not None, "Gate.start() was not called"
-        headers = forward_headers(request.headers)
+        headers = upstream_headers(request, self.auth, self.via)
         for name in list(headers):
             if name.lower() in HANDSHAKE:
                 del headers[name]
-        headers.update(self.auth)
-        if request.remote:
-            prior = headers.get(FORWARDED_FOR)
-            headers[FORWARDED_FOR] = f"{prior}, {request.remote}" if prior else request.remote
         asked = request.headers.get("Sec-WebSocket-Protocol", "")
         protocols = tuple(p.strip() for p in asked.split(",") if p.strip())
         errors: list[str] = []

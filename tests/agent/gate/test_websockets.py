@@ -15,6 +15,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from agent.config import GateConfig, GateLineConfig
+from agent.engines.launcher import free_port
 from agent.gate import websockets
 from agent.gate.proxy import Gate
 from agent.gate.websockets import sendable
@@ -88,7 +89,7 @@ async def _none_open(registry: Any) -> None:
 async def test_a_session_is_relayed_both_ways_as_it_came(upstream: tuple[Realtime, str]) -> None:
     served, url = upstream
     async with (
-        gate_for(url) as (_, base, registry),
+        gate_for(url) as (gate, base, registry),
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
     ):
         async with client.ws_connect(f"{base}/v1/realtime?model=m", protocols=("realtime",)) as ws:
@@ -105,7 +106,26 @@ async def test_a_session_is_relayed_both_ways_as_it_came(upstream: tuple[Realtim
     assert served.closed_with == [4000]
     handshake = served.handshakes[0]
     assert handshake["X-Forwarded-For"] == "127.0.0.1"
+    assert handshake["Via"] == gate.forwarder.via  # as the gate's HTTP requests carry it
     assert registry.get_sample_value("servepilot_gate_websocket_sessions_total", {"upstream": "primary"}) == 1
+
+
+async def test_a_session_whose_upstream_leads_back_to_the_gate_is_refused_508_at_its_handshake() -> None:
+    """Its handshake carries the gate's ``Via`` entry: at its first return the gate knows it, as it knows
+    a looping HTTP request (without it, the handshake went round until its headers outgrew 8 kB)."""
+    port = free_port()
+    loop = Gate(
+        GateConfig(enabled=True, upstreams={"primary": f"http://127.0.0.1:{port}"}), CollectorRegistry()
+    )
+    await loop.start("127.0.0.1", port)
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await client.ws_connect(f"http://127.0.0.1:{port}/v1/realtime")
+        assert refused.value.status == 508
+        assert not loop.websockets.sessions and loop.in_progress == 0
+    finally:
+        await loop.stop()
 
 
 async def test_the_engines_close_code_reaches_the_client(upstream: tuple[Realtime, str]) -> None:

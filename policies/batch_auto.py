@@ -73,6 +73,16 @@ what the engine itself says it runs: on that llama.cpp a scrape now and then rea
 waiting with 7 in flight, which made the limit look bound, and the limit went 9 -> 14 -> 21 -> 32 -> 48
 -> 64 within seconds after being brought down.
 
+That guard alone holds the limit where the cut leaves it only while the engine's queue stays above its
+slack, and the cut is made to leave it the slack: at that equilibrium the guard passes now and then, the
+more so as requests in transit to vLLM's scheduler are in neither of its gauges. Beside vLLM's CPU backend
+(``--max-num-seqs 4``) slowed by a CPU hog, the limit went 8 -> 12 -> 8 -> 12 within two minutes: each
+growth put four more of the gate's requests in the engine's FIFO queue, until the queueing rule cut them
+back. So the controller keeps the most the engine ran on a tick it queued more than the slack (its cap,
+as far as seen), and grows no further than that cap, the reserve and the slack take (as with llama.cpp's
+slots, below), until the engine runs more than the cap: then the cap is higher (shorter requests in a
+KV-bound engine, or a restart with a larger ``max_num_seqs``) and is forgotten.
+
 Growth stops short of what the cache holds at ``kv_target`` with the sequences' footprint now (``running x
 kv_target / kv``, plus the reserve, one step at least). A cache-bound engine runs few sequences, so its ITL
 sits far below target, and the gradient's x1.3 step from 84% usage (39 -> 51 with 31 running) put more in
@@ -123,6 +133,9 @@ class AutoState:
     engine_queue: float = 0.0
     #: The engine's prompt and generated tokens/s, smoothed: the decode share of a step's tokens.
     mix: TokenMix = field(default_factory=TokenMix)
+    #: Behind the gate, the most the engine ran (its own count) on a tick it queued more than the slack of
+    #: the gate's requests: its own cap, as far as seen; 0 before any, or once it ran more than that.
+    engine_cap: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -191,6 +204,13 @@ class AutoBatch:
         )
         capped = running + reserved + slack
         slots_take = _slots_take(snapshot, limit, reserved, in_flight)
+        cap = state.engine_cap if state is not None else 0.0
+        if in_flight is not None and engine_waiting > slack:
+            cap = max(cap, engine_running)
+        elif engine_running > cap:
+            cap = 0.0  # it runs more than it did when it queued: its cap is higher now
+        # growth stops at what that cap takes, as at what slots take
+        cap_takes = cap + reserved + _slack(cap) if cap > 0 else math.inf
         engine_binds = (
             in_flight is not None
             and queued >= self.engine_queue_ticks
@@ -225,7 +245,7 @@ class AutoBatch:
             # behind the gate, not while the engine holds more than a slack queued (by its own count of
             # running: a sampled 0 + 0 reading with the gate's in-flight would hide its cap for a tick)
             and (in_flight is None or engine_queue <= _slack(engine_running))
-            and limit < slots_take  # no growth past what the engine's slots take
+            and limit < min(slots_take, cap_takes)  # no growth past what the slots, or the cap seen, take
         ):
             # far below the ITL target (a cold start at a small limit) the gradient's square root
             # outgrows the additive step: the operating point is reached in a few ticks, not dozens
@@ -243,16 +263,19 @@ class AutoBatch:
             if slots_take < new:
                 new = slots_take
                 why += ", up to what the engine's slots take"
+            elif cap_takes < new:
+                new = max(limit + 1.0, cap_takes)
+                why += f", up to what the engine's cap takes (it queued at {cap:.0f} running)"
         elif not self.lower <= limit <= self.upper:
             # set outside the bounds (the gate's configured start, or bounds narrowed by a config reload):
             # holding would keep it there for as long as no other branch fires
             new = limit
             why = f"limit {limit:g} outside the policy's bounds [{self.lower:g}, {self.upper:g}]"
         else:
-            return AutoState(limit, rate, now, queued, engine_queue, mix), []
+            return AutoState(limit, rate, now, queued, engine_queue, mix, cap), []
         new = min(self.upper, max(self.lower, new))
         proposal = Proposal(self.name, knobs.BATCH, round(new), why, PRIORITY["throughput"])
-        return AutoState(new, rate, now, queued, engine_queue, mix), [proposal]
+        return AutoState(new, rate, now, queued, engine_queue, mix, cap), [proposal]
 
 
 def _slots_take(snapshot: Snapshot, limit: float, reserved: float, in_flight: float | None) -> float:

@@ -192,6 +192,58 @@ def test_a_sampled_empty_engine_does_not_grow_a_limit_the_engine_was_seen_to_cap
     assert _ticks([blank]) == [[36]]
 
 
+#: vLLM (CPU, --max-num-seqs 4) behind the gate at 11, slowed: it runs 4 and queues 5 of the gate's.
+VLLM_CAPPED = {
+    "gate__limit": 11,
+    "gate__reserved": 2.2,
+    "gate__in_flight": 9,
+    "gate__queue_depth": 3,
+    "engine__requests_running": 4,
+    "engine__requests_waiting": 5,
+    "engine__kv_cache_usage_ratio": 0.01,
+    "engine__itl_seconds__mean": 0.009,
+}
+#: After the cut to 8 (4 running + 2.2 reserve + 2 slack): the engine keeps its slack, less what is in
+#: transit to its scheduler (counted in neither of its gauges), so the gate looks bound (7 in flight,
+#: 1 queued) with the engine's own queue under its slack, ITL far under target.
+AT_ITS_CAP = {
+    **VLLM_CAPPED,
+    "gate__limit": 8,
+    "gate__reserved": 1.6,
+    "gate__in_flight": 7,
+    "gate__queue_depth": 1,
+    "engine__requests_waiting": 1,
+}
+
+
+def test_a_limit_brought_down_to_the_engines_cap_does_not_grow_past_it_again():
+    """Seen on vLLM's CPU backend slowed by a CPU hog: the limit went 8 -> 12 -> 8 -> 12 within two minutes.
+    At the cut the limit leaves the engine its slack queued, so the growth rule's guard (the engine's
+    smoothed queue within its slack) held at the equilibrium, and the limit grew into the engine's queue
+    again. Once the engine was seen to queue at 4 running, the limit grows no further than 4 takes."""
+    ticks = _ticks([VLLM_CAPPED] * 5 + [AT_ITS_CAP] * 30)
+    assert ticks[4] == [8]
+    assert ticks[5:] == [[]] * 30
+    # a policy that never saw the engine queue grows the same tick: it does not know the cap
+    assert _ticks([AT_ITS_CAP]) == [[16]]
+    # a limit set under what the cap takes (floor 2) grows to it, 4 + 1 + 2, not to 10
+    policy = AutoBatch(ttft_slo_s=10.0, itl_slo_s=0.1, lower=2.0)
+    under = {**AT_ITS_CAP, "gate__limit": 5, "gate__reserved": 1.0, "gate__in_flight": 5}
+    state: AutoState | None = None
+    for t, tick in enumerate([VLLM_CAPPED] * 5 + [AT_ITS_CAP] * 15 + [under]):
+        state, proposals = policy.decide(make_snapshot(float(t), **tick), [], state, float(t))
+    assert [(p.value, p.reason.endswith("(it queued at 4 running)")) for p in proposals] == [(7, True)]
+
+
+def test_the_cap_seen_is_forgotten_once_the_engine_runs_more():
+    """A cap that rose (shorter requests fit more in a KV-bound engine, or a restart with a larger
+    max_num_seqs): the engine runs more than it did when it queued, and the limit may grow again."""
+    more = {**AT_ITS_CAP, "engine__requests_running": 6, "gate__in_flight": 7, "engine__requests_waiting": 0}
+    ticks = _ticks([VLLM_CAPPED] * 5 + [AT_ITS_CAP] * 15 + [more] * 15)
+    assert ticks[5:20] == [[]] * 15
+    assert any(t and t[0] > 8 for t in ticks[20:])
+
+
 def test_an_engine_queue_is_left_alone_without_a_gate_with_a_full_cache_or_for_a_small_cut():
     no_gate = {k: v for k, v in ENGINE_CAPPED.items() if not k.startswith("gate__")}
     assert _ticks([no_gate] * 8) == [[]] * 8  # the replay's engine alone: its queue is the only one

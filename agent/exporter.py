@@ -33,7 +33,7 @@ def without_created_series() -> None:
     of its own: 42 of the sidecar's 550 in a scrape beside vLLM with the gate on. The long-running
     commands (``run``, ``gate``) call this at start; it is prometheus_client's one switch, a global.
     """
-    disable_created_metrics()
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client does not annotate it
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard
 
-from dashboards.panels import DS, base, expand, q, single, tab, ts, variables
+from dashboards.panels import DS, base, expand, q, single, tab, ts, up, variables
 
 
 def overview() -> dashboard.Dashboard:
@@ -53,8 +53,8 @@ def overview() -> dashboard.Dashboard:
     )
     board = (
         board.with_row(dashboard.Row("Health"))
-        .with_panel(single("Engine up", "none", q("min(servepilot_engine_up{@POD})")))
-        .with_panel(single("GPU telemetry up", "none", q("min(servepilot_nvml_up{@POD})")))
+        .with_panel(up("Engine up", q("min(servepilot_engine_up{@POD})"), "no agent"))
+        .with_panel(up("GPU telemetry up", q("min(servepilot_nvml_up{@POD})"), "off (nvml.backend)"))
         .with_panel(
             single("Active findings", "none", q("count(servepilot_finding_active{@POD}) or vector(0)"), 1)
         )

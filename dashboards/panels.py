@@ -11,6 +11,8 @@ from grafana_foundation_sdk.models.dashboard import (
     DataSourceRef,
     Threshold,
     ThresholdsMode,
+    ValueMap,
+    ValueMappingResult,
     VariableHide,
     VariableRefresh,
     VariableSort,
@@ -55,6 +57,18 @@ def single(title: str, unit: str, query: prometheus.Dataquery, red_above: float 
             .steps([Threshold(value=None, color="green"), Threshold(value=red_above, color="red")])
         )
     return panel
+
+
+def up(title: str, query: prometheus.Dataquery, absent: str) -> stat.Panel:
+    """A source's ``*_up`` gauge as "up" (green) or "down" (red), and ``absent`` where it has no series:
+    a source turned off in the config exports none, and "No data" read like a broken panel."""
+    mapped = ValueMap(
+        {
+            "1": ValueMappingResult(text="up", color="green", index=0),
+            "0": ValueMappingResult(text="down", color="red", index=1),
+        }
+    )
+    return single(title, "none", query).mappings([mapped]).no_value(absent)
 
 
 def tab(title: str, query: prometheus.Dataquery, w: int = 24) -> table.Panel:

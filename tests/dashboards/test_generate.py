@@ -47,3 +47,15 @@ def test_every_panel_uses_the_datasource_variable(board: dict[str, Any]) -> None
 def test_uids_are_stable_and_distinct() -> None:
     uids = [generate.load(name)["uid"] for name in generate.ALL]
     assert sorted(uids) == ["servepilot-energy", "servepilot-gpu", "servepilot-overview"]
+
+
+def test_a_source_turned_off_reads_off_not_no_data() -> None:
+    """``nvml.backend: off`` (a CPU engine, or dcgm-exporter instead) exports no servepilot_nvml_up at all:
+    the overview's stat says so, and a reading says up or down rather than 1 or 0."""
+    panels = {p["title"]: p for p in generate.load("overview")["panels"]}
+    gpu = panels["GPU telemetry up"]["fieldConfig"]["defaults"]
+    assert gpu["noValue"] == "off (nvml.backend)"
+    [mapping] = gpu["mappings"]
+    assert mapping["type"] == "value"
+    assert {k: v["text"] for k, v in mapping["options"].items()} == {"1": "up", "0": "down"}
+    assert panels["Engine up"]["fieldConfig"]["defaults"]["mappings"] == gpu["mappings"]

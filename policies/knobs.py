@@ -43,6 +43,9 @@ PREEMPTIONS = "engine.preemptions_per_second"
 FINISHED = "engine.requests_finished_per_second"
 GEN_TPS = "engine.generation_tokens_per_second"
 PROMPT_TPS = "engine.prompt_tokens_per_second"
+#: What the steps compute of the prompt tokens, less the prefix cache's hits (vLLM; llama.cpp's prompt
+#: counter excludes its cache hits already).
+PROMPT_COMPUTED_TPS = "engine.prompt_tokens_computed_per_second"
 TTFT_P99 = "engine.ttft_seconds.p99"
 ITL_P99 = "engine.itl_seconds.p99"
 ITL_MEAN = "engine.itl_seconds.mean"

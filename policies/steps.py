@@ -21,6 +21,14 @@ controller, where the engine lets it be set at run time). Below :data:`DECODE_SH
 controller nor the breaker acts on the inter-token latency.
 
 The rates are smoothed over ``tau_s`` (30 s): a tick's prompt tokens come in bursts of whole chunks.
+
+Only the prompt tokens a step computes count. vLLM's ``prompt_tokens_total`` counts every prompt token,
+the prefix cache's hits included (its ``PromptTokenStats.total``; prefix caching is on by default), and a
+hit costs a step nothing: a chat service whose long histories mostly hit the cache would read as
+prefill-bound by the total while its steps are mostly decodes, and the batch controller would not cut
+for ITL where a cut helps. So vLLM's cached tokens are taken off
+(``engine.prompt_tokens_computed_per_second``, from ``vllm:prompt_tokens_cached_total``); llama.cpp's
+prompt counter leaves its cache hits out already, and SGLang's is taken as it is.
 """
 
 from __future__ import annotations
@@ -47,7 +55,8 @@ class TokenMix:
     def update(self, snapshot: Snapshot, now: float, tau_s: float = TAU_S) -> TokenMix:
         """The mix with this tick's rates in; the first tick's rates are taken as they are (a policy on its
         first tick must not judge the steps by a mix of nothing)."""
-        prompt = snapshot.get(knobs.PROMPT_TPS) or 0.0
+        computed = snapshot.get(knobs.PROMPT_COMPUTED_TPS)  # a cache hit costs a step nothing
+        prompt = (computed if computed is not None else snapshot.get(knobs.PROMPT_TPS)) or 0.0
         gen = snapshot.get(knobs.GEN_TPS) or 0.0
         if self.at is None:
             return TokenMix(prompt, gen, now)

@@ -230,6 +230,9 @@ class SignalDeriver:
         for spec in self.mapping.signals:
             if spec.type == "ratio":
                 self._ratio(spec, values)
+            elif spec.type == "difference" and spec.of in values and all(n in values for n in spec.less):
+                assert spec.of is not None
+                values[spec.name] = max(0.0, values[spec.of] - sum(values[n] for n in spec.less))
             elif spec.type == "window_mean" and spec.of is not None and spec.of in scrape.gauges:
                 values[spec.name] = self.trackers.mean(spec.name, scrape.gauges[spec.of], now)
         self.trackers.prune(now)

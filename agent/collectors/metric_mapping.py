@@ -17,9 +17,9 @@ import yaml
 
 DEFAULT_TABLE = Path(__file__).with_name("metric_names.yaml")
 
-SignalType = Literal["gauge", "counter", "histogram", "ratio", "window_mean"]
+SignalType = Literal["gauge", "counter", "histogram", "ratio", "window_mean", "difference"]
 Aggregate = Literal["sum", "mean", "max"]
-_TYPES = ("gauge", "counter", "histogram", "ratio", "window_mean")
+_TYPES = ("gauge", "counter", "histogram", "ratio", "window_mean", "difference")
 _AGGREGATES = ("sum", "mean", "max")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
@@ -37,6 +37,8 @@ class SignalSpec:
     numerator: tuple[str, ...] = ()
     denominator: tuple[str, ...] = ()
     of: str | None = None
+    less: tuple[str, ...] = ()
+    """A difference's counter signals taken off ``of`` (vLLM's cached prompt tokens off all of them)."""
     by: str | None = None
     """A label to split on: one signal per label value, ``<name>.<by><value>`` (e.g. vLLM's accepted
     draft tokens ``.position0``, ``.position1``, ...), instead of one aggregate."""
@@ -78,7 +80,8 @@ def _signal(name: str, raw: Any, where: str) -> SignalSpec:
     if not isinstance(raw, dict):
         raise ValueError(f"{where} must be a mapping, got {raw!r}")
     unknown = set(raw) - {
-        "type", "aliases", "aggregate", "scale", "valid", "numerator", "denominator", "of", "by", "per_token"
+        "type", "aliases", "aggregate", "scale", "valid", "numerator", "denominator", "of", "less", "by",
+        "per_token",
     }  # fmt: skip
     if unknown:
         raise ValueError(f"{where} has unknown keys {sorted(unknown)}")
@@ -122,7 +125,10 @@ def _signal(name: str, raw: Any, where: str) -> SignalSpec:
         )
     of = raw.get("of")
     if not isinstance(of, str):
-        raise ValueError(f"{where}.of must name a gauge signal, got {of!r}")
+        wanted = "counter" if kind == "difference" else "gauge"
+        raise ValueError(f"{where}.of must name a {wanted} signal, got {of!r}")
+    if kind == "difference":
+        return replace(spec, of=of, less=_strings(raw.get("less"), f"{where}.less"))
     return replace(spec, of=of)
 
 
@@ -160,15 +166,16 @@ def _check_references(engine: str, signals: tuple[SignalSpec, ...]) -> None:
                     f"engines.{engine}.signals.{spec.name}.per_token.first_tokens: {spec.per_token[1]!r} is "
                     "not a histogram signal"
                 )
-        for ref in (*spec.numerator, *spec.denominator):
+        for ref in (*spec.numerator, *spec.denominator, *spec.less):
             if by_name.get(ref) is None or by_name[ref].type != "counter" or by_name[ref].by is not None:
                 raise ValueError(
                     f"engines.{engine}.signals.{spec.name}: {ref!r} is not a counter signal without 'by'"
                 )
         of = by_name.get(spec.of) if spec.of is not None else None
-        if spec.of is not None and (of is None or of.type != "gauge" or of.by is not None):
+        wanted = "counter" if spec.type == "difference" else "gauge"
+        if spec.of is not None and (of is None or of.type != wanted or of.by is not None):
             raise ValueError(
-                f"engines.{engine}.signals.{spec.name}.of: {spec.of!r} is not a gauge signal without 'by'"
+                f"engines.{engine}.signals.{spec.name}.of: {spec.of!r} is not a {wanted} signal without 'by'"
             )
 
 

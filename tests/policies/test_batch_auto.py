@@ -407,6 +407,19 @@ def test_itl_of_prefill_bound_steps_does_not_cut_the_batch():
     assert limits and limits[-1] < 26
 
 
+def test_prompt_tokens_the_prefix_cache_served_are_no_prefill():
+    """vLLM counts its prefix cache's hits among its prompt tokens. The same 16,000 prompt tokens/s with
+    15,500 of them cache hits (a chat's history) leave 500 computed: a third of the steps' tokens are
+    decodes, and the ITL over target is the batch's to cut. Without the computed rate (SGLang, an older
+    vLLM), the total is all there is, and the steps read as prefill-bound."""
+    cached = {**PREFILL_BOUND, "engine__prompt_tokens_computed_per_second": 500.0}
+    state, limits = _run(POLICY, cached, 120)
+    assert state is not None and state.mix.decode_share == pytest.approx(250 / 750, rel=0.01)
+    assert limits and limits[-1] < 26
+    all_computed = {**PREFILL_BOUND, "engine__prompt_tokens_computed_per_second": 16000.0}
+    assert _run(POLICY, all_computed, 120)[1] == []
+
+
 def test_a_binding_limit_grows_on_its_queue_while_the_steps_are_prefill_bound():
     bound = {**PREFILL_BOUND, "gate__limit": 24, "engine__requests_running": 24}
     state, limits = _run(POLICY, bound, 60)

@@ -75,6 +75,26 @@ def test_a_ratio_over_a_gauge_is_rejected() -> None:
         parse_mappings({"engines": {"x": {"prefixes": ["x_"], "signals": signals}}})
 
 
+def test_a_difference_takes_counters_off_a_counter() -> None:
+    def table(signals: dict[str, object]) -> dict[str, object]:
+        return {"engines": {"x": {"prefixes": ["x_"], "signals": signals}}}
+
+    counters = {
+        "all": {"type": "counter", "aliases": ["x_all"]},
+        "hit": {"type": "counter", "aliases": ["x_hit"]},
+    }
+    parsed = parse_mappings(table({**counters, "d": {"type": "difference", "of": "all", "less": ["hit"]}}))
+    [spec] = [s for s in parsed["x"].signals if s.name == "d"]
+    assert (spec.of, spec.less) == ("all", ("hit",))
+    with pytest.raises(ValueError, match=r"^engines\.x\.signals\.d\.less must be a non-empty list"):
+        parse_mappings(table({**counters, "d": {"type": "difference", "of": "all"}}))
+    gauge = {"g": {"type": "gauge", "aliases": ["x_g"]}}
+    with pytest.raises(ValueError, match=r"\.d\.of: 'g' is not a counter signal without 'by'"):
+        parse_mappings(table({**counters, **gauge, "d": {"type": "difference", "of": "g", "less": ["hit"]}}))
+    with pytest.raises(ValueError, match="'g' is not a counter signal without 'by'"):
+        parse_mappings(table({**counters, **gauge, "d": {"type": "difference", "of": "all", "less": ["g"]}}))
+
+
 def test_a_split_needs_a_label_name_on_a_gauge_or_counter_and_no_ratio_reads_one() -> None:
     def table(signals: dict[str, object]) -> dict[str, object]:
         return {"engines": {"x": {"prefixes": ["x_"], "signals": signals}}}
@@ -399,6 +419,22 @@ def test_vllm_busy_then_after_gives_rates_quantiles_and_ratio() -> None:
     assert values["engine.e2e_seconds.mean"] > 0
     assert values["engine.batch_size_mean"] == 2.0  # running 4 then 0
     assert "engine.prefix_cache_hit_ratio" not in values  # no prefix queries between the two scrapes
+
+
+def test_vllm_prompt_tokens_the_prefix_cache_served_are_taken_off_the_computed_rate() -> None:
+    """A real vLLM 0.32 (scripts/capture_vllm_cachehit.py): three prompts sharing a 480-token history,
+    1,443 prompt tokens of which its prefix cache served 1,152 (72 blocks of 16); the steps computed 291."""
+    values = _derive(
+        [
+            "vllm-0.32-cpu/vllm-0.32.0-cpu-cachehit-metrics_before.prom",
+            "vllm-0.32-cpu/vllm-0.32.0-cpu-cachehit-metrics_after.prom",
+        ],
+        "vllm",
+    )
+    assert values["engine.prompt_tokens_per_second"] == pytest.approx(1443 / 10)
+    assert values["engine.prompt_tokens_cached_per_second"] == pytest.approx(1152 / 10)
+    assert values["engine.prompt_tokens_computed_per_second"] == pytest.approx(291 / 10)
+    assert values["engine.prefix_cache_hit_ratio"] == pytest.approx(1152 / 1443)
 
 
 def test_llamacpp_prefix_hit_ratio_counts_cached_against_all_prompt_tokens() -> None:

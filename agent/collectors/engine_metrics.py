@@ -230,9 +230,8 @@ class SignalDeriver:
         for spec in self.mapping.signals:
             if spec.type == "ratio":
                 self._ratio(spec, values)
-            elif spec.type == "difference" and spec.of in values and all(n in values for n in spec.less):
-                assert spec.of is not None
-                values[spec.name] = max(0.0, values[spec.of] - sum(values[n] for n in spec.less))
+            elif spec.type == "difference" and spec.of is not None:
+                self._difference(spec, spec.of, values)
             elif spec.type == "window_mean" and spec.of is not None and spec.of in scrape.gauges:
                 values[spec.name] = self.trackers.mean(spec.name, scrape.gauges[spec.of], now)
         self.trackers.prune(now)
@@ -284,6 +283,11 @@ class SignalDeriver:
         mean = stats.mean / per_step if stats.mean is not None else None
         windows[name] = replace(stats, mean=mean, quantiles=MappingProxyType(quantiles))
         return per_step
+
+    @staticmethod
+    def _difference(spec: SignalSpec, of: str, values: dict[str, float]) -> None:
+        if of in values and all(n in values for n in spec.less):
+            values[spec.name] = max(0.0, values[of] - sum(values[n] for n in spec.less))
 
     @staticmethod
     def _ratio(spec: SignalSpec, values: dict[str, float]) -> None:

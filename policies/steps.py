@@ -44,6 +44,13 @@ DECODE_SHARE_MIN = 0.05
 TAU_S = 30.0
 
 
+def computed_prompt_tps(snapshot: Snapshot) -> float:
+    """The prompt tokens/s the engine's steps computed: without the prefix cache's hits where the engine
+    says them apart (vLLM), else all of them (see the module docstring)."""
+    computed = snapshot.get(knobs.PROMPT_COMPUTED_TPS)  # a cache hit costs a step nothing
+    return (computed if computed is not None else snapshot.get(knobs.PROMPT_TPS)) or 0.0
+
+
 @dataclass(frozen=True)
 class TokenMix:
     """The engine's prompt and generated tokens/s, smoothed; immutable, kept in a policy's state."""
@@ -55,8 +62,7 @@ class TokenMix:
     def update(self, snapshot: Snapshot, now: float, tau_s: float = TAU_S) -> TokenMix:
         """The mix with this tick's rates in; the first tick's rates are taken as they are (a policy on its
         first tick must not judge the steps by a mix of nothing)."""
-        computed = snapshot.get(knobs.PROMPT_COMPUTED_TPS)  # a cache hit costs a step nothing
-        prompt = (computed if computed is not None else snapshot.get(knobs.PROMPT_TPS)) or 0.0
+        prompt = computed_prompt_tps(snapshot)
         gen = snapshot.get(knobs.GEN_TPS) or 0.0
         if self.at is None:
             return TokenMix(prompt, gen, now)

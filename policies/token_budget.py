@@ -6,7 +6,8 @@ while a 512-token chunk takes ~0.03 s. Prefill throughput hardly depends on the 
 2048, 15.5k at 512, 14.5k at 256), so smaller chunks cap that stall at little cost. So::
 
     itl_hi = h * itl_slo                 (h: the same headroom as the batch controller)
-    prefill = prompt_tps > 0             (this tick's steps carried prompt tokens)
+    prefill = prompt_tps > 0             (this tick's steps computed prompt tokens: a prefix cache's
+                                          hits are none, policies/steps.py)
     ttft_risk = ttft_p99 > h * ttft_slo or queue / finish_rate > 0.5 * ttft_slo   (no finishes: p99 only)
     kv_pressure = preemptions > 0 or kv_usage > kv_high
     pressed = a kv_pressure tick within the last kv_hold_s
@@ -59,6 +60,7 @@ from detectors.snapshot import Snapshot
 from policies import knobs
 from policies.arbiter import PRIORITY
 from policies.base import Proposal
+from policies.steps import computed_prompt_tps
 
 #: The ITL target at which ``itl_floor`` was measured to leave a full chunk's step well inside it.
 FLOOR_ITL_S = 0.1
@@ -121,7 +123,7 @@ class TokenBudget:
         pressed_at = now if kv_pressure else (state.pressed_at if state else None)
         if changed_at is not None and now - changed_at < self.dwell_s:
             return BudgetState(budget, changed_at, pressed_at), []
-        prompt_tps = snapshot.get(knobs.PROMPT_TPS) or 0.0
+        prompt_tps = computed_prompt_tps(snapshot)
         waiting = (snapshot.get(knobs.WAITING) or 0.0) + (snapshot.get(knobs.GATE_QUEUE) or 0.0)
         finished = snapshot.get(knobs.FINISHED) or 0.0
         # Little's law needs a finish rate: a request or two queued in a tick where none finished is

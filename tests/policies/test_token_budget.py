@@ -31,6 +31,15 @@ def test_holds_when_itl_is_over_target_without_prefill():
     assert _decide(engine__itl_seconds__p99=0.13, **values) == []
 
 
+def test_prompt_tokens_all_served_by_the_prefix_cache_are_no_prefill():
+    """vLLM counts its cache hits among its prompt tokens; steps that computed none carry no chunk to
+    shrink. The computed rate (engine.prompt_tokens_computed_per_second) decides where it is published."""
+    hits = {**PREFILL, "engine__prompt_tokens_computed_per_second": 0}
+    assert _decide(engine__itl_seconds__p99=0.13, **hits) == []
+    some = {**PREFILL, "engine__prompt_tokens_computed_per_second": 800}
+    assert _decide(engine__itl_seconds__p99=0.13, **some) == [1024]
+
+
 def test_itl_alone_stops_halving_at_the_itl_floor():
     """Below 1024 an ITL tail comes from decode: only KV pressure takes the budget further down."""
     values = {**PREFILL, "engine__max_num_batched_tokens": 1024}

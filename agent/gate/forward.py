@@ -32,7 +32,7 @@ from agent.gate.held import HeldRequests
 from agent.gate.metrics import GateMetrics
 from agent.gate.openai import REQUEST_ID, RequestInfo
 from agent.gate.records import GateStats, RequestRecord
-from agent.gate.relay import VIA, Relay, Unanswered, json_error, upstream_headers
+from agent.gate.relay import VIA, Relay, Unanswered, closing, json_error, upstream_headers
 from agent.gate.stream_usage import (
     MAX_REFUSAL_BYTES,
     REASK_AFTER_S,
@@ -45,8 +45,6 @@ from agent.gate.upstreams import Upstream, UpstreamPool, upstream_auth
 from agent.tls import gate_upstream_context
 
 log = logging.getLogger(__name__)
-
-#: The proxies a request went through (RFC 9110): the gate adds itself, as proxies do.
 
 _JSON_OBJECT = re.compile(rb"\s*\{")
 """How a JSON object body starts; anything else is passed on as it came."""
@@ -237,10 +235,7 @@ class Forwarder:
             record.unanswered = status == 502
             record.e2e_s = self.clock() - record.arrived
             self.relay.finish(record)
-        response = json_error(status, message, "upstream_error", code)
-        response.force_close()
-        response.headers[aiohttp.hdrs.CONNECTION] = "close"
-        return response
+        return closing(json_error(status, message, "upstream_error", code))
 
     def may_retry(self, retried: int) -> bool:
         """Whether a request that met a retriable error may try the next upstream: a request already on

@@ -51,7 +51,7 @@ from agent.gate.openai import (
 from agent.gate.peers import PeerCount, peers_loop
 from agent.gate.ratelimit import LineLimiter, LineLimits, LineResolver
 from agent.gate.records import GateStats, LengthBuckets, RequestRecord
-from agent.gate.relay import Relay, add_gate_headers, for_messages_clients, json_error
+from agent.gate.relay import Relay, add_gate_headers, closing, for_messages_clients, json_error
 from agent.gate.stream_usage import ask_stream_usage
 from agent.gate.upstreams import UpstreamPool, health_loop
 from agent.gate.websockets import WebSocketRelay, is_websocket
@@ -200,8 +200,7 @@ class Gate:
         carry its next request here until the listener closes, and meet the close. Retired after its
         answer, it is opened again, to another pod. A WebSocket's handshake is left alone."""
         if self.shutting_down and not isinstance(response, web.WebSocketResponse):
-            response.force_close()
-            response.headers[aiohttp.hdrs.CONNECTION] = "close"
+            closing(response)
 
     def _upstream_up(self, name: str) -> float:
         return float(self.pool.upstreams[name].healthy)

@@ -18,6 +18,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -45,12 +46,16 @@ from agent.gate.stream_usage import UsageEventFilter
 
 log = logging.getLogger(__name__)
 
+_Answer = TypeVar("_Answer", bound=web.StreamResponse)
+
+#: The proxies a request went through (RFC 9110): the gate adds itself, as proxies do.
+VIA = "Via"
+
 #: RFC 9110 hop-by-hop headers, plus those aiohttp recomputes for the new connection. Not
 #: ``Content-Encoding``: it is end to end, and the bytes are relayed as they came (dropped, a compressed
 #: answer reached its client as garbage). The gate asks for answers it reads uncompressed
 #: (:mod:`agent.gate.forward`). ``Expect: 100-continue`` was answered to the client already, and the gate
 #: holds the whole body: passed on, it made the gate wait for the upstream's 100 before sending it.
-VIA = "Via"
 HOP_BY_HOP = frozenset(
     h.lower()
     for h in (
@@ -66,6 +71,14 @@ Filled = Callable[[Fill, aiohttp.ClientResponse, bool, "RequestRecord | None"], 
 def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
     """``headers`` without the hop-by-hop ones: what goes on to the other side."""
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
+
+
+def closing(response: _Answer) -> _Answer:
+    """``response`` closing its connection after it is sent (``Connection: close``, so the client knows
+    to open a new one for its next request, which a Service may send to another pod)."""
+    response.force_close()
+    response.headers[aiohttp.hdrs.CONNECTION] = "close"
+    return response
 
 
 def upstream_headers(request: web.Request, auth: Mapping[str, str], via: str) -> CIMultiDict[str]:

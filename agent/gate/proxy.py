@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Mapping
 
 import aiohttp
-from aiohttp import web
+from aiohttp import HttpVersion11, hdrs, web
 from prometheus_client import CollectorRegistry
 
 from agent.collectors.derive import MAX_TOKENS_PER_STEP
@@ -191,8 +191,23 @@ class Gate:
             self._count_realtime,
         )
         self.app = web.Application(client_max_size=cfg.max_body_bytes)
-        self.app.router.add_route("*", "/{tail:.*}", self._handle)
+        self.app.router.add_route("*", "/{tail:.*}", self._handle, expect_handler=self._expect)
         self.app.on_response_prepare.append(self._close_when_shutting_down)
+
+    async def _expect(self, request: web.Request) -> None:
+        """``Expect: 100-continue``: the 100 that asks for the body, except for a body declared over
+        ``max_body_bytes``, which then gets its 413 before it is sent. aiohttp's own handler sent the 100
+        to every request, and a client (curl does for bodies over 1 MiB) began an upload the gate then
+        refused unread. Any other expectation gets 417, as aiohttp answers it."""
+        if request.version != HttpVersion11:  # HTTP/1.0 has no interim answers
+            return
+        expect = request.headers.get(hdrs.EXPECT, "")
+        if expect.lower() != "100-continue":
+            raise web.HTTPExpectationFailed(text=f"unknown Expect: {expect}")
+        declared = request.content_length
+        if declared is None or declared <= self.cfg.max_body_bytes:
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the answer's own size starts after the interim one
 
     async def _close_when_shutting_down(self, _: web.Request, response: web.StreamResponse) -> None:
         """Once the shutdown began, each answer closes its connection (``Connection: close``). A Service's

@@ -1673,3 +1673,36 @@ async def test_a_drafting_engine_s_streams_without_usage_are_counted_by_its_toke
     finally:
         await gate.stop()
         await runner.cleanup()
+
+
+async def _first_answer(port: int, declared: int) -> bytes:
+    """The status line a client sending ``Expect: 100-continue`` gets before it sends its body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: gate\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {declared}\r\n".encode()
+            + b"Expect: 100-continue\r\n\r\n"
+        )
+        await writer.drain()
+        return (await asyncio.wait_for(reader.readline(), 5.0)).strip()
+    finally:
+        writer.close()
+
+
+async def test_a_body_declared_over_the_limit_gets_413_before_it_is_sent(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """curl asks with ``Expect: 100-continue`` for bodies over 1 MiB: the gate's first answer is the 413,
+    not the 100 that asks for an upload it would refuse unread."""
+    gate = await _gate({"primary": upstream.url}, max_body_bytes=1024)
+    try:
+        assert await _first_answer(gate.port, 5000) == b"HTTP/1.1 413 Request Entity Too Large"
+        assert await _first_answer(gate.port, 500) == b"HTTP/1.1 100 Continue"  # within the limit: send it
+        assert upstream.seen == 0
+        # a client that waits for the 100 gets it, sends, and is answered
+        url = f"http://127.0.0.1:{gate.port}/v1/completions"
+        resp = await client.post(url, data=json.dumps(_body()).encode(), expect100=True)
+        assert resp.status == 200 and upstream.seen == 1
+    finally:
+        await gate.stop()

@@ -330,3 +330,27 @@ def test_5xx_add_up_over_the_last_minute_to_a_storm():
         levels.append(state.level)
     assert levels == [0, 0, 1]
     assert state.reason == "escalate: 5xx storm: 20% of the last minute's answers (>= 5%)"
+
+
+def test_a_level_that_relieves_nothing_is_probed_down_though_the_burn_goes_on():
+    """A latency spike takes the breaker to L1; then decode meets the ITL SLO again but the misses go on:
+    late first tokens, from a queue that L1's halved batch only lengthens. b(5 m) stays over 1, so waiting
+    for the budget to heal kept L1 for good. On the Mooncake hour with served_classes steering
+    (bench/classes.py) a slow burn 202 s in held L1 for the remaining 57 minutes: 42.93% of requests in
+    SLO, 57.78% when the breaker comes back down after its dwell."""
+
+    def spike_then_queueing(t: float) -> dict[str, float]:
+        return {**_queueing(t), "engine__itl_seconds__mean": 0.4 if t < 100 else 0.05}
+
+    changes = []
+    state: BreakerState | None = None
+    for t in range(2000):
+        state, _ = QUEUE_AWARE.decide(make_snapshot(float(t), **spike_then_queueing(t)), [], state, float(t))
+        if state.level != (changes[-1][1] if changes else 0):
+            changes.append((t, state.level))
+    assert [level for _, level in changes] == [1, 0]
+    assert changes[1][0] - changes[0][0] == QUEUE_AWARE.dwell_s  # after its dwell, not before
+    assert (state.phase, state.batch_cap) == ("steady", None)  # the probe was committed: L1's cap is gone
+
+    # the spike going on: it escalates after the dwell instead, as before
+    assert _levels(QUEUE_AWARE, lambda t: {**_queueing(t), "engine__itl_seconds__mean": 0.4}, 600.0) == [1, 2]

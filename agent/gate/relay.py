@@ -259,7 +259,12 @@ class Relay:
                 if not resp.prepared:
                     # the headers go with the first byte: until then, a hang can still be taken back
                     await resp.prepare(request)  # the client may have gone while the upstream was busy
-                if record is not None:
+                # an SSE comment at an event's start is a keep-alive: no token, and no sign of progress (the
+                # HTTP server of a hung engine may go on writing them), so it counts for neither
+                keepalive = (
+                    chunk[:1] == b":" and (not tail or tail.endswith(EVENT_ENDS)) and b"data:" not in chunk
+                )
+                if record is not None and not keepalive:
                     record.heard_at = now
                 if token_event:
                     carried = chunk.count(token_event)
@@ -274,14 +279,8 @@ class Relay:
                         + chunk.count(error_event)
                     )
                     carried = chunk.count(b"data:") - empty
-                    arrived = carried > 0 or not empty  # a chunk with no whole event: a token's rest
-                    if (
-                        arrived
-                        and not carried
-                        and chunk[:1] == b":"
-                        and (not tail or tail.endswith(EVENT_ENDS))
-                    ):
-                        arrived = False  # an SSE comment at an event's start: a keep-alive, not a token
+                    # a chunk with no whole event is a token's rest
+                    arrived = carried > 0 or not (empty or keepalive)
                 events += carried
                 if arrived:
                     if last is None:

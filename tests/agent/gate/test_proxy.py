@@ -33,6 +33,7 @@ class Upstream:
         self.release = asyncio.Event()
         self.release.set()
         self.next_chunk = asyncio.Semaphore(0)
+        self.keep_alive = asyncio.Semaphore(0)  # chunked: each release writes an SSE comment meanwhile
         self.chunked = False
         self.headers_early = False  # streams: the headers before the wait for ``release`` (as vLLM does)
         self.health_block_s = 0.0  # the next health check blocks the event loop this long
@@ -69,7 +70,7 @@ class Upstream:
             for i in range(3):
                 await resp.write(f'data: {{"choices":[{{"text":"t{i}"}}]}}\n\n'.encode())
                 if self.chunked:
-                    await self.next_chunk.acquire()
+                    await self._next_chunk(resp)
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp
@@ -79,6 +80,16 @@ class Upstream:
             raise
         finally:
             self.running -= 1
+
+    async def _next_chunk(self, resp: web.StreamResponse) -> None:
+        """Wait for ``next_chunk``, writing a keep-alive comment for each ``keep_alive`` meanwhile (as
+        axum's SSE keep-alive does while a hung engine sends nothing)."""
+        while self.next_chunk.locked():
+            if not self.keep_alive.locked():
+                await self.keep_alive.acquire()
+                await resp.write(b": keep-alive\n\n")
+            await asyncio.sleep(0.001)
+        await self.next_chunk.acquire()
 
     async def models(self, _: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "m"}]})
@@ -1092,6 +1103,37 @@ async def test_a_hung_upstream_is_ejected_from_the_split_and_returns_when_it_sen
         await gate.stop()
         assert fallback.runner is not None
         await fallback.runner.cleanup()
+
+
+async def test_keep_alive_comments_from_a_hung_upstream_are_no_sign_of_life(
+    upstream: Upstream, client: aiohttp.ClientSession
+) -> None:
+    """An HTTP server may write SSE keep-alive comments while its engine sends nothing (axum's keep-alive,
+    as TGI has it; some gateways too). Until 2026-12-06 each one counted as a byte from the upstream, and
+    an engine hung behind such a server was never found silent."""
+    now = [100.0]
+    gate = await _gate({"primary": upstream.url}, cut_stalled_streams=False)  # the verdict alone
+    gate.clock = lambda: now[0]
+    try:
+        upstream.chunked = True  # the first token comes, then only keep-alives
+        resp = await _post(client, gate, _body(stream=True))
+        assert b"t0" in await asyncio.wait_for(resp.content.readuntil(b"\n\n"), TIMEOUT)
+        now[0] = 160.0
+        upstream.keep_alive.release()
+        kept = await asyncio.wait_for(resp.content.readuntil(b"\n\n"), TIMEOUT)
+        assert kept == b": keep-alive\n\n"  # relayed as sent
+        assert gate.stalled_upstreams() == {
+            "primary": "stalled: 1 streaming request(s) held, no byte from it for 60 s"
+        }
+        now[0] = 161.0
+        upstream.next_chunk.release()  # a token: it is back
+        assert b"t1" in await asyncio.wait_for(resp.content.readuntil(b"\n\n"), TIMEOUT)
+        assert gate.stalled_upstreams() == {}
+        for _ in range(2):
+            upstream.next_chunk.release()
+        await asyncio.wait_for(resp.read(), TIMEOUT)
+    finally:
+        await gate.stop()
 
 
 async def test_stall_ejection_needs_silence_on_a_stream_and_from_the_whole_upstream(

@@ -43,6 +43,15 @@ def _parse_time(text: str) -> float:
     return (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp()
 
 
+def _unreadable(path: Path, error: OSError | UnicodeDecodeError) -> TraceError:
+    """A file that could not be read as a trace, in one line naming it. A binary file (or a compressed
+    one without its ``.gz``) said only "'utf-8' codec can't decode byte 0x8b in position 1"."""
+    if isinstance(error, UnicodeDecodeError):
+        kinds = "a trace is a CSV or JSONL file, gzip-compressed (.gz) or not"
+        return TraceError(f"{path}: not UTF-8 text at byte {error.start}: {kinds}")
+    return TraceError(f"{path}: {error.strerror or error}")
+
+
 def _open(path: Path) -> TextIO:
     """Text stream of a trace file; ``.gz`` files (as bundled with the demo) are decompressed on the fly."""
     if path.suffix == ".gz":
@@ -50,9 +59,18 @@ def _open(path: Path) -> TextIO:
     return path.open(encoding="utf-8", newline="")
 
 
-def _kind(path: Path) -> str:
-    with _open(path) as stream:
-        first = stream.readline().strip()
+#: The kinds of :func:`trace_kind` that count arrivals per step rather than list requests.
+COUNT_KINDS = frozenset({"azure_counts", "counts"})
+
+
+def trace_kind(path: Path) -> str:
+    """What ``path`` holds, from its first line: ``azure`` or ``mooncake`` (one row per request),
+    ``azure_counts`` or ``counts`` (arrivals per step). :class:`TraceError` when it cannot tell."""
+    try:
+        with _open(path) as stream:
+            first = stream.readline().strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise _unreadable(path, error) from error
     if first.startswith("{"):
         return "mooncake"
     columns = [c.strip() for c in first.split(",")]
@@ -75,7 +93,7 @@ def read_requests(path: str | Path) -> NDArray[np.float64]:
     Mooncake)."""
     path = Path(path)
     try:
-        kind = _kind(path)
+        kind = trace_kind(path)
         rows: list[tuple[float, float, float]] = []
         if kind == "azure":
             with _open(path) as stream:
@@ -93,8 +111,8 @@ def read_requests(path: str | Path) -> NDArray[np.float64]:
                         rows.append(_row(path, line, lambda t=text: _mooncake(json.loads(t))))
         else:
             raise TraceError(f"{path}: a count series has no per-request rows (use read_counts)")
-    except OSError as error:
-        raise TraceError(f"{path}: {error.strerror or error}") from error
+    except (OSError, UnicodeDecodeError) as error:
+        raise _unreadable(path, error) from error
     if not rows:
         raise TraceError(f"{path}: no requests")
     array = np.array(rows, dtype=np.float64)
@@ -120,7 +138,7 @@ def read_counts(path: str | Path, step_s: float | None = None) -> Series:
     in which case bins are summed. Missing bins are zero: for arrival counts an absent bin means none."""
     path = Path(path)
     try:
-        kind = _kind(path)
+        kind = trace_kind(path)
         if kind in ("azure", "mooncake"):
             arrivals = read_requests(path)[:, 0]
             return fill_gaps(resample(arrivals, None, step_s or 60.0, how="sum"), "zero")
@@ -136,8 +154,8 @@ def read_counts(path: str | Path, step_s: float | None = None) -> Series:
                     counts.append(float(row[1]))
                 except (ValueError, IndexError) as error:
                     raise TraceError(f"{path}:{line}: cannot parse row ({error})") from error
-    except OSError as error:
-        raise TraceError(f"{path}: {error.strerror or error}") from error
+    except (OSError, UnicodeDecodeError) as error:
+        raise _unreadable(path, error) from error
     if len(times) < 2:
         raise TraceError(f"{path}: need at least two rows")
     t, c = np.array(times), np.array(counts)

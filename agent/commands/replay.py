@@ -86,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Replay an Azure LLM trace CSV, a Mooncake JSONL or a timestamp,count series on the "
         "simulated engine with servepilot's policies deciding, thousands of times faster than real time.",
     )
-    parser.add_argument("--trace", required=True, help="trace file")
+    parser.add_argument("--trace", required=True, help="trace file: .csv or .jsonl, gzip-compressed or not")
     parser.add_argument(
         "--policy",
         default="auto",

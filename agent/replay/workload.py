@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.traces import TraceError, read_counts, read_requests
+from agent.traces import COUNT_KINDS, TraceError, read_counts, read_requests, trace_kind
 
 #: Mooncake quantises arrivals to ticks of about this many seconds.
 MOONCAKE_TICK_S = 3.0
@@ -53,10 +53,8 @@ class Workload:
         return Workload(self.name, arrivals, self.prompts[keep], self.outputs[keep], self.clipped)
 
 
-def _is_counts(path: Path) -> bool:
-    with path.open(encoding="utf-8") as stream:
-        first = stream.readline().strip().lower()
-    return first.startswith(("time,", "timestamp,")) and "contexttokens" not in first
+#: What a trace file's name ends with, as the folder hint lists them.
+TRACE_SUFFIXES = (".csv", ".jsonl", ".csv.gz", ".jsonl.gz")
 
 
 def load(
@@ -72,14 +70,15 @@ def load(
     if not rate_scale > 0 or not np.isfinite(rate_scale):
         raise TraceError(f"rate scale must be a positive number, got {rate_scale}")
     if path.is_dir():  # a folder of traces (../shared/data/traces/azure_llm_2023): name what it holds
-        held = sorted(p.name for p in path.iterdir() if p.suffix in (".csv", ".jsonl"))
+        held = sorted(p.name for p in path.iterdir() if p.name.endswith(TRACE_SUFFIXES))
         raise TraceError(
             f"{path} is a folder; name a trace file in it ({', '.join(held) or 'it holds none'})"
         )
     if not path.is_file():
         raise TraceError(f"{path}: no such file")
     rng = np.random.default_rng(seed)
-    if _is_counts(path):
+    kind = trace_kind(path)
+    if kind in COUNT_KINDS:
         if lengths is None:
             raise TraceError(
                 f"{path}: a count series needs a per-request trace for token lengths (--lengths)"
@@ -94,7 +93,7 @@ def load(
     else:
         table = read_requests(path)
         times = table[:, 0] - table[0, 0]
-        if path.suffix == ".jsonl":
+        if kind == "mooncake":  # by what it holds: a .jsonl.gz is one too
             times = times + rng.uniform(0.0, MOONCAKE_TICK_S, times.size)
         times = times / rate_scale
         prompts, outputs = table[:, 1], table[:, 2]
@@ -107,4 +106,5 @@ def load(
     prompts_out = np.minimum(raw_prompts, limit)
     if times.size == 0:
         raise TraceError(f"{path}: no requests at rate scale {rate_scale:g}")
-    return Workload(path.stem, times - times[0], prompts_out, outputs_out, clipped)
+    name = path.name.removesuffix(".gz").rsplit(".", 1)[0]  # the trace's, compressed or not
+    return Workload(name, times - times[0], prompts_out, outputs_out, clipped)

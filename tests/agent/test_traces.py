@@ -56,3 +56,11 @@ def test_bad_row_names_the_line(tmp_path: Path) -> None:
 def test_missing_file_is_a_trace_error(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="No such file"):
         read_requests(tmp_path / "none.csv")
+
+
+def test_a_file_that_is_not_text_is_a_trace_error_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "counts.csv"
+    path.write_bytes(b"Time,TIMESTAMP\n0,\xff\xfe\n")  # the header reads; a row does not
+    for read in (read_counts, read_requests):
+        with pytest.raises(TraceError, match=r"counts.csv: not UTF-8 text at byte \d+"):
+            read(path)

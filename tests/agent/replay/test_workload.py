@@ -1,3 +1,5 @@
+import gzip
+
 import numpy as np
 import pytest
 
@@ -77,3 +79,24 @@ def test_a_window_keeps_its_requests_and_starts_at_zero(conv):
     assert len(window) == int(inside.sum()) and window.arrivals[0] == 0.0
     assert np.array_equal(window.prompts, w.prompts[inside])
     assert window.duration_s == pytest.approx(float(w.arrivals[inside][-1]) - start)
+
+
+def test_a_gzip_compressed_trace_is_read_as_the_plain_one(tmp_path, code, counts, mooncake):
+    """The demo's bundled trace is gzip-compressed; replay said "'utf-8' codec can't decode byte 0x8b in
+    position 1" of any .gz trace (it sniffed the header from the raw bytes), counts included; and a
+    Mooncake trace told by its ".jsonl" would have lost the spreading of its 3-s ticks."""
+    for plain in (code, counts, mooncake):
+        packed = tmp_path / (plain.name + ".gz")
+        packed.write_bytes(gzip.compress(plain.read_bytes()))
+        lengths = None if plain == code else code
+        a = load(plain, max_model_len=8192, lengths=lengths, rate_scale=0.1)
+        b = load(packed, max_model_len=8192, lengths=lengths, rate_scale=0.1)
+        assert len(a) > 0 and np.array_equal(a.arrivals, b.arrivals) and np.array_equal(a.prompts, b.prompts)
+        assert a.name == b.name
+
+
+def test_a_binary_file_is_one_line_naming_it(tmp_path):
+    packed = tmp_path / "trace.csv"  # compressed, without its .gz
+    packed.write_bytes(gzip.compress(b"TIMESTAMP,ContextTokens,GeneratedTokens\n"))
+    with pytest.raises(TraceError, match=r"trace.csv: not UTF-8 text at byte 1: a trace is a CSV or JSONL"):
+        load(packed, max_model_len=4096)

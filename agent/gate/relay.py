@@ -262,7 +262,9 @@ class Relay:
                 # an SSE comment at an event's start is a keep-alive: no token, and no sign of progress (the
                 # HTTP server of a hung engine may go on writing them), so it counts for neither
                 keepalive = (
-                    chunk[:1] == b":" and (not tail or tail.endswith(EVENT_ENDS)) and b"data:" not in chunk
+                    chunk.startswith(b":")
+                    and (not tail or tail.endswith(EVENT_ENDS))
+                    and b"data:" not in chunk
                 )
                 if record is not None and not keepalive:
                     record.heard_at = now

@@ -16,7 +16,8 @@ A failed probe goes back at once (it is the half-open circuit re-opening, not a 
 
     b(1 h) >= 14.4 and b(5 m) >= 14.4        fast burn: 2% of a 30-day budget in an hour
     b(6 h) >= 6    and b(30 m) >= 6          slow burn: 5% of the budget in six hours
-    (both only while b(last 2 m) >= 1: a burn that has stopped does not escalate further)
+    (both only while b(last 2 m) >= 1: a burn that has stopped does not escalate further, and only
+    once the breaker has watched for the short window, 5 m and 30 m: see "A new sidecar" below)
     5xx ratio over 1 m >= error_max          an error storm (the last minute's answers, in 10 s buckets)
     preemptions/s >= preempt_max             KV thrash / OOM storm (the rate smoothed over ``preempt_tau_s``:
                                              a storm, not a burst of a few in one tick)
@@ -28,6 +29,14 @@ At night's traffic one failed answer of six is a 17% share, over the fast burn's
 5 answers of one tick was a 20% "storm" (the ratio was the tick's until 2026-12-06). Either took the
 breaker to L1, and the batch to half, for a dwell at least. A real fault brings many more: a 5xx storm at
 10 answers/s with 30% failing has 180 in a minute.
+
+**A new sidecar's long windows are short.** A new pod (a scale-out at the peak) has seen minutes of
+answers: its 1 h and 6 h are those minutes, and each pair of windows is one short window, which the
+workbook rejects as too quick to fire. So a pair trips only once the breaker has watched for its short
+window (its oldest minute bucket is ``FAST_SPAN_S`` or ``SLOW_SPAN_S`` old; the state a restart restores
+counts, so a restart waits for nothing). On the Mooncake hour (bench/classes.py) a slow burn of 11.8x
+over 3.4 minutes took the breaker to L1 202 s in; a sidecar with six hours behind it would have counted
+those minutes as 0.9% of them. The 5xx, preemption and memory trips do not wait.
 
 **Queueing at full capacity is not a fault.** With ``itl_slo_s`` set, a burn does not trip while
 decoding meets the inter-token SLO (window mean ITL <= ``itl_slo_s``) and the 5xx share is under
@@ -46,8 +55,9 @@ level relieves (the two cases above): a level above L0 then only costs capacity,
 the queue the misses come from, so the budget never heals while it holds. On the Mooncake hour with
 served_classes steering (bench/classes.py) a slow burn 202 s in took the breaker to L1; the halved batch
 brought ITL under the SLO, requests went on being turned away from the queue, and L1 held for the other
-57 minutes (42.93% of requests in SLO; 57.78% with this rule). The half-open probe still guards the step
-down: a lower level whose ITL breaks the SLO again trips back up, with the dwell doubled.
+57 minutes (42.93% of requests in SLO; 57.78% with this rule; no trip and 59.92% since a new sidecar
+waits, above). The half-open probe still guards the step down: a lower level whose ITL breaks the SLO
+again trips back up, with the dwell doubled.
 
 Short windows only count outcomes of the current *generation* (since the last level change), so stale
 outcomes from before a change never push the breaker further: each change bumps ``generation``. An
@@ -74,6 +84,8 @@ LEVELS = ("L0 normal", "L1 smaller batch", "L2 fp8 upstream", "L3 small model")
 #: ``default`` (the configured split) where the gate splits traffic across replicas.
 UPSTREAM_BY_LEVEL = ("primary", "primary", "fp8", "small")
 BUCKET_S = 60.0
+#: How long answers must have been seen before the fast (slow) burn may trip: its short window.
+FAST_SPAN_S, SLOW_SPAN_S = 300.0, 1800.0
 #: The 5xx ratio's window, in buckets of ``ERROR_BUCKET_S``.
 ERROR_WINDOW_S, ERROR_BUCKET_S = 60.0, 10.0
 
@@ -242,9 +254,16 @@ class Breaker:
         storm = self._storm(state, now)
         burning = burns.b2 >= 1.0 and not self._no_level_helps(snapshot, state, storm)
         b5, b30, b1h = burns.b5, burns.b30, burns.b1h
-        if burning and b1h >= 14.4 and b5 >= 14.4 and burns.bad_5m >= self.min_bad:
+        seen = now - state.buckets[0][0] * BUCKET_S if state.buckets else 0.0  # a new sidecar: see above
+        if burning and seen >= FAST_SPAN_S and b1h >= 14.4 and b5 >= 14.4 and burns.bad_5m >= self.min_bad:
             return f"fast burn: {b5:.1f}x over 5 m and {b1h:.1f}x over 1 h (>= 14.4x)"
-        if burning and b30 >= 6.0 and burns.bad_30m >= self.min_bad and (b6h := self._burn_6h(state)) >= 6.0:
+        if (
+            burning
+            and seen >= SLOW_SPAN_S
+            and b30 >= 6.0
+            and burns.bad_30m >= self.min_bad
+            and (b6h := self._burn_6h(state)) >= 6.0
+        ):
             return f"slow burn: {b30:.1f}x over 30 m and {b6h:.1f}x over 6 h (>= 6x)"
         if storm is not None:
             return f"5xx storm: {storm:.0%} of the last minute's answers (>= {self.error_max:.0%})"

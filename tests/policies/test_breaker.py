@@ -69,8 +69,34 @@ def test_level_changes_at_most_once_per_dwell(fault):
 
 
 def test_short_fault_escalates_once_and_recovers():
-    changes = _run(_latency_spike, fault_s=100.0, total_s=2000.0)
+    changes = _run(_latency_spike, fault_s=500.0, total_s=2000.0)
     assert [level for _, level in changes] == [1, 0]
+
+
+def _slow_burn(t: float) -> dict[str, float]:
+    return {**_healthy(t), "gate__slo_bad": 1.0}  # 10% bad: 10x, a slow burn and no fast one
+
+
+@pytest.mark.parametrize(
+    ("fault", "first_trip_s"), [(_latency_spike, 300.0), (_slow_burn, 1800.0)], ids=["fast", "slow"]
+)
+def test_a_fresh_breaker_trips_on_a_burn_only_after_seeing_its_short_window(fault, first_trip_s):
+    """Until the sidecar has seen 5 m (30 m) of answers, the fast (slow) burn's long window is no longer
+    than its short one. A new pod's first minutes at 10% bad took it to L1 on 3 minutes of data, where a
+    warm sidecar counts the same minutes against its hour and six hours (the Mooncake replay, 202 s)."""
+    changes = _run(fault, fault_s=4000.0, total_s=first_trip_s + 1.0)
+    assert changes == [(first_trip_s, 1)]
+
+
+def test_a_burn_after_warm_hours_is_judged_over_them():
+    """A 400 s spike trips a fresh breaker at 300 s; after two healthy hours the same minutes are a small
+    share of the long windows (b(1 h) = 0.6 x 400 / 3600 / 1% = 6.7x, b(6 h) 3.2x): no trip."""
+    assert _run(_latency_spike, fault_s=400.0, total_s=1000.0)[0] == (300.0, 1)
+
+    def spike_after_two_hours(t: float) -> dict[str, float]:
+        return _latency_spike(t) if 7200 <= t < 7600 else _healthy(t)
+
+    assert _run(spike_after_two_hours, fault_s=9000.0, total_s=9000.0) == []
 
 
 def test_healthy_traffic_never_trips():
@@ -244,7 +270,7 @@ def test_a_burn_without_an_itl_reading_still_trips():
     def no_itl(t: float) -> dict[str, float]:
         return {k: v for k, v in _queueing(t).items() if k != "engine__itl_seconds__mean"}
 
-    assert _levels(QUEUE_AWARE, no_itl, 500.0) == [1, 2]
+    assert _levels(QUEUE_AWARE, no_itl, 700.0) == [1, 2]
 
 
 def test_errors_and_preemption_storms_trip_while_queueing():
@@ -340,7 +366,7 @@ def test_a_level_that_relieves_nothing_is_probed_down_though_the_burn_goes_on():
     SLO, 57.78% when the breaker comes back down after its dwell."""
 
     def spike_then_queueing(t: float) -> dict[str, float]:
-        return {**_queueing(t), "engine__itl_seconds__mean": 0.4 if t < 100 else 0.05}
+        return {**_queueing(t), "engine__itl_seconds__mean": 0.4 if t < 400 else 0.05}
 
     changes = []
     state: BreakerState | None = None
@@ -353,4 +379,4 @@ def test_a_level_that_relieves_nothing_is_probed_down_though_the_burn_goes_on():
     assert (state.phase, state.batch_cap) == ("steady", None)  # the probe was committed: L1's cap is gone
 
     # the spike going on: it escalates after the dwell instead, as before
-    assert _levels(QUEUE_AWARE, lambda t: {**_queueing(t), "engine__itl_seconds__mean": 0.4}, 600.0) == [1, 2]
+    assert _levels(QUEUE_AWARE, lambda t: {**_queueing(t), "engine__itl_seconds__mean": 0.4}, 700.0) == [1, 2]

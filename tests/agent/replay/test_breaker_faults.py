@@ -58,8 +58,9 @@ def level_changes(trace: list[tuple[float, int]]) -> tuple[list[int], list[float
     return levels, times
 
 
-SPIKE = [FaultEvent(100.0, FaultSwitches(latency_factor=20.0)), FaultEvent(400.0, FaultSwitches())]
-STORM = [FaultEvent(100.0, FaultSwitches(error_rate=0.3)), FaultEvent(400.0, FaultSwitches())]
+#: 300 s of each fault, from 400 s: a breaker trips on a burn once it has watched for 5 minutes.
+SPIKE = [FaultEvent(400.0, FaultSwitches(latency_factor=20.0)), FaultEvent(700.0, FaultSwitches())]
+STORM = [FaultEvent(400.0, FaultSwitches(error_rate=0.3)), FaultEvent(700.0, FaultSwitches())]
 
 
 @pytest.mark.parametrize("faults", [SPIKE, STORM], ids=["latency_spike", "5xx_storm"])

@@ -3,9 +3,12 @@
 and meets the interactive class's target (docs/policies.md, "Priority classes in replay"; the figures
 there come from bench/classes.py, whose mix and class targets these are).
 
-The Mooncake hour guards a regression that went unnoticed for a day: a breaker tripped 202 s in held L1
+The Mooncake hour found a regression that went unnoticed for a day: a breaker tripped 202 s in held L1
 for the other 57 minutes on misses no level relieves, and steering read 42.93% against global's 56.07%.
-Each replay takes a few seconds (the replay runs at over 1000x real time)."""
+A new sidecar's breaker now waits 30 minutes before a slow burn trips, so that trip no longer comes here;
+``test_a_level_that_relieves_nothing_is_probed_down_though_the_burn_goes_on`` (tests/policies/
+test_breaker.py) holds the held L1. Each replay takes a few seconds (the replay runs at over 1000x real
+time)."""
 
 from pathlib import Path
 

@@ -63,6 +63,12 @@ def _open(path: Path) -> TextIO:
 COUNT_KINDS = frozenset({"azure_counts", "counts"})
 
 
+_FORMATS = (
+    "a trace is Azure's TIMESTAMP,ContextTokens,GeneratedTokens or Time,TIMESTAMP CSV, a timestamp,count "
+    "CSV, or Mooncake JSONL"
+)
+
+
 def trace_kind(path: Path) -> str:
     """What ``path`` holds, from its first line: ``azure`` or ``mooncake`` (one row per request),
     ``azure_counts`` or ``counts`` (arrivals per step). :class:`TraceError` when it cannot tell."""
@@ -84,7 +90,9 @@ def trace_kind(path: Path) -> str:
         and columns[1].lower() in ("count", "value")
     ):
         return "counts"
-    raise TraceError(f"{path}: unrecognised header {first[:80]!r}")
+    if not first:
+        raise TraceError(f"{path}: empty (no header line): {_FORMATS}")
+    raise TraceError(f"{path}: unrecognised header {first[:80]!r}: {_FORMATS}")
 
 
 def read_requests(path: str | Path) -> NDArray[np.float64]:

@@ -42,7 +42,15 @@ def test_per_request_trace_counts_arrivals_per_step() -> None:
 def test_unknown_header_is_one_line_error(tmp_path: Path) -> None:
     path = tmp_path / "x.csv"
     path.write_text("a,b,c\n1,2,3\n")
-    with pytest.raises(TraceError, match="unrecognised header"):
+    with pytest.raises(TraceError, match="unrecognised header 'a,b,c': a trace is Azure's") as error:
+        read_counts(path)
+    assert "\n" not in str(error.value)
+
+
+def test_empty_file_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "x.csv"
+    path.write_text("")
+    with pytest.raises(TraceError, match="empty \\(no header line\\)"):
         read_counts(path)
 
 

@@ -27,8 +27,9 @@ the prefix cache's hits included (its ``PromptTokenStats.total``; prefix caching
 hit costs a step nothing: a chat service whose long histories mostly hit the cache would read as
 prefill-bound by the total while its steps are mostly decodes, and the batch controller would not cut
 for ITL where a cut helps. So vLLM's cached tokens are taken off
-(``engine.prompt_tokens_computed_per_second``, from ``vllm:prompt_tokens_cached_total``); llama.cpp's
-prompt counter leaves its cache hits out already, and SGLang's is taken as it is.
+(``engine.prompt_tokens_computed_per_second``, from ``vllm:prompt_tokens_cached_total``), and SGLang's
+(``sglang:cached_tokens_total``, counted with its ``prompt_tokens_total`` as each request finishes);
+llama.cpp's prompt counter leaves its cache hits out already.
 """
 
 from __future__ import annotations

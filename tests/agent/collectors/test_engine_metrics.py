@@ -455,6 +455,44 @@ def test_sglang_single_scrape_maps_its_gauges() -> None:
     assert "engine.decode_tokens_per_step" not in values  # no speculation in that scrape
 
 
+def test_sglang_prompt_tokens_its_radix_cache_served_are_taken_off_the_computed_rate() -> None:
+    """SGLang counts a finished request's whole prompt in prompt_tokens_total and its cache hits in
+    cached_tokens_total (names and labels from its metrics collector; no real SGLang here), split by
+    cache_source in later releases. Before the first hit the cached family has no sample, and the computed
+    rate is left out: the policies then read every prompt token as computed, which it is."""
+    mapping = MAPPINGS["sglang"]
+
+    def scrape(prompt: float, cached: dict[str, float]) -> str:
+        lines = [
+            "# TYPE sglang:prompt_tokens_total counter",
+            f'sglang:prompt_tokens_total{{model_name="m"}} {prompt}',
+        ]
+        if cached:
+            lines.append("# TYPE sglang:cached_tokens_total counter")
+            lines += [
+                f'sglang:cached_tokens_total{{model_name="m",cache_source="{source}"}} {value}'
+                for source, value in cached.items()
+            ]
+        return "\n".join(lines) + "\n"
+
+    deriver = SignalDeriver(mapping, 60.0)
+    for now, text in enumerate(
+        [
+            scrape(1000, {}),
+            scrape(3000, {}),  # no hit yet
+            scrape(5000, {"device": 600, "host": 200}),  # the first hits (the family appears)
+            scrape(9000, {"device": 2600, "host": 1200}),
+        ]
+    ):
+        values = deriver.update(parse(text, mapping, now * 10.0), now * 10.0)
+        if now == 1:
+            assert values["engine.prompt_tokens_per_second"] == pytest.approx(200.0)
+            assert "engine.prompt_tokens_computed_per_second" not in values
+    assert values["engine.prompt_tokens_per_second"] == pytest.approx(400.0)
+    assert values["engine.prompt_tokens_cached_per_second"] == pytest.approx(300.0)  # 3,000 hits in 10 s
+    assert values["engine.prompt_tokens_computed_per_second"] == pytest.approx(100.0)
+
+
 def test_sglang_s_accept_length_is_its_decode_tokens_per_step() -> None:
     """SGLang's spec_accept_length (tokens per verify step, the bonus token included; names from its
     docs, no real drafting scrape here) is what each stream event brings; a 0 while nothing drafts is

@@ -23,6 +23,7 @@ from agent.sidecar import Sidecar
 from agent.store import Store
 from detectors.snapshot import Reading, Snapshot, SourceStatus
 from policies.breaker import Breaker, BreakerState
+from policies.canary import Canary, CanaryState
 from tests.agent.test_sidecar import OneValue
 
 
@@ -155,6 +156,38 @@ def test_baselines_of_another_version_are_dropped_but_the_breaker_restores(
     after.policies = [Breaker()]
     assert persist.load_into(path, after) == ["breaker L2 (gen 1)"]
     assert _general(after).scorers_ == {}  # type: ignore[attr-defined]
+
+
+def test_a_canary_rollout_resumes_at_its_step_after_a_restart(tmp_path: Path) -> None:
+    """A restart in the middle of a rollout keeps fp8 at the step's share, with the step's counts, where a
+    fresh canary would have sent every request back to the primary and waited for an operator's start.
+    A deployment that disabled the canary since restores nothing of it."""
+    path = str(tmp_path / "brain.state")
+    rollout = CanaryState(
+        phase="rolling",
+        step=2,
+        entered_at=100.0,
+        failures=1,
+        reason="step 2 (50%)",
+        answered=40.0,
+        served=20.0,
+        recent=((119.0, 4.0, 0.0, 0.0),),
+    )
+    before = _loop()
+    before.policies = [Breaker(), Canary()]
+    before.set_policy_state("canary", rollout)
+    persist.write_atomically(path, persist.capture(before, 120.0))
+
+    after = _loop()
+    after.policies = [Breaker(), Canary()]
+    assert persist.load_into(path, after) == ["canary rolling (step 2)"]
+    assert after.policy_state("canary") == rollout
+    assert Canary().share(after.policy_state("canary")) == 0.5
+
+    disabled = _loop()
+    disabled.policies = [Breaker()]
+    assert persist.load_into(path, disabled) == []
+    assert disabled.policy_state("canary") is None
 
 
 class _Exploit:

@@ -316,6 +316,14 @@ class StateCollector(PromCollector):
         for name, count in sorted(state.stats.detector_errors.items()):
             errors.add_metric([name], count)
         yield errors
+        failed = CounterMetricFamily(
+            "servepilot_policy_errors",
+            "Policy decisions that raised: that policy proposed nothing on those ticks.",
+            labels=["policy"],
+        )
+        for name, count in sorted(state.stats.policy_errors.items()):
+            failed.add_metric([name], count)
+        yield failed
         raised = CounterMetricFamily(
             "servepilot_findings_raised",
             "Findings raised: a new episode, or one escalated to a higher severity (agent/tally.py).",

@@ -367,6 +367,18 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
             "value and servepilot cannot react.",
         ),
         _alert(
+            "ServepilotBrainFailing",
+            f"sum by ({BY}, policy) (increase(servepilot_policy_errors_total[{p.w('30m')}])) >= 3\n"
+            f"or sum by ({BY}, detector) (increase(servepilot_detector_errors_total[{p.w('30m')}])) >= 3",
+            p.for_(300),
+            "warning",
+            "servepilot {{ with $labels.policy }}policy {{ . }}{{ else }}detector {{ $labels.detector }}"
+            "{{ end }} keeps failing in {{ $labels.pod }}",
+            "It raised at least 3 times in 30 minutes, and on each such tick it decided nothing: a failing "
+            "policy proposes no change (a failing breaker does not shed load), a failing detector raises "
+            "no finding. The sidecar's log has the traceback.",
+        ),
+        _alert(
             "ServepilotActuationPaused",
             f"max by ({BY}) (servepilot_actuation_paused) == 1\n"
             f'and on ({BY}) max by ({BY}) (servepilot_actuation_mode{{mode="act"}}) == 1',

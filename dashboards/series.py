@@ -62,6 +62,8 @@ AGENT: list[Series] = _agent(
     "servepilot_finding_score",
     "servepilot_findings_raised_total",
     "servepilot_findings_suppressed_total",
+    "servepilot_detector_errors_total",
+    "servepilot_policy_errors_total",
     "servepilot_knob_value",
     "servepilot_tick_duration_seconds_bucket",
     "servepilot_build_info",

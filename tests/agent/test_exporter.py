@@ -80,6 +80,16 @@ def test_metrics_show_sources_values_and_findings() -> None:
     assert samples[("servepilot_tick_duration_seconds_count", ())] == 1.0
 
 
+def test_detector_and_policy_errors_are_counted_per_name() -> None:
+    """ServepilotBrainFailing (docs/alerts.md) reads both; a policy that raised was only in the log."""
+    exporter = Exporter()
+    stats = TickStats(ticks=9, detector_errors={"memory_leak": 2}, policy_errors={"breaker": 7})
+    exporter.publish(AgentState(stats=stats))
+    samples = _samples(exporter)
+    assert samples[("servepilot_detector_errors_total", (("detector", "memory_leak"),))] == 2.0
+    assert samples[("servepilot_policy_errors_total", (("policy", "breaker"),))] == 7.0
+
+
 def test_empty_state_still_exposes_valid_text() -> None:
     exporter = Exporter()
     samples = _samples(exporter)

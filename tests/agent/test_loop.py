@@ -8,6 +8,7 @@ from agent.state import AgentState
 from agent.store import Store
 from detectors.base import Finding, Severity
 from detectors.snapshot import Reading, Snapshot, SourceStatus
+from policies.base import Proposal
 
 
 class StaticCollector:
@@ -95,6 +96,30 @@ async def test_findings_published_and_broken_detector_counted_not_fatal() -> Non
     state = await loop.tick(5.0)
     assert [f.detector for f in state.findings] == ["threshold"]
     assert state.stats.detector_errors == {"broken": 1}
+
+
+class BrokenPolicy:
+    name = "broken"
+
+    def decide(self, snapshot, findings, state, now):  # type: ignore[no-untyped-def]
+        raise ZeroDivisionError("a signal the code did not expect")
+
+
+class FixedPolicy:
+    name = "fixed"
+
+    def decide(self, snapshot, findings, state, now):  # type: ignore[no-untyped-def]
+        return (state or 0) + 1, [Proposal(self.name, "gate.max_in_flight", 16, "why", 10)]
+
+
+async def test_a_raising_policy_is_counted_and_the_others_still_propose() -> None:
+    loop = _loop(StaticCollector("engine", {"engine.a": 1.0}))
+    loop.policies = [BrokenPolicy(), FixedPolicy()]
+    await loop.tick(1.0)
+    state = await loop.tick(2.0)
+    assert [p.policy for p in state.proposals] == ["fixed"]
+    assert state.stats.policy_errors == {"broken": 2}
+    assert loop.policy_state("fixed") == 2 and loop.policy_state("broken") is None
 
 
 async def test_listeners_get_each_state_and_ticks_count() -> None:

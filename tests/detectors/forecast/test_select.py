@@ -38,3 +38,21 @@ def test_build_returns_an_ensemble_that_forecasts_the_member_mean() -> None:
     series = seasonal(days=1)
     members = [LastValue().fit(series).forecast(3).mean, LastValue(log=True).fit(series).forecast(3).mean]
     assert np.allclose(ensemble.fit(series).forecast(3).mean, np.mean(members, axis=0))
+
+
+def test_an_ensemble_fed_live_minutes_forecasts_from_them_as_its_members_do() -> None:
+    """The agent feeds the model each closed minute (``update``); a selected ensemble must pass them to
+    every member, or its forecast stays at the refit while the traffic moves on."""
+    series = seasonal(days=1)
+    step = series.step_s
+    end = series.start_s + step * len(series.values)
+    live = [(end + i * step, 500.0 + 10.0 * i) for i in range(5)]
+    ensemble = Ensemble([LastValue(), LastValue(log=True)]).fit(series)
+    before = ensemble.forecast(3).mean
+    ensemble.update(live)
+    members = []
+    for member in (LastValue(), LastValue(log=True)):
+        member.fit(series).update(live)
+        members.append(member.forecast(3).mean)
+    assert np.allclose(ensemble.forecast(3).mean, np.mean(members, axis=0))
+    assert not np.allclose(ensemble.forecast(3).mean, before)

@@ -88,8 +88,20 @@ def overview() -> dashboard.Dashboard:
                     "{{pod}} collectors {{status}}",
                     "C",
                 ),
+                q(
+                    "sum by (pod, policy) (increase(servepilot_policy_errors_total{@POD}[$__rate_interval]))",
+                    "{{pod}} policy {{policy}} errors",
+                    "D",
+                ),
+                q(
+                    "sum by (pod, detector) "
+                    "(increase(servepilot_detector_errors_total{@POD}[$__rate_interval]))",
+                    "{{pod}} detector {{detector}} errors",
+                    "E",
+                ),
                 desc="Staleness of each source, whether its last fetch returned data (1), and how many "
-                "collectors answered with nothing yet (no_data: a forecast warming up) or failed (error).",
+                "collectors answered with nothing yet (no_data: a forecast warming up) or failed (error); "
+                "policies and detectors that raised (each skipped that tick: ServepilotBrainFailing).",
                 w=24,
             )
         )

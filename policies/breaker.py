@@ -84,7 +84,7 @@ LEVELS = ("L0 normal", "L1 smaller batch", "L2 fp8 upstream", "L3 small model")
 #: ``default`` (the configured split) where the gate splits traffic across replicas.
 UPSTREAM_BY_LEVEL = ("primary", "primary", "fp8", "small")
 BUCKET_S = 60.0
-#: How long answers must have been seen before the fast (slow) burn may trip: its short window.
+#: How long the breaker must have watched before the fast (slow) burn may trip: the pair's short window.
 FAST_SPAN_S, SLOW_SPAN_S = 300.0, 1800.0
 #: The 5xx ratio's window, in buckets of ``ERROR_BUCKET_S``.
 ERROR_WINDOW_S, ERROR_BUCKET_S = 60.0, 10.0

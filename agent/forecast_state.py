@@ -147,7 +147,7 @@ def state_document(tracks: Mapping[str, Track], capacity_rps: float, last_refit_
     """The JSON text of the whole state (built under the caller's lock, written outside it)."""
     document = {
         "version": VERSION,
-        "capacity_rps": capacity_rps,
+        "saturated_capacity_rps": capacity_rps,
         "last_refit_s": last_refit_s,
         "tracks": {name: track.to_json() for name, track in tracks.items()},
     }
@@ -171,7 +171,10 @@ def load_state(path: str, tracks: Mapping[str, Track]) -> tuple[float, float | N
             if name in document["tracks"]:
                 track.load_json(document["tracks"][name])
         last = document.get("last_refit_s")
-        return float(document.get("capacity_rps", 0.0)), None if last is None else float(last)
+        # saturated_capacity_rps: learned in saturated minutes only; the "capacity_rps" saved before
+        # 2026-12-06 counted every minute, a lower bound that is dropped and learned again
+        capacity = float(document.get("saturated_capacity_rps", 0.0))
+        return capacity, None if last is None else float(last)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:

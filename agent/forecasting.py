@@ -16,8 +16,15 @@ model is updated in O(1) and forecasts once; :meth:`signals` returns the cached 
 fit on the whole history); it is thread-safe and meant for a thread executor, off the tick. The collector
 face (:meth:`collect`) schedules it when due, so wiring is one collector plus one listener.
 
-Capacity per replica is the highest 1-minute request rate seen while ``engine.ttft_seconds.p99`` stayed
-within ``ttft_slo_s`` all minute; the recommendation is
+Capacity per replica is the highest 1-minute request rate served in a *saturated* minute (work waited,
+in the gate's queue or the engine's, on at least half of its ticks) while ``engine.ttft_seconds.p99``
+stayed within ``ttft_slo_s`` all minute. A minute with nothing waiting says only that the replica served
+what came, not what it could: until 2026-12-06 every minute counted, so a replica never pushed reported its
+busiest minute so far as its capacity. The upper forecast is above that whenever traffic grows, so
+``ServepilotForecastAboveCapacity`` stood pending in every live run at a load the engine served with room
+to spare, and the replica advice (and a fleet query on the smallest capacity any replica reports, as
+deploy/keda had: a new replica learns the share it was given) asked for more replicas the more it had.
+Until the replica has been saturated, no capacity and no advice are published; the recommendation is
 ``ceil(max_h q_{replica_quantile}(t+h) / (capacity * target_utilization))`` over the selection horizon,
 clamped to ``[min_replicas, max_replicas]``.
 """
@@ -42,10 +49,13 @@ from detectors.forecast.ensemble import Ensemble
 from detectors.forecast.select import default_factories, select
 from detectors.forecast.series import GapError
 from detectors.snapshot import Reading, Snapshot, SourceStatus
+from policies import knobs
 
 log = logging.getLogger(__name__)
 
 STEP_S = 60.0
+#: A minute is saturated when work waited on at least this share of its ticks (capacity is learned there).
+SATURATED_SHARE = 0.5
 FALLBACK = ("level_shape", "holt_winters", "last_value")
 TARGETS = ("requests_per_second", "tokens_per_second")
 
@@ -61,6 +71,11 @@ def request_rate(snapshot: Snapshot) -> float | None:
     if buckets:
         return float(sum(buckets))
     return snapshot.get("engine.requests_finished_per_second")
+
+
+def waiting(snapshot: Snapshot) -> float:
+    """Requests waiting for the engine: in the gate's queue and in the engine's own."""
+    return (snapshot.get(knobs.GATE_QUEUE) or 0.0) + (snapshot.get(knobs.WAITING) or 0.0)
 
 
 def token_rate(snapshot: Snapshot) -> float | None:
@@ -94,6 +109,7 @@ class LiveForecaster:
         self.last_refit_s: float | None = None
         self.last_save_s: float | None = None
         self._minute_ttft: float = 0.0
+        self._minute_ticks = self._minute_waiting = 0
         self._lock = threading.Lock()
         self._refit_task: asyncio.Future[None] | None = None
 
@@ -110,12 +126,16 @@ class LiveForecaster:
             p99 = snapshot.get("engine.ttft_seconds.p99")
             if p99 is not None:
                 self._minute_ttft = max(self._minute_ttft, p99)
+            self._minute_ticks += 1
+            self._minute_waiting += waiting(snapshot) > 0
 
     def _on_minute(self, track: Track, closed: float | None) -> None:
         if track.name == "requests_per_second":
-            if closed is not None and self._minute_ttft <= self.cfg.ttft_slo_s:
+            saturated = self._minute_waiting >= SATURATED_SHARE * self._minute_ticks > 0
+            if closed is not None and saturated and self._minute_ttft <= self.cfg.ttft_slo_s:
                 self.capacity_rps = max(self.capacity_rps, closed)
             self._minute_ttft = 0.0
+            self._minute_ticks = self._minute_waiting = 0
         if track.model is None:
             return
         try:

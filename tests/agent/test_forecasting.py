@@ -85,9 +85,10 @@ def test_no_data_before_the_first_minute_closes() -> None:
 
 
 def test_no_forecast_signals_before_a_model_is_fitted() -> None:
+    """Nor a capacity: 30 minutes with nothing waiting say what the replica served, not what it can."""
     forecaster = LiveForecaster(_cfg())
     now = _feed(forecaster, 0, 30)
-    assert set(forecaster.signals(now).values) == {"forecast.capacity_requests_per_second"}
+    assert forecaster.signals(now).status is SourceStatus.NO_DATA
 
 
 def test_signals_cover_every_horizon_and_quantile_and_map_to_the_exported_families() -> None:
@@ -145,11 +146,46 @@ def test_a_long_outage_pauses_the_model_until_the_next_refit() -> None:
     assert forecaster.refit_due(now)
 
 
-def test_capacity_is_the_highest_rate_seen_within_the_slo() -> None:
+def test_capacity_is_the_highest_rate_served_saturated_within_the_slo() -> None:
     forecaster = LiveForecaster(_cfg(ttft_slo_s=1.0))
-    for minute, (rps, p99) in enumerate(((10.0, 0.5), (50.0, 3.0), (30.0, 0.9), (20.0, 0.2))):
-        forecaster.observe(_snap(MONDAY_S + 60 * minute, rps, p99))
+    minutes = ((10.0, 0.5), (50.0, 3.0), (30.0, 0.9), (20.0, 0.2))
+    for minute, (rps, p99) in enumerate(minutes):
+        forecaster.observe(_snap(MONDAY_S + 60 * minute, rps, p99, **{"gate.queue_depth": 3.0}))
     assert forecaster.capacity_rps == 30.0  # 50 rps broke the SLO; the last minute is still open
+
+
+def test_a_minute_with_nothing_waiting_for_most_of_it_teaches_no_capacity() -> None:
+    """Capacity is what a replica serves when work waits for it: at 40 rps with an empty queue it served
+    what came, and reporting 40 as its capacity made every forecast above 40 'above capacity' (the alert
+    stood pending in every live run at a load the engine served with room to spare)."""
+    forecaster = LiveForecaster(_cfg(ttft_slo_s=1.0))
+    start = MONDAY_S
+    for second in range(0, 60, 10):  # a burst queues on 2 of 6 ticks: not saturated
+        queued = {"engine.requests_waiting": 4.0} if second < 20 else {}
+        forecaster.observe(_snap(start + second, 40.0, 0.3, **queued))
+    for second in range(60, 120, 10):  # the gate's queue held work on 4 of 6 ticks: saturated
+        queued = {"gate.queue_depth": 2.0} if second < 100 else {}
+        forecaster.observe(_snap(start + second, 25.0, 0.3, **queued))
+    forecaster.observe(_snap(start + 120, 25.0, 0.3))
+    assert forecaster.capacity_rps == 25.0
+    assert forecaster.signals(start + 120).values["forecast.capacity_requests_per_second"] == 25.0
+
+
+def test_a_capacity_saved_before_saturation_counted_is_learned_again(tmp_path: Path) -> None:
+    """A state file of the old rule (``capacity_rps``: every minute counted, a lower bound) keeps its
+    history but not its capacity."""
+    first = LiveForecaster(_cfg(tmp_path))
+    _feed(first, 0, 10)
+    first.capacity_rps = 12.0
+    first.save()
+    path = tmp_path / "forecast.json"
+    document = json.loads(path.read_text())
+    document["capacity_rps"] = document.pop("saturated_capacity_rps")
+    path.write_text(json.dumps(document))
+    second = LiveForecaster(_cfg(tmp_path))
+    assert second.restore()
+    assert second.capacity_rps == 0.0
+    assert second.tracks["requests_per_second"].values == first.tracks["requests_per_second"].values
 
 
 def test_recommended_replicas_cover_the_upper_forecast_at_target_utilisation() -> None:

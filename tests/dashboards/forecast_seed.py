@@ -41,7 +41,7 @@ def write_forecast_state(
     values = [rates[i % len(rates)] for i in range(minutes)]
     document = {
         "version": VERSION,
-        "capacity_rps": capacity_rps,
+        "saturated_capacity_rps": capacity_rps,
         "last_refit_s": now,
         "tracks": {
             "requests_per_second": {"start_min": start, "values": values, "model_name": model},

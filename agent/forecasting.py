@@ -1,7 +1,7 @@
 """The live forecaster: 1-minute request and token rates, forecasts 5-60 minutes ahead, replica advice.
 
 Each tick the loop hands it the snapshot (:meth:`LiveForecaster.observe`, microseconds): the request rate
-(``gate.requests_per_second``, else the sum of the gate's per-bucket rates, else
+(demand: the sum of the gate's per-bucket rates plus ``gate.shed_per_second``, else
 ``engine.requests_finished_per_second``) and the token rate (``engine.prompt_tokens_per_second +
 engine.generation_tokens_per_second``) are averaged into 1-minute points. When a minute closes the current
 model is updated in O(1) and forecasts once; :meth:`signals` returns the cached result as a
@@ -16,7 +16,7 @@ model is updated in O(1) and forecasts once; :meth:`signals` returns the cached 
 fit on the whole history); it is thread-safe and meant for a thread executor, off the tick. The collector
 face (:meth:`collect`) schedules it when due, so wiring is one collector plus one listener.
 
-Capacity per replica is the highest 1-minute request rate served in a *saturated* minute (work waited,
+Capacity per replica is the highest 1-minute rate of requests served in a *saturated* minute (work waited,
 in the gate's queue or the engine's, on at least half of its ticks) while ``engine.ttft_seconds.p99``
 stayed within ``ttft_slo_s`` all minute. A minute with nothing waiting says only that the replica served
 what came, not what it could: until 2026-12-06 every minute counted, so a replica never pushed reported its
@@ -60,17 +60,25 @@ FALLBACK = ("level_shape", "holt_winters", "last_value")
 TARGETS = ("requests_per_second", "tokens_per_second")
 
 
-def request_rate(snapshot: Snapshot) -> float | None:
-    """Requests per second: the gate's count when it runs (it sees rejected load too), else the engine's."""
-    total = snapshot.get("gate.requests_per_second")
-    if total is not None:
-        return total
+def served_rate(snapshot: Snapshot) -> float | None:
+    """Requests per second answered: the gate's finished requests when it runs, else the engine's."""
     buckets = [
         v for k, v in snapshot.values.items() if k.startswith("gate.") and k.endswith(".requests_per_second")
     ]
     if buckets:
         return float(sum(buckets))
     return snapshot.get("engine.requests_finished_per_second")
+
+
+def request_rate(snapshot: Snapshot) -> float | None:
+    """Demand, requests per second: those served and those the gate shed for want of capacity (its queue
+    full, a deadline passed: ``gate.shed_per_second``), which more replicas would have served; not those
+    a business line's rate limit refused. A replica that sheds a third of its load forecast only what it
+    served until 2026-12-06, and the advice sized the fleet for the load it could already carry."""
+    served = served_rate(snapshot)
+    if served is None:
+        return None
+    return served + (snapshot.get("gate.shed_per_second") or 0.0)
 
 
 def waiting(snapshot: Snapshot) -> float:
@@ -109,7 +117,9 @@ class LiveForecaster:
         self.last_refit_s: float | None = None
         self.last_save_s: float | None = None
         self._minute_ttft: float = 0.0
-        self._minute_ticks = self._minute_waiting = 0
+        #: this minute's ticks, those with work waiting, and the served rates summed over them
+        self._minute_ticks = self._minute_waiting = self._minute_served_ticks = 0
+        self._minute_served = 0.0
         self._lock = threading.Lock()
         self._refit_task: asyncio.Future[None] | None = None
 
@@ -122,20 +132,25 @@ class LiveForecaster:
                 self.tracks.values(), (request_rate(snapshot), token_rate(snapshot)), strict=True
             ):
                 if track.add(minute, value):
-                    self._on_minute(track, track.last_closed)
+                    self._on_minute(track)
             p99 = snapshot.get("engine.ttft_seconds.p99")
             if p99 is not None:
                 self._minute_ttft = max(self._minute_ttft, p99)
             self._minute_ticks += 1
             self._minute_waiting += waiting(snapshot) > 0
+            served = served_rate(snapshot)
+            if served is not None:
+                self._minute_served += served
+                self._minute_served_ticks += 1
 
-    def _on_minute(self, track: Track, closed: float | None) -> None:
+    def _on_minute(self, track: Track) -> None:
         if track.name == "requests_per_second":
+            # capacity is what was served, not the demand (the track's minute): sheds are demand it missed
             saturated = self._minute_waiting >= SATURATED_SHARE * self._minute_ticks > 0
-            if closed is not None and saturated and self._minute_ttft <= self.cfg.ttft_slo_s:
-                self.capacity_rps = max(self.capacity_rps, closed)
-            self._minute_ttft = 0.0
-            self._minute_ticks = self._minute_waiting = 0
+            if self._minute_served_ticks and saturated and self._minute_ttft <= self.cfg.ttft_slo_s:
+                self.capacity_rps = max(self.capacity_rps, self._minute_served / self._minute_served_ticks)
+            self._minute_ttft = self._minute_served = 0.0
+            self._minute_ticks = self._minute_waiting = self._minute_served_ticks = 0
         if track.model is None:
             return
         try:

@@ -38,6 +38,8 @@ QUANTILES = (("p50", 50.0), ("p95", 95.0), ("p99", 99.0))
 #: Characters of a request id an exemplar carries (OpenMetrics allows 128 for its labels' names and
 #: values together)
 EXEMPLAR_ID = 64
+#: Refusal reasons (``RequestRecord.refused``) that are a business line's rate limit, not capacity.
+QUOTA_REASONS = frozenset({"request_rate", "token_rate"})
 OUTCOMES = ("ok", "upstream_error", "rejected", "expired", "disconnected", "client_error")
 
 
@@ -245,6 +247,9 @@ class GateStats:
             (b, kind): _Window(window_s) for b in buckets.names for kind in ("ttft", "itl", "e2e", "done")
         }
         self._rejected = _Window(window_s)
+        #: the refusals for want of capacity (queue full, shed for a higher class, a deadline passed), not
+        #: a line's rate limit: demand the forecaster counts, which more replicas would have served
+        self._shed = _Window(window_s)
         #: (TTFT, mean ITL) targets for :attr:`slo_bad`; None judges only failures
         self.slo: tuple[float, float] | None = None
         #: a class's own targets (``policies.slo_by_priority``), for the requests that arrived in it
@@ -315,6 +320,8 @@ class GateStats:
         self.requests.labels(rec.line, rec.priority, rec.outcome).inc()
         if rec.outcome in ("rejected", "expired"):
             self._rejected.add(now, 1.0)
+            if rec.refused not in QUOTA_REASONS:
+                self._shed.add(now, 1.0)
             return
         if rec.outcome != "disconnected":
             error, missed = rec.outcome == "upstream_error", self.missed_slo(rec)
@@ -357,7 +364,8 @@ class GateStats:
     def values(self, now: float) -> dict[str, float]:
         """``gate.<bucket>.{ttft,itl,e2e}_seconds.{p50,p95,p99}``, ``gate.<bucket>.itl_seconds.mean``,
         ``gate.<bucket>.requests_per_second``
-        and ``gate.rejected_per_second`` over the window (shorter while the gate is young)."""
+        ``gate.rejected_per_second`` and ``gate.shed_per_second`` (the refusals that were not a line's
+        rate limit) over the window (shorter while the gate is young)."""
         span = max(1e-9, min(self.window_s, now - self._start)) if now > self._start else self.window_s
         out: dict[str, float] = {}
         for (bucket, kind), win in self._win.items():
@@ -373,4 +381,6 @@ class GateStats:
                     out[f"gate.{bucket}.itl_seconds.mean"] = float(np.mean(win.values()))
         self._rejected.trim(now)
         out["gate.rejected_per_second"] = len(self._rejected.items) / span
+        self._shed.trim(now)
+        out["gate.shed_per_second"] = len(self._shed.items) / span
         return out

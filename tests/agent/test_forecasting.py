@@ -171,6 +171,22 @@ def test_a_minute_with_nothing_waiting_for_most_of_it_teaches_no_capacity() -> N
     assert forecaster.signals(start + 120).values["forecast.capacity_requests_per_second"] == 25.0
 
 
+def test_requests_the_gate_shed_are_demand_but_not_capacity() -> None:
+    """A saturated replica that answers 20 rps and sheds 10 (queue full, deadlines passed) has a demand
+    of 30 to forecast and a capacity of 20; a line's rate limit is neither (not in gate.shed_per_second)."""
+    forecaster = LiveForecaster(_cfg(ttft_slo_s=1.0))
+    overloaded = {
+        "gate.le1k.requests_per_second": 20.0,
+        "gate.shed_per_second": 10.0,
+        "gate.rejected_per_second": 15.0,
+        "gate.queue_depth": 12.0,
+    }
+    for second in range(0, 70, 10):
+        forecaster.observe(_snap(MONDAY_S + second, 20.0, 0.8, **overloaded))
+    assert forecaster.tracks["requests_per_second"].values == [30.0]
+    assert forecaster.capacity_rps == 20.0
+
+
 def test_a_capacity_saved_before_saturation_counted_is_learned_again(tmp_path: Path) -> None:
     """A state file of the old rule (``capacity_rps``: every minute counted, a lower bound) keeps its
     history but not its capacity."""

@@ -58,6 +58,23 @@ def test_rejections_count_towards_the_rejected_rate_only() -> None:
     assert values["gate.le256.requests_per_second"] == 0
 
 
+def test_refusals_for_want_of_capacity_are_shed_and_a_lines_rate_limit_is_not() -> None:
+    """The forecaster counts shed requests as demand (more replicas would have served them); a request a
+    business line's quota refused would be refused on any number of replicas."""
+    stats = GateStats(CollectorRegistry(), LengthBuckets(), window_s=10, start=0.0)
+    for refused, outcome in (
+        ("queue_full", "rejected"),
+        ("shed", "rejected"),
+        ("queue_timeout", "expired"),
+        ("request_rate", "rejected"),
+        ("token_rate", "rejected"),
+    ):
+        stats.record(_record(10, ttft=0.1, outcome=outcome, refused=refused), now=20.0)
+    values = stats.values(20.0)
+    assert values["gate.rejected_per_second"] == pytest.approx(0.5)
+    assert values["gate.shed_per_second"] == pytest.approx(0.3)
+
+
 def test_histograms_go_to_the_passed_registry_not_the_global_one() -> None:
     registry = CollectorRegistry()
     GateStats(registry, LengthBuckets()).record(_record(2000, ttft=0.2), now=1.0)

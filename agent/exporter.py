@@ -310,20 +310,18 @@ class StateCollector(PromCollector):
         )
         overruns.add_metric([], state.stats.overruns)
         yield overruns
-        errors = CounterMetricFamily(
-            "servepilot_detector_errors", "Detector updates that raised.", labels=["detector"]
+        yield _per_name(
+            "servepilot_detector_errors",
+            "Detector updates that raised.",
+            "detector",
+            state.stats.detector_errors,
         )
-        for name, count in sorted(state.stats.detector_errors.items()):
-            errors.add_metric([name], count)
-        yield errors
-        failed = CounterMetricFamily(
+        yield _per_name(
             "servepilot_policy_errors",
             "Policy decisions that raised: that policy proposed nothing on those ticks.",
-            labels=["policy"],
+            "policy",
+            state.stats.policy_errors,
         )
-        for name, count in sorted(state.stats.policy_errors.items()):
-            failed.add_metric([name], count)
-        yield failed
         raised = CounterMetricFamily(
             "servepilot_findings_raised",
             "Findings raised: a new episode, or one escalated to a higher severity (agent/tally.py).",
@@ -332,14 +330,20 @@ class StateCollector(PromCollector):
         for (detector, severity), count in sorted(state.stats.findings_raised.items()):
             raised.add_metric([detector, severity], count)
         yield raised
-        suppressed = CounterMetricFamily(
+        yield _per_name(
             "servepilot_findings_suppressed",
             "Alarms a detector's alarm budget dropped instead of raising them.",
-            labels=["detector"],
+            "detector",
+            state.stats.findings_suppressed,
         )
-        for detector, count in sorted(state.stats.findings_suppressed.items()):
-            suppressed.add_metric([detector], count)
-        yield suppressed
+
+
+def _per_name(name: str, documentation: str, label: str, counts: Mapping[str, int]) -> CounterMetricFamily:
+    """A counter with one series per ``label`` value (a detector's, a policy's name)."""
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for value, count in sorted(counts.items()):
+        family.add_metric([value], count)
+    return family
 
 
 class Exporter:

@@ -210,8 +210,10 @@ class Loop:
                 last_think_s=finished - collected,
                 last_cpu_s=time.thread_time() - cpu_started,
                 overruns=self._overruns,
-                detector_errors=dict(self._detector_errors),
-                policy_errors=dict(self._policy_errors),
+                # every running one from 0: a counter series that first appears at 1 loses that error
+                # to increase() (ServepilotBrainFailing), and a healthy pod would show no series at all
+                detector_errors=dict.fromkeys((d.name for d in self.detectors), 0) | self._detector_errors,
+                policy_errors=dict.fromkeys((p.name for p in self.policies), 0) | self._policy_errors,
                 findings_raised=self._tally.counts(),
                 findings_suppressed=suppressed_by_detector(self.detectors),
             ),

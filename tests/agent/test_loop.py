@@ -95,7 +95,7 @@ async def test_findings_published_and_broken_detector_counted_not_fatal() -> Non
     )
     state = await loop.tick(5.0)
     assert [f.detector for f in state.findings] == ["threshold"]
-    assert state.stats.detector_errors == {"broken": 1}
+    assert state.stats.detector_errors == {"broken": 1, "threshold": 0}
 
 
 class BrokenPolicy:
@@ -118,7 +118,7 @@ async def test_a_raising_policy_is_counted_and_the_others_still_propose() -> Non
     await loop.tick(1.0)
     state = await loop.tick(2.0)
     assert [p.policy for p in state.proposals] == ["fixed"]
-    assert state.stats.policy_errors == {"broken": 2}
+    assert state.stats.policy_errors == {"broken": 2, "fixed": 0}
     assert loop.policy_state("fixed") == 2 and loop.policy_state("broken") is None
 
 

@@ -70,12 +70,11 @@ def served_rate(snapshot: Snapshot) -> float | None:
     return snapshot.get("engine.requests_finished_per_second")
 
 
-def request_rate(snapshot: Snapshot) -> float | None:
-    """Demand, requests per second: those served and those the gate shed for want of capacity (its queue
-    full, a deadline passed: ``gate.shed_per_second``), which more replicas would have served; not those
-    a business line's rate limit refused. A replica that sheds a third of its load forecast only what it
-    served until 2026-12-06, and the advice sized the fleet for the load it could already carry."""
-    served = served_rate(snapshot)
+def demand_rate(snapshot: Snapshot, served: float | None) -> float | None:
+    """Demand, requests per second: those ``served`` and those the gate shed for want of capacity (its
+    queue full, a deadline passed: ``gate.shed_per_second``), which more replicas would have served; not
+    those a business line's rate limit refused. A replica that sheds a third of its load forecast only what
+    it served until 2026-12-06, and the advice sized the fleet for the load it could already carry."""
     if served is None:
         return None
     return served + (snapshot.get("gate.shed_per_second") or 0.0)
@@ -127,9 +126,10 @@ class LiveForecaster:
     def observe(self, snapshot: Snapshot) -> None:
         """Add this tick's rates to the current minute; closing a minute updates the models."""
         minute = math.floor(snapshot.now / STEP_S)
+        served = served_rate(snapshot)
         with self._lock:
             for track, value in zip(
-                self.tracks.values(), (request_rate(snapshot), token_rate(snapshot)), strict=True
+                self.tracks.values(), (demand_rate(snapshot, served), token_rate(snapshot)), strict=True
             ):
                 if track.add(minute, value):
                     self._on_minute(track)
@@ -138,7 +138,6 @@ class LiveForecaster:
                 self._minute_ttft = max(self._minute_ttft, p99)
             self._minute_ticks += 1
             self._minute_waiting += waiting(snapshot) > 0
-            served = served_rate(snapshot)
             if served is not None:
                 self._minute_served += served
                 self._minute_served_ticks += 1

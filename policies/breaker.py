@@ -248,11 +248,18 @@ class Breaker:
         share = errors / answers if answers else 0.0
         return share if errors >= self.min_bad and share >= self.error_max else None
 
-    def _trip(self, snapshot: Snapshot, state: BreakerState, burns: Burns, now: float) -> str | None:
+    def _trip(
+        self,
+        snapshot: Snapshot,
+        state: BreakerState,
+        burns: Burns,
+        now: float,
+        storm: float | None,
+        relieves_nothing: bool,
+    ) -> str | None:
         # Burning still, in the last two minutes: a burn that stopped must not push the level further;
         # and not one no level relieves (queueing at full capacity, prefill-bound steps).
-        storm = self._storm(state, now)
-        burning = burns.b2 >= 1.0 and not self._no_level_helps(snapshot, state, storm)
+        burning = burns.b2 >= 1.0 and not relieves_nothing
         b5, b30, b1h = burns.b5, burns.b30, burns.b1h
         seen = now - state.buckets[0][0] * BUCKET_S if state.buckets else 0.0  # a new sidecar: see above
         if burning and seen >= FAST_SPAN_S and b1h >= 14.4 and b5 >= 14.4 and burns.bad_5m >= self.min_bad:
@@ -331,12 +338,14 @@ class Breaker:
 
     def _step(self, snapshot: Snapshot, state: BreakerState, now: float) -> BreakerState:
         burns = self._burns(state, now)
-        why = self._trip(snapshot, state, burns, now)
+        storm = self._storm(state, now)
+        relieves_nothing = self._no_level_helps(snapshot, state, storm)
+        why = self._trip(snapshot, state, burns, now, storm, relieves_nothing)
         if why is not None:
             event = "trip"
         elif burns.b5 < 1.0:
             event = "healthy"
-        elif self._no_level_helps(snapshot, state, self._storm(state, now)):
+        elif relieves_nothing:
             # burning still, on misses no level relieves: a level above L0 only costs capacity (see above)
             event, why = "healthy", "the misses are ones no level relieves (the queue's, the prompt chunks')"
         else:

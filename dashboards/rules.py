@@ -35,6 +35,10 @@ RULES_FILE = Path(__file__).resolve().parent / "rules" / "servepilot.rules.yaml"
 OPERATOR_FILE = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / "prometheusrule.yaml"
 RUNBOOK = "https://github.com/servepilot/servepilot/blob/main/docs/alerts.md"
 BY = "namespace, pod"
+# the least traffic a burn alert judges, over its long window: a pod or class serving a trickle (a few
+# requests an hour in staging or at night) does not page on a few slow requests
+FAST_MIN_REQUESTS = 50
+SLOW_MIN_REQUESTS = 300
 
 
 def _class_miss_ratio(window: str, above: float) -> str:
@@ -112,6 +116,14 @@ def recording(p: Profile) -> list[dict[str, Any]]:
                 "labels": {"engine": engine},
             }
         )
+        for window in ("1h", "6h"):  # the burn alerts' volume guard
+            rules.append(
+                {
+                    "record": f"namespace_pod:engine_ttft_requests:increase{window}",
+                    "expr": f"sum by ({BY}) (increase({ttft}_count[{p.w(window)}]))",
+                    "labels": {"engine": engine},
+                }
+            )
         for window in ("5m", "30m", "1h", "6h"):
             w = p.w(window)
             rules.append(
@@ -267,7 +279,7 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
         ),
         _alert(
             "ServepilotClassSloBurnFast",
-            _class_burn(p.w("1h"), p.w("5m"), fast, min_answers=50),
+            _class_burn(p.w("1h"), p.w("5m"), fast, min_answers=FAST_MIN_REQUESTS),
             p.for_(120),
             "critical",
             "{{ $labels.priority }}-priority SLO budget of {{ $labels.pod }} burns 14x too fast",
@@ -279,7 +291,7 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
         ),
         _alert(
             "ServepilotClassSloBurnSlow",
-            _class_burn(p.w("6h"), p.w("30m"), slow, min_answers=300),
+            _class_burn(p.w("6h"), p.w("30m"), slow, min_answers=SLOW_MIN_REQUESTS),
             p.for_(900),
             "warning",
             "{{ $labels.priority }}-priority SLO budget of {{ $labels.pod }} burns 6x too fast",
@@ -291,7 +303,8 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
         _alert(
             "ServepilotTTFTBudgetBurnFast",
             f"namespace_pod:engine_ttft_slo_miss:ratio_rate1h > {fast:g}\n"
-            f"and namespace_pod:engine_ttft_slo_miss:ratio_rate5m > {fast:g}",
+            f"and namespace_pod:engine_ttft_slo_miss:ratio_rate5m > {fast:g}\n"
+            f"and namespace_pod:engine_ttft_requests:increase1h >= {FAST_MIN_REQUESTS}",
             p.for_(120),
             "critical",
             "TTFT error budget of {{ $labels.pod }} burns 14x too fast",
@@ -302,7 +315,8 @@ def alerts(p: Profile) -> list[dict[str, Any]]:
         _alert(
             "ServepilotTTFTBudgetBurnSlow",
             f"namespace_pod:engine_ttft_slo_miss:ratio_rate6h > {slow:g}\n"
-            f"and namespace_pod:engine_ttft_slo_miss:ratio_rate30m > {slow:g}",
+            f"and namespace_pod:engine_ttft_slo_miss:ratio_rate30m > {slow:g}\n"
+            f"and namespace_pod:engine_ttft_requests:increase6h >= {SLOW_MIN_REQUESTS}",
             p.for_(900),
             "warning",
             "TTFT error budget of {{ $labels.pod }} burns 6x too fast",

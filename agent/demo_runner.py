@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from agent import config, eventloop
 from agent.demo_view import Control, finding_counts
 from agent.loadgen import LoadGenerator
 from agent.sidecar import Sidecar
+from agent.stop_signals import StopSignals
 
 log = logging.getLogger(__name__)
 
@@ -139,10 +139,9 @@ async def _main(
     priority_mix: dict[str, float] | None,
 ) -> int:
     cfg = config.build(cfg_data)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    signals = StopSignals()
+    signals.install(asyncio.get_running_loop())
+    stop = signals.stop
 
     limits: dict[str, int] = {}
     if args.engine == "sim":
@@ -174,7 +173,7 @@ async def _main(
         if load_task is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(load_task, timeout=2.0)
-        await sidecar.stop()
+        await sidecar.stop(signals.hurry)
         await sim.stop()
     print(
         f"servepilot demo: stopped after {time.monotonic() - started:.0f} s; "

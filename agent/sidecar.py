@@ -589,9 +589,11 @@ class Sidecar:
     def _gate_shutting_down(self) -> bool:
         return self.knobs.gate is not None and self.knobs.gate.shutting_down
 
-    async def stop(self) -> None:
+    async def stop(self, hurry: asyncio.Event | None = None) -> None:
+        """Drain the gate (``hurry`` cuts it short: :meth:`Gate.drain`), stop the loop, keep the state,
+        put every setting back to its default."""
         if self.knobs.gate is not None:  # drain first, while the loop still renews leases and exports
-            await self.knobs.gate.drain()
+            await self.knobs.gate.drain(hurry)
         self._stop.set()
         if self._task is not None:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
@@ -630,10 +632,12 @@ async def serve(
     cfg: Config,
     stop: asyncio.Event,
     *,
+    hurry: asyncio.Event | None = None,
     config_path: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> None:
-    """Run the sidecar until ``stop`` is set; with ``config_path``, SIGHUP reloads it (agent/reload.py)."""
+    """Run the sidecar until ``stop`` is set (``hurry`` then cuts the stop short: agent/stop_signals.py);
+    with ``config_path``, SIGHUP reloads it (agent/reload.py)."""
     sidecar = Sidecar(cfg, config_path=config_path, environ=environ)
     loop = asyncio.get_running_loop()
     hangup = False
@@ -650,7 +654,7 @@ async def serve(
     finally:
         if hangup:
             loop.remove_signal_handler(signal.SIGHUP)
-        await sidecar.stop()
+        await sidecar.stop(hurry)
 
 
 def _slo(p: PolicyConfig) -> dict[str, float]:

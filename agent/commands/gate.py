@@ -36,7 +36,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "gate",
         help="run the admission gate (reverse proxy) alone",
         description="Run servepilot's admission gate in front of an OpenAI-compatible engine, with the "
-        "gate section of --config (or the defaults) and the overrides given here.",
+        "gate section of --config (or the defaults) and the overrides given here. SIGTERM or Ctrl-C "
+        "drains it (gate.shutdown_delay_s, then gate.drain_s); a second one cuts the drain short.",
     )
     _arguments(parser)
     parser.set_defaults(func=run)
@@ -102,13 +103,14 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
     from agent.config import priority_targets
     from agent.gate.proxy import Gate
     from agent.gate.upstreams import engine_upstream
+    from agent.stop_signals import StopSignals
     from agent.tls import TlsFilesCollector
     from agent.tls import watch as watch_tls
 
-    stop = asyncio.Event()
+    signals = StopSignals()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    signals.install(loop)
+    stop = signals.stop
     registry = CollectorRegistry()
     build_info.register(registry)
     registry.register(TlsFilesCollector(lambda: None))  # the upstreams' client TLS, watched below
@@ -148,7 +150,7 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
             await tls_watch
         if watch is not None:
             watch.cancel()
-        await gate.stop()
+        await gate.stop(signals.hurry)
         if metrics is not None:
             await metrics.cleanup()
 

@@ -18,7 +18,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Run the servepilot sidecar: collect NVML, engine and allocator-probe readings every "
         "agent.interval_s, run the detectors and serve /metrics, /healthz, /readyz and /api/state. "
         "SIGHUP (or POST /api/admin/reload) re-reads the config file and applies the gate's business-line "
-        "rules without a restart; a file that changes anything else is refused (docs/gate.md).",
+        "rules without a restart; a file that changes anything else is refused (docs/gate.md). SIGTERM or "
+        "Ctrl-C stops cleanly: the gate drains (gate.drain_s), the state is saved, every setting goes back "
+        "to its default; a second one cuts the drain short.",
     )
     parser.add_argument("--config", "-c", required=True, help="YAML config file (see examples/)")
     logs.add_arguments(parser, "info")
@@ -32,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from agent import config, eventloop
     from agent.exporter import without_created_series
     from agent.sidecar import serve
+    from agent.stop_signals import StopSignals
 
     cfg = config.load(args.config, os.environ)
     without_created_series()
@@ -39,11 +42,9 @@ def run(args: argparse.Namespace) -> int:
     logs.setup(args)
 
     async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(cfg, stop, config_path=args.config, environ=os.environ)
+        signals = StopSignals()
+        signals.install(asyncio.get_running_loop())
+        await serve(cfg, signals.stop, hurry=signals.hurry, config_path=args.config, environ=os.environ)
 
     try:
         run_loop(main())

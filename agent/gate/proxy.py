@@ -22,6 +22,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import aiohttp
 from aiohttp import HttpVersion11, hdrs, web
@@ -89,7 +90,8 @@ class Gate:
     counts no SLO-bad or late request. Knobs: :meth:`set_limit` (effective batch), :meth:`set_split`
     (traffic split). Signals: :meth:`snapshot_values`. Time for latencies and windows comes from ``clock``
     (monotonic).
-    ``in_progress`` counts requests being served (queued or relaying); ``cut`` those a drain ended.
+    ``in_progress`` counts requests being served (queued or relaying); ``cut`` those a drain ended,
+    at ``drain_s`` or sooner when hurried (:meth:`drain`).
     """
 
     def __init__(
@@ -128,6 +130,7 @@ class Gate:
         self._health_task: asyncio.Task[None] | None = None
         self.port: int | None = None
         self.in_progress = 0
+        self._serving: set[asyncio.Task[Any]] = set()  # the handlers of those requests: a hurry cuts them
         self.cut = 0
         self.shutting_down = False  # from the shutdown's start, its delay included: readiness says so
         self._loop_said = False
@@ -283,7 +286,7 @@ class Gate:
         )
         return self.port
 
-    async def drain(self) -> None:
+    async def drain(self, hurry: asyncio.Event | None = None) -> None:
         """Stop accepting and let accepted requests finish, for at most ``drain_s``; idempotent.
 
         With ``shutdown_delay_s``, new requests are served that long first, while readiness answers 503:
@@ -297,10 +300,14 @@ class Gate:
         with a request in progress (relaying upstream or still queued for admission) closes after its
         response, or has its handler cancelled at ``drain_s``, which drops the upstream request so the
         engine aborts it. The upstream session stays open meanwhile: the streams need it.
+
+        ``hurry`` set (a second SIGTERM or Ctrl-C: an operator who will not wait) ends the delay, and
+        the requests still in progress at once, as ``drain_s`` would have.
         """
         runner, self._runner = self._runner, None
         if runner is None:
             return
+        hurry = hurry or asyncio.Event()
         self.shutting_down = True
         if self.cfg.shutdown_delay_s > 0:
             log.info(
@@ -308,7 +315,8 @@ class Gate:
                 "listener closes",
                 self.cfg.shutdown_delay_s,
             )
-            await asyncio.sleep(self.cfg.shutdown_delay_s)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(hurry.wait(), self.cfg.shutdown_delay_s)
         self._draining, busy = True, self.in_progress
         started = time.monotonic()
         if busy:
@@ -317,17 +325,29 @@ class Gate:
         # connections still stand (cut at the limit, their clients saw the connection drop, not a close)
         grace = self.cfg.drain_s - min(1.0, self.cfg.drain_s / 2)
         closer = asyncio.create_task(self._end_sessions_after(grace)) if self.websockets.sessions else None
+        cutter = asyncio.create_task(self._cut_when(hurry))
         await runner.cleanup()
+        cutter.cancel()
         if closer is not None:
             closer.cancel()
         if busy:
-            log.info("gate drained in %.2f s (%d cut at the limit)", time.monotonic() - started, self.cut)
+            how = "short" if hurry.is_set() else "at the limit"
+            log.info("gate drained in %.2f s (%d cut %s)", time.monotonic() - started, self.cut, how)
+
+    async def _cut_when(self, hurry: asyncio.Event) -> None:
+        await hurry.wait()
+        if self._serving:
+            log.warning("gate: cutting %d request(s) in progress short", len(self._serving))
+        for task in self._serving:  # each counts itself as cut (see _handle)
+            task.cancel()
+        if self.websockets.sessions:
+            await self.websockets.going_away()
 
     async def _end_sessions_after(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
         await self.websockets.going_away()
 
-    async def stop(self) -> None:
+    async def stop(self, hurry: asyncio.Event | None = None) -> None:
         """Drain (see :meth:`drain`), then close the upstream session and the cache; idempotent."""
         self._health_stop.set()
         if self._blind_task is not None:
@@ -338,7 +358,7 @@ class Gate:
             if task is not None:
                 with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                     await asyncio.wait_for(task, timeout=2.0)
-        await self.drain()
+        await self.drain(hurry)
         await self.forwarder.close()
         if self.cache is not None:
             self.cache.close()
@@ -534,6 +554,9 @@ class Gate:
         """Counts requests in progress, and those a drain cuts at ``drain_s`` (see :meth:`drain`); writes
         each one's access line (``gate.access_log``)."""
         self.in_progress += 1
+        task = asyncio.current_task()
+        assert task is not None  # aiohttp runs each handler in a task
+        self._serving.add(task)
         started = self.clock()
         response: web.StreamResponse | None = None
         try:
@@ -550,6 +573,7 @@ class Gate:
             raise
         finally:
             self.in_progress -= 1
+            self._serving.discard(task)
             record = request.get(RECORD)
             if response is not None and not response.prepared and record is not None:
                 add_gate_headers(response.headers, record)  # a JSON answer, a refusal or an error

@@ -114,6 +114,27 @@ async def test_the_drain_is_bounded_by_drain_s(release: asyncio.Event) -> None:
         release.set()  # let the upstream handler end so its server stops at once
 
 
+async def test_a_hurry_ends_the_delay_and_cuts_the_drain_short(release: asyncio.Event) -> None:
+    """A second SIGTERM or Ctrl-C (agent/stop_signals.py): no waiting out the delay or ``drain_s``."""
+    async with serve(held_stream_upstream(release)) as upstream, aiohttp.ClientSession() as http:
+        gate, url = await _gate(upstream, drain_s=600.0, shutdown_delay_s=300.0)
+        response = await http.post(f"{url}/v1/completions", json=BODY)
+        await response.content.readuntil(b"\n\n")
+        hurry = asyncio.Event()
+        stopping = asyncio.create_task(gate.stop(hurry))
+        for _ in range(1000):
+            if gate.shutting_down:
+                break
+            await asyncio.sleep(0)
+        assert gate.shutting_down and not stopping.done()
+        hurry.set()
+        await asyncio.wait_for(stopping, timeout=5)
+        assert gate.cut == 1 and gate.in_progress == 0
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await response.read()
+        release.set()  # let the upstream handler end so its server stops at once
+
+
 TOKENS = 150  # ~1.5 s per stream on the simulated A100: SIGTERM lands well inside it
 
 
@@ -195,3 +216,53 @@ async def test_sigterm_drains_the_gate_of_servepilot_run(tmp_path: Path) -> None
     assert "gate shutting down: new requests accepted for 2 s more" in output
     assert re.search(r"gate draining: [1-4] request\(s\) in progress", output)  # the late one at least
     assert "(0 cut at the limit)" in output
+
+
+async def test_a_second_sigterm_cuts_the_stop_of_servepilot_run_short(tmp_path: Path) -> None:
+    """The first SIGTERM drains (for up to a minute here); the second cuts the stream in progress, and
+    the rest of the stop still runs: the state is saved on the way out."""
+    sim_port, gate_port, agent_port = _free_port(), _free_port(), _free_port()
+    state = tmp_path / "state.json"
+    (tmp_path / "agent.yaml").write_text(
+        f"agent: {{listen_port: {agent_port}, admin_listen_port: {_free_port()}, state_path: '{state}'}}\n"
+        f"engine: {{url: 'http://127.0.0.1:{sim_port}'}}\n"
+        "nvml: {backend: 'off'}\naudit: {path: null}\nforecast: {enabled: false}\n"
+        f"gate: {{enabled: true, listen_port: {gate_port}, drain_s: 60,"
+        f" upstreams: {{primary: 'http://127.0.0.1:{sim_port}'}}}}\n"
+    )
+    cli = [sys.executable, "-m", "agent.cli"]
+    sim = subprocess.Popen([*cli, "sim", "--port", str(sim_port)], cwd=ROOT, stdout=subprocess.DEVNULL)
+    run = subprocess.Popen(
+        [*cli, "run", "--config", str(tmp_path / "agent.yaml")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    gate = f"http://127.0.0.1:{gate_port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            await _wait_ready(http, f"{gate}/v1/models", [sim, run])
+            started = asyncio.Event()
+            long = asyncio.create_task(_stream(http, f"{gate}/v1/completions", started, 20 * TOKENS))  # ~30 s
+            await asyncio.wait_for(started.wait(), timeout=10)
+            await _wait_ready(http, f"http://127.0.0.1:{agent_port}/readyz", [sim, run])
+            run.send_signal(signal.SIGTERM)
+            await _wait_status(http, f"http://127.0.0.1:{agent_port}/readyz", 503)
+            await asyncio.sleep(1.0)  # a real process draining: it must still be waiting for the stream
+            assert run.poll() is None and not long.done() and not state.exists()
+            run.send_signal(signal.SIGTERM)
+            hurried = time.monotonic()
+            code = await asyncio.to_thread(run.wait, 20)
+            took = time.monotonic() - hurried
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await asyncio.wait_for(long, timeout=5)
+    finally:
+        for proc in (run, sim):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    output = run.stdout.read() if run.stdout else ""
+    assert code == 0, output
+    assert took < 5.0, output  # not the minute of drain_s, nor the ~30 s the stream had left
+    assert "SIGTERM: stopping (send it again to cut the requests in progress short)" in output
+    assert "gate: cutting 1 request(s) in progress short" in output
+    assert "(1 cut short)" in output
+    assert state.exists()  # saved after the drain, as a clean stop does

@@ -652,9 +652,12 @@ async def serve(
         settle_after_start_up()  # full GC passes would otherwise stall ticks and the gate's streams
         await stop.wait()
     finally:
+        if hangup:  # no reload racing the stop, and not SIGHUP's default either: that ends the process
+            loop.add_signal_handler(signal.SIGHUP, log.info, "SIGHUP ignored: stopping")
+        await sidecar.stop(hurry)
         if hangup:
             loop.remove_signal_handler(signal.SIGHUP)
-        await sidecar.stop(hurry)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the process exits
 
 
 def _slo(p: PolicyConfig) -> dict[str, float]:

@@ -219,8 +219,8 @@ async def test_sigterm_drains_the_gate_of_servepilot_run(tmp_path: Path) -> None
 
 
 async def test_a_second_sigterm_cuts_the_stop_of_servepilot_run_short(tmp_path: Path) -> None:
-    """The first SIGTERM drains (for up to a minute here); the second cuts the stream in progress, and
-    the rest of the stop still runs: the state is saved on the way out."""
+    """The first SIGTERM drains (for up to a minute here); a SIGHUP meanwhile is ignored; the second
+    SIGTERM cuts the stream in progress, and the rest of the stop still runs: the state is saved."""
     sim_port, gate_port, agent_port = _free_port(), _free_port(), _free_port()
     state = tmp_path / "state.json"
     (tmp_path / "agent.yaml").write_text(
@@ -248,6 +248,9 @@ async def test_a_second_sigterm_cuts_the_stop_of_servepilot_run_short(tmp_path: 
             await _wait_status(http, f"http://127.0.0.1:{agent_port}/readyz", 503)
             await asyncio.sleep(1.0)  # a real process draining: it must still be waiting for the stream
             assert run.poll() is None and not long.done() and not state.exists()
+            run.send_signal(signal.SIGHUP)  # a reload asked for mid-stop is not SIGHUP's default, an exit
+            await asyncio.sleep(0.5)
+            assert run.poll() is None
             run.send_signal(signal.SIGTERM)
             hurried = time.monotonic()
             code = await asyncio.to_thread(run.wait, 20)
@@ -265,4 +268,5 @@ async def test_a_second_sigterm_cuts_the_stop_of_servepilot_run_short(tmp_path: 
     assert "SIGTERM: stopping (send it again to cut the requests in progress short)" in output
     assert "gate: cutting 1 request(s) in progress short" in output
     assert "(1 cut short)" in output
+    assert "SIGHUP ignored: stopping" in output
     assert state.exists()  # saved after the drain, as a clean stop does

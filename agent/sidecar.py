@@ -12,6 +12,7 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -591,19 +592,38 @@ class Sidecar:
 
     async def stop(self, hurry: asyncio.Event | None = None) -> None:
         """Drain the gate (``hurry`` cuts it short: :meth:`Gate.drain`), stop the loop, keep the state,
-        put every setting back to its default."""
+        put every setting back to its default.
+
+        Each stage runs even when one before it raised (logged with its traceback): a bug in saving the
+        state, or a drain that failed, must not leave the GPU clocks and the engine's settings where the
+        policies had put them."""
+        stages = (
+            ("the gate's drain", partial(self._drain, hurry)),
+            ("ending the loop and saving the state", self._stop_tasks),
+            ("restoring the defaults", self._hand_back_and_close),
+        )
+        for what, stage in stages:
+            try:
+                await stage()
+            except Exception:
+                log.exception("stopping: %s failed; the stop goes on", what)
+
+    async def _drain(self, hurry: asyncio.Event | None) -> None:
         if self.knobs.gate is not None:  # drain first, while the loop still renews leases and exports
             await self.knobs.gate.drain(hurry)
+
+    async def _stop_tasks(self) -> None:
+        """The loop and the background tasks end; the state is saved; queued alerts go to the outbox."""
         self._stop.set()
         if self._task is not None:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self._task, timeout=2.0)
-        if self._save_task is not None:
-            await self._save_task
-        if self._watch_task is not None:
-            await self._watch_task
-        if self._tls_task is not None:
-            await self._tls_task
+        for task in (self._save_task, self._watch_task, self._tls_task):
+            if task is not None:
+                try:
+                    await task
+                except Exception:  # it ended on an error nobody had read: say so, and go on
+                    log.exception("%s had failed", task.get_name())
         if self._control_task is not None:  # may be waiting on an engine that never answered
             self._control_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -612,6 +632,8 @@ class Sidecar:
             await self.save_state()
         if self.webhooks is not None:
             await self.webhooks.stop()  # pending alerts stay in the on-disk outbox for the next start
+
+    async def _hand_back_and_close(self) -> None:
         if self._evidence_task is not None:
             self._evidence_task.cancel()
         if self._hand_back_task is not None:  # a hand-back under way finishes: knobs.stop() follows it

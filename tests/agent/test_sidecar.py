@@ -1158,3 +1158,48 @@ def test_the_spec_decode_detector_prices_drafts_by_the_configured_cost(tmp_path:
     [spec] = [d for d in Sidecar(cfg, collectors=[OneValue()]).loop.detectors if d.name == "spec_decode"]
     assert spec.draft_cost_ratio == 0.02
     assert config.build({}).detectors.spec_draft_cost_ratio == 0.1
+
+
+async def test_a_stop_stage_that_raises_still_restores_the_gpu_and_closes_the_listener(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from agent import persist
+    from agent.actuators.gpu_backend import SimulatedGpuBackend
+
+    gpu_file = tmp_path / "gpu.json"
+    cfg = config.build(
+        {
+            "agent": {
+                "listen_port": _free_port(),
+                "admin_listen_port": None,
+                "state_path": str(tmp_path / "state.json"),
+            },
+            "actuators": {
+                "mode": "act",
+                "gpu": "power_limit",
+                "gpu_backend": "simulated",
+                "gpu_state_file": str(gpu_file),
+            },
+            "audit": {"path": None},
+            "probe": {"enabled": False},
+            "forecast": {"enabled": False},
+        }
+    )
+    sidecar = Sidecar(cfg, collectors=[OneValue()])
+    gpu = sidecar.knobs.gpu
+    assert gpu is not None
+    gpu.problem = None  # the simulated backend needs no privilege
+    await sidecar.start()
+    gpu.set(250.0)
+    assert {g["power_limit_w"] for g in SimulatedGpuBackend.read_state(gpu_file)} == {250.0}
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("a bug in capturing the state")
+
+    monkeypatch.setattr(persist, "capture", broken)
+    await sidecar.stop()
+    assert {g["power_limit_w"] for g in SimulatedGpuBackend.read_state(gpu_file)} == {400.0}
+    assert "stopping: ending the loop and saving the state failed; the stop goes on" in caplog.text
+    with pytest.raises(aiohttp.ClientConnectionError):
+        async with aiohttp.ClientSession() as http:
+            await http.get(f"http://127.0.0.1:{cfg.agent.listen_port}/healthz")

@@ -129,8 +129,7 @@ class Gate:
         self._health_stop = asyncio.Event()
         self._health_task: asyncio.Task[None] | None = None
         self.port: int | None = None
-        self.in_progress = 0
-        self._serving: set[asyncio.Task[Any]] = set()  # the handlers of those requests: a hurry cuts them
+        self._serving: set[asyncio.Task[Any]] = set()  # the handlers of requests in progress
         self.cut = 0
         self.shutting_down = False  # from the shutdown's start, its delay included: readiness says so
         self._loop_said = False
@@ -367,6 +366,10 @@ class Gate:
 
     # --- knobs and signals -------------------------------------------------------------------------
     @property
+    def in_progress(self) -> int:
+        return len(self._serving)
+
+    @property
     def limit(self) -> int:
         return self.admission.limit
 
@@ -553,7 +556,6 @@ class Gate:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         """Counts requests in progress, and those a drain cuts at ``drain_s`` (see :meth:`drain`); writes
         each one's access line (``gate.access_log``)."""
-        self.in_progress += 1
         task = asyncio.current_task()
         assert task is not None  # aiohttp runs each handler in a task
         self._serving.add(task)
@@ -572,7 +574,6 @@ class Gate:
                 self._finish(record)
             raise
         finally:
-            self.in_progress -= 1
             self._serving.discard(task)
             record = request.get(RECORD)
             if response is not None and not response.prepared and record is not None:

@@ -100,9 +100,14 @@ class LiveForecaster:
         self,
         cfg: ForecastConfig,
         *,
+        policy_ttft_slo_s: float = 2.0,
         factories: Mapping[str, Callable[[], Forecaster]] | None = None,
     ) -> None:
         self.cfg = cfg
+        #: the p99 TTFT a saturated minute must stay within to count toward capacity: forecast.ttft_slo_s,
+        #: else the SLO the policies steer to (``policy_ttft_slo_s``; the sidecar keeps it in step on a
+        #: reload), so capacity is what the replica serves at the latency it is run for
+        self.ttft_slo_s = cfg.ttft_slo_s if cfg.ttft_slo_s is not None else policy_ttft_slo_s
         self.max_h = max(max(cfg.horizons_min), cfg.selection_horizon_min)
         known = dict(factories or default_factories(horizon_steps=self.max_h))
         unknown = sorted(set(cfg.models) - set(known))
@@ -146,7 +151,7 @@ class LiveForecaster:
         if track.name == "requests_per_second":
             # capacity is what was served, not the demand (the track's minute): sheds are demand it missed
             saturated = self._minute_waiting >= SATURATED_SHARE * self._minute_ticks > 0
-            if self._minute_served_ticks and saturated and self._minute_ttft <= self.cfg.ttft_slo_s:
+            if self._minute_served_ticks and saturated and self._minute_ttft <= self.ttft_slo_s:
                 self.capacity_rps = max(self.capacity_rps, self._minute_served / self._minute_served_ticks)
             self._minute_ttft = self._minute_served = 0.0
             self._minute_ticks = self._minute_waiting = self._minute_served_ticks = 0

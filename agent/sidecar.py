@@ -101,7 +101,7 @@ class Sidecar:
         if cfg.forecast.enabled:
             from agent.forecasting import LiveForecaster
 
-            self.forecaster = LiveForecaster(cfg.forecast)
+            self.forecaster = LiveForecaster(cfg.forecast, policy_ttft_slo_s=cfg.policies.ttft_slo_s)
             self.collectors.append(self.forecaster)
         from agent.cost import CostTracker
         from agent.refits import AfterTickExecutor
@@ -234,6 +234,8 @@ class Sidecar:
         set_detector_slo(self.loop.detectors, _slo(p))
         if self.knobs.gate is not None:
             self.knobs.gate.set_slo(p.ttft_slo_s, p.itl_slo_s, priority_targets(p))
+        if self.forecaster is not None and self.cfg.forecast.ttft_slo_s is None:
+            self.forecaster.ttft_slo_s = p.ttft_slo_s  # capacity at the latency the replica now runs for
         pins = self.knobs.actuation.pins
         for knob, value in list(pins.items()):  # a pin bypasses the policies, not the bounds: as at a restart
             why = arbiter.check(knob, value)

@@ -27,7 +27,13 @@ class ForecastConfig(Section):
     backtest_days: float = Field(2.0, ge=0.25, le=14, description="span the selection backtest scores")
     state_path: str | None = Field("servepilot-forecast.json", description="saved state; null: memory only")
     save_interval_s: float = Field(300.0, ge=10, le=86400, description="state is saved this often")
-    ttft_slo_s: float = Field(2.0, gt=0, le=600, description="p99 TTFT within which load counts as served")
+    ttft_slo_s: float | None = Field(
+        None,
+        gt=0,
+        le=600,
+        description="p99 TTFT within which a saturated minute counts toward capacity; null: "
+        "policies.ttft_slo_s (and a reload's new value)",
+    )
     replica_quantile: float = Field(0.9, gt=0, lt=1, description="forecast quantile replicas are sized for")
     target_utilization: float = Field(0.8, gt=0, le=1, description="share of learned capacity to plan for")
     min_replicas: int = Field(1, ge=0, le=10_000, description="smallest recommended replica count")

@@ -1203,3 +1203,28 @@ async def test_a_stop_stage_that_raises_still_restores_the_gpu_and_closes_the_li
     with pytest.raises(aiohttp.ClientConnectionError):
         async with aiohttp.ClientSession() as http:
             await http.get(f"http://127.0.0.1:{cfg.agent.listen_port}/healthz")
+
+
+@pytest.mark.parametrize(("own", "at_start", "after_reload"), [(None, 1.0, 1.5), (3.0, 3.0, 3.0)])
+async def test_capacity_is_learned_at_the_policies_slo_unless_the_forecast_names_its_own(
+    tmp_path: Path, own: float | None, at_start: float, after_reload: float
+) -> None:
+    """forecast.ttft_slo_s was its own setting at 2 s: a replica run for a 1 s SLO learned as its
+    capacity the load it served at twice the latency it is run for, and the fleet was sized on it."""
+    import yaml
+
+    raw: dict[str, Any] = {
+        "agent": {"listen_port": _free_port(), "admin_listen_port": None},
+        "audit": {"path": None},
+        "probe": {"enabled": False},
+        "forecast": {"enabled": True, "state_path": None, "ttft_slo_s": own},
+        "policies": {"ttft_slo_s": 1.0},
+    }
+    path = tmp_path / "servepilot.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    sidecar = Sidecar(config.load(path, {}), collectors=[OneValue()], config_path=str(path))
+    assert sidecar.forecaster is not None and sidecar.forecaster.ttft_slo_s == at_start
+    raw["policies"]["ttft_slo_s"] = 1.5
+    path.write_text(yaml.safe_dump(raw))
+    assert sidecar.reload("SIGHUP").result == "applied"
+    assert sidecar.forecaster.ttft_slo_s == after_reload

@@ -9,12 +9,14 @@ every stream arrives whole. Only the subprocess test waits on real time (start-u
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -171,13 +173,29 @@ async def _wait_status(http: aiohttp.ClientSession, url: str, status: int) -> No
     raise AssertionError(f"{url} never answered {status}")
 
 
-async def test_sigterm_drains_the_gate_of_servepilot_run(tmp_path: Path) -> None:
+@dataclass
+class Processes:
+    """``servepilot sim`` and ``servepilot run`` with its gate in front of it, as real processes."""
+
+    sim: subprocess.Popen[str]
+    run: subprocess.Popen[str]
+    gate: str
+    readyz: str
+
+    def output(self) -> str:
+        return self.run.stdout.read() if self.run.stdout else ""
+
+
+@contextlib.contextmanager
+def _sim_and_run(tmp_path: Path, gate: str, agent: str = "") -> Iterator[Processes]:
+    """Both started (not yet ready), with ``gate`` and ``agent``'s settings added; killed on the way out
+    if still running."""
     sim_port, gate_port, agent_port = _free_port(), _free_port(), _free_port()
     (tmp_path / "agent.yaml").write_text(
-        f"agent: {{listen_port: {agent_port}, admin_listen_port: {_free_port()}}}\n"
+        f"agent: {{listen_port: {agent_port}, admin_listen_port: {_free_port()}{agent}}}\n"
         f"engine: {{url: 'http://127.0.0.1:{sim_port}'}}\n"
         "nvml: {backend: 'off'}\naudit: {path: null}\nforecast: {enabled: false}\n"
-        f"gate: {{enabled: true, listen_port: {gate_port}, drain_s: 20, shutdown_delay_s: 2,"
+        f"gate: {{enabled: true, listen_port: {gate_port}, {gate},"
         f" upstreams: {{primary: 'http://127.0.0.1:{sim_port}'}}}}\n"
     )
     cli = [sys.executable, "-m", "agent.cli"]
@@ -186,27 +204,33 @@ async def test_sigterm_drains_the_gate_of_servepilot_run(tmp_path: Path) -> None
         [*cli, "run", "--config", str(tmp_path / "agent.yaml")],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    gate = f"http://127.0.0.1:{gate_port}"
     try:
-        async with aiohttp.ClientSession() as http:
-            await _wait_ready(http, f"{gate}/v1/models", [sim, run])
-            started = [asyncio.Event() for _ in range(3)]
-            streams = [asyncio.create_task(_stream(http, f"{gate}/v1/completions", s)) for s in started]
-            await asyncio.wait_for(asyncio.gather(*(s.wait() for s in started)), timeout=10)
-            await _wait_ready(http, f"http://127.0.0.1:{agent_port}/readyz", [sim, run])
-            run.send_signal(signal.SIGTERM)
-            # through the shutdown delay: unready, yet a request sent now is served
-            await _wait_status(http, f"http://127.0.0.1:{agent_port}/readyz", 503)
-            late = _stream(http, f"{gate}/v1/completions", asyncio.Event(), 2 * TOKENS)  # outlasts the delay
-            streams.append(asyncio.create_task(late))
-            results = await asyncio.wait_for(asyncio.gather(*streams), timeout=20)
-        code = await asyncio.to_thread(run.wait, 20)
+        yield Processes(sim, run, f"http://127.0.0.1:{gate_port}", f"http://127.0.0.1:{agent_port}/readyz")
     finally:
         for proc in (run, sim):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    output = run.stdout.read() if run.stdout else ""
+
+
+async def test_sigterm_drains_the_gate_of_servepilot_run(tmp_path: Path) -> None:
+    with _sim_and_run(tmp_path, "drain_s: 20, shutdown_delay_s: 2") as p:
+        async with aiohttp.ClientSession() as http:
+            await _wait_ready(http, f"{p.gate}/v1/models", [p.sim, p.run])
+            started = [asyncio.Event() for _ in range(3)]
+            streams = [asyncio.create_task(_stream(http, f"{p.gate}/v1/completions", s)) for s in started]
+            await asyncio.wait_for(asyncio.gather(*(s.wait() for s in started)), timeout=10)
+            await _wait_ready(http, p.readyz, [p.sim, p.run])
+            p.run.send_signal(signal.SIGTERM)
+            # through the shutdown delay: unready, yet a request sent now is served
+            await _wait_status(http, p.readyz, 503)
+            late = _stream(
+                http, f"{p.gate}/v1/completions", asyncio.Event(), 2 * TOKENS
+            )  # outlasts the delay
+            streams.append(asyncio.create_task(late))
+            results = await asyncio.wait_for(asyncio.gather(*streams), timeout=20)
+        code = await asyncio.to_thread(p.run.wait, 20)
+    output = p.output()
     assert code == 0, output
     # the three streaming at SIGTERM, and the one sent after it
     for (status, body), tokens in zip(results, (TOKENS, TOKENS, TOKENS, 2 * TOKENS), strict=True):
@@ -221,48 +245,30 @@ async def test_sigterm_drains_the_gate_of_servepilot_run(tmp_path: Path) -> None
 async def test_a_second_sigterm_cuts_the_stop_of_servepilot_run_short(tmp_path: Path) -> None:
     """The first SIGTERM drains (for up to a minute here); a SIGHUP meanwhile is ignored; the second
     SIGTERM cuts the stream in progress, and the rest of the stop still runs: the state is saved."""
-    sim_port, gate_port, agent_port = _free_port(), _free_port(), _free_port()
     state = tmp_path / "state.json"
-    (tmp_path / "agent.yaml").write_text(
-        f"agent: {{listen_port: {agent_port}, admin_listen_port: {_free_port()}, state_path: '{state}'}}\n"
-        f"engine: {{url: 'http://127.0.0.1:{sim_port}'}}\n"
-        "nvml: {backend: 'off'}\naudit: {path: null}\nforecast: {enabled: false}\n"
-        f"gate: {{enabled: true, listen_port: {gate_port}, drain_s: 60,"
-        f" upstreams: {{primary: 'http://127.0.0.1:{sim_port}'}}}}\n"
-    )
-    cli = [sys.executable, "-m", "agent.cli"]
-    sim = subprocess.Popen([*cli, "sim", "--port", str(sim_port)], cwd=ROOT, stdout=subprocess.DEVNULL)
-    run = subprocess.Popen(
-        [*cli, "run", "--config", str(tmp_path / "agent.yaml")],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    gate = f"http://127.0.0.1:{gate_port}"
-    try:
+    with _sim_and_run(tmp_path, "drain_s: 60", agent=f", state_path: '{state}'") as p:
         async with aiohttp.ClientSession() as http:
-            await _wait_ready(http, f"{gate}/v1/models", [sim, run])
+            await _wait_ready(http, f"{p.gate}/v1/models", [p.sim, p.run])
             started = asyncio.Event()
-            long = asyncio.create_task(_stream(http, f"{gate}/v1/completions", started, 20 * TOKENS))  # ~30 s
+            long = asyncio.create_task(
+                _stream(http, f"{p.gate}/v1/completions", started, 20 * TOKENS)
+            )  # ~30 s
             await asyncio.wait_for(started.wait(), timeout=10)
-            await _wait_ready(http, f"http://127.0.0.1:{agent_port}/readyz", [sim, run])
-            run.send_signal(signal.SIGTERM)
-            await _wait_status(http, f"http://127.0.0.1:{agent_port}/readyz", 503)
+            await _wait_ready(http, p.readyz, [p.sim, p.run])
+            p.run.send_signal(signal.SIGTERM)
+            await _wait_status(http, p.readyz, 503)
             await asyncio.sleep(1.0)  # a real process draining: it must still be waiting for the stream
-            assert run.poll() is None and not long.done() and not state.exists()
-            run.send_signal(signal.SIGHUP)  # a reload asked for mid-stop is not SIGHUP's default, an exit
+            assert p.run.poll() is None and not long.done() and not state.exists()
+            p.run.send_signal(signal.SIGHUP)  # a reload asked for mid-stop is not SIGHUP's default, an exit
             await asyncio.sleep(0.5)
-            assert run.poll() is None
-            run.send_signal(signal.SIGTERM)
+            assert p.run.poll() is None
+            p.run.send_signal(signal.SIGTERM)
             hurried = time.monotonic()
-            code = await asyncio.to_thread(run.wait, 20)
+            code = await asyncio.to_thread(p.run.wait, 20)
             took = time.monotonic() - hurried
             with pytest.raises(aiohttp.ClientPayloadError):
                 await asyncio.wait_for(long, timeout=5)
-    finally:
-        for proc in (run, sim):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    output = run.stdout.read() if run.stdout else ""
+    output = p.output()
     assert code == 0, output
     assert took < 5.0, output  # not the minute of drain_s, nor the ~30 s the stream had left
     assert "SIGTERM: stopping (send it again to cut the requests in progress short)" in output

@@ -617,15 +617,16 @@ class Sidecar:
     async def _stop_tasks(self) -> None:
         """The loop and the background tasks end; the state is saved; queued alerts go to the outbox."""
         self._stop.set()
-        if self._task is not None:
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(self._task, timeout=2.0)
-        for task in (self._save_task, self._watch_task, self._tls_task):
-            if task is not None:
-                try:
-                    await task
-                except Exception:  # it ended on an error nobody had read: say so, and go on
-                    log.exception("%s had failed", task.get_name())
+        for task, limit_s in ((self._task, 2.0), (self._save_task, None), (self._watch_task, None),
+                              (self._tls_task, None)):  # fmt: skip
+            if task is None:
+                continue
+            try:
+                await asyncio.wait_for(task, timeout=limit_s)
+            except (TimeoutError, asyncio.CancelledError):
+                pass
+            except Exception:  # it ended on an error nobody had read: say so, and go on
+                log.exception("%s had failed", task.get_name())
         if self._control_task is not None:  # may be waiting on an engine that never answered
             self._control_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -1228,3 +1228,20 @@ async def test_capacity_is_learned_at_the_policies_slo_unless_the_forecast_names
     path.write_text(yaml.safe_dump(raw))
     assert sidecar.reload("SIGHUP").result == "applied"
     assert sidecar.forecaster.ttft_slo_s == after_reload
+
+
+async def test_a_control_loop_that_died_is_logged_at_the_stop_and_the_state_still_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = _cfg(tmp_path, state_path=str(tmp_path / "state.json"))
+    sidecar = Sidecar(cfg, collectors=[OneValue()])
+
+    async def broken(_: asyncio.Event) -> None:
+        raise RuntimeError("a bug in the loop")
+
+    monkeypatch.setattr(sidecar.loop, "run", broken)
+    await sidecar.start()
+    await asyncio.sleep(0)  # the loop task runs, and fails
+    await sidecar.stop()
+    assert "servepilot-loop had failed" in caplog.text and "a bug in the loop" in caplog.text
+    assert (tmp_path / "state.json").exists()

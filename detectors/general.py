@@ -47,8 +47,11 @@ too, naming the restart. Not a hang nor a crash loop: those have their own detec
 a fresh sidecar beside a healthy engine raised 15 warnings in its first hour (``bench/soak.py``), one per
 signal, none after it that day. An alarm in that hour is info ("while its baseline settles"), unless it
 is far out (a score of at least ``load_threshold``, five bins or more beyond anything seen), which stays
-a warning. The count is the scorer's own (``n_seen``), so baselines restored from ``agent.state_path``
-are settled at once.
+a warning. A load signal's alarm in that hour is info however far out: traffic a baseline minutes old has
+not seen is what a new pod gets first (every live run beside vLLM warned "the load changed" on
+``engine.requests_waiting`` two to three minutes in, and each pod a rollout or a scale-out starts would
+send that warning to the webhooks). The count is the scorer's own (``n_seen``), so baselines restored
+from ``agent.state_path`` are settled at once.
 """
 
 from __future__ import annotations
@@ -260,6 +263,18 @@ class GeneralAnomalyDetector:
             severity = Severity.INFO
             summary = f"{name} is unusual (anomaly score {score:.2f}), {ago:.0f} s after the engine restarted"
             hint = "a cold engine's levels move after a restart; alone it is no fault"
+        elif seen < self.settle_points and name in self.load_signals:
+            evidence["settling_points"] = seen
+            severity = Severity.INFO
+            self.load_warning_ = self.load_warning_ or name
+            summary = (
+                f"the load changed while its baseline settles: {name} is unusual (anomaly score "
+                f"{score:.2f}; {seen} of {self.settle_points} points seen)"
+            )
+            hint = (
+                "traffic a young baseline has not seen yet (a new pod's first traffic, a sidecar restarted "
+                "without its state); once settled, a change this far out is a warning"
+            )
         elif seen < self.settle_points and score < self.load_threshold:
             evidence["settling_points"] = seen
             severity = Severity.INFO

@@ -124,6 +124,7 @@ def _idle_then_busy(det: GeneralAnomalyDetector, idle: int = 400, busy: int = 40
 
 def test_traffic_arriving_is_one_warning_and_the_signals_that_follow_it_are_info() -> None:
     det = _production()
+    det.settle_points = 0  # a settled baseline (the fresh one: the next test)
     ticks = _idle_then_busy(det)
     assert not any(ticks[:400]), "an idle engine raises nothing"
     final = {f.signal: f for f in ticks[-1]}  # still active (hold_s 300 s)
@@ -231,6 +232,18 @@ def _one_bin_out(det: GeneralAnomalyDetector, at: int) -> list[object]:
         value = 1.06 if i == at else float(rng.uniform(0.0, 1.0))
         found = list(det.update(Snapshot(float(i), {"nvml.gpu0.power_watts.mean": value}, {})))
     return found
+
+
+def test_a_new_pods_first_traffic_is_info_while_its_baselines_settle() -> None:
+    """400 s of an idle engine, then traffic: a baseline minutes old has seen none, and a pod that
+    starts on a rollout or a scale-out gets exactly this; no warning, but the load's info names it."""
+    ticks = _idle_then_busy(_production())
+    final = {f.signal: f for f in ticks[-1]}
+    assert final and all(f.severity.value == "info" for f in final.values())
+    load = final["engine.generation_tokens_per_second"]
+    assert load.summary.startswith("the load changed while its baseline settles: ")
+    assert load.evidence["settling_points"] == 401
+    assert final["nvml.gpu0.power_watts.mean"].evidence.get("with_load") == "engine.generation_tokens_per_second"
 
 
 def test_a_weak_alarm_while_a_new_baseline_settles_is_info_and_a_warning_once_settled() -> None:

@@ -243,7 +243,8 @@ def test_a_new_pods_first_traffic_is_info_while_its_baselines_settle() -> None:
     load = final["engine.generation_tokens_per_second"]
     assert load.summary.startswith("the load changed while its baseline settles: ")
     assert load.evidence["settling_points"] == 401
-    assert final["nvml.gpu0.power_watts.mean"].evidence.get("with_load") == "engine.generation_tokens_per_second"
+    power = final["nvml.gpu0.power_watts.mean"]
+    assert power.evidence.get("with_load") == "engine.generation_tokens_per_second"
 
 
 def test_a_weak_alarm_while_a_new_baseline_settles_is_info_and_a_warning_once_settled() -> None:

@@ -68,6 +68,7 @@ def build_policies(cfg: Config, gpu: Any = None) -> list[Policy]:
         breaker_levels=breaker_levels(cfg),
         breaker_route=normal_route(cfg),
         queue_deadline=cfg.gate.enabled,  # its knob is the gate's
+        error_budget=p.error_budget,
     )
 
 

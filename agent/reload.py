@@ -55,6 +55,7 @@ HOT = (
     "gate.engine_priority",  # read per request: the next request sent carries the new value
     "policies.ttft_slo_s",
     "policies.itl_slo_s",
+    "policies.error_budget",  # the breaker's: retuned, its state kept
     "policies.slo_by_priority",
     "policies.itl_steering",
     "policies.served_window_s",

@@ -252,7 +252,14 @@ class Sidecar:
         bounds = (float(p.batch_min), float(p.batch_max))
         schedule = Schedule.from_data(p.schedule) if p.schedule else None
         return [
-            retune(policy, ttft_slo_s=p.ttft_slo_s, itl_slo_s=itl_s, batch_bounds=bounds, schedule=schedule)
+            retune(
+                policy,
+                ttft_slo_s=p.ttft_slo_s,
+                itl_slo_s=itl_s,
+                batch_bounds=bounds,
+                schedule=schedule,
+                error_budget=p.error_budget,
+            )
             for policy in self.loop.policies
         ]
 

@@ -158,6 +158,8 @@ class Breaker:
     name: str = "breaker"
 
     def __post_init__(self) -> None:
+        if not 0.0 < self.slo_target < 1.0:
+            raise ValueError(f"slo_target must be in (0, 1), got {self.slo_target}")
         if not self.levels or self.levels[0] != 0 or list(self.levels) != sorted(set(self.levels)):
             raise ValueError(f"levels must start at 0 and rise, got {self.levels}")
         if self.levels[-1] >= len(LEVELS):

@@ -77,6 +77,7 @@ def build_set(
     breaker_route: str = "primary",
     initial_token_budget: float | None = None,
     queue_deadline: bool = False,
+    error_budget: float = 0.01,
 ) -> list[Policy]:
     """The policies of a named set: ``auto`` (SLO-aware batch + breaker, + the token budget controller
     when ``initial_token_budget`` (the engine's start value) is given, + energy when clock levels are
@@ -99,7 +100,14 @@ def build_set(
     if clock_levels_mhz:
         policies.append(Energy(ttft_slo_s, itl_slo_s, clock_levels_mhz, schedule=schedule, knob=energy_knob))
     if breaker:
-        policies.append(Breaker(levels=breaker_levels, itl_slo_s=itl_slo_s, normal_route=breaker_route))
+        policies.append(
+            Breaker(
+                slo_target=1.0 - error_budget,
+                levels=breaker_levels,
+                itl_slo_s=itl_slo_s,
+                normal_route=breaker_route,
+            )
+        )
     return policies
 
 
@@ -139,6 +147,7 @@ def retune(
     itl_slo_s: float,
     batch_bounds: tuple[float, float],
     schedule: Schedule | None,
+    error_budget: float | None = None,
 ) -> Policy:
     """``policy`` with a reloaded config's SLO targets, batch bounds and peak schedule, every other
     parameter as it was: what :func:`build_set` would have given it, less what was learnt at start-up
@@ -146,6 +155,7 @@ def retune(
     so the controller carries on from where it stands rather than from its start value.
 
     The seed rule keeps its published [8, 32]; a policy without these parameters comes back as it is.
+    ``error_budget`` (the breaker's; None keeps it) is the reload's ``policies.error_budget``.
     Raises ValueError when the new values do not fit the policy (the caller then changes nothing)."""
     lower, upper = batch_bounds
     if isinstance(policy, AutoBatch):
@@ -159,8 +169,12 @@ def retune(
         return replace(policy, ttft_slo_s=ttft_slo_s, itl_slo_s=itl_slo_s, schedule=schedule)
     if isinstance(policy, QueueDeadline):
         return replace(policy, ttft_slo_s=ttft_slo_s)
-    if isinstance(policy, Breaker) and policy.itl_slo_s is not None:
-        return replace(policy, itl_slo_s=itl_slo_s)
+    if isinstance(policy, Breaker):
+        slo_target = policy.slo_target if error_budget is None else 1.0 - error_budget
+        itl = policy.itl_slo_s if policy.itl_slo_s is None else itl_slo_s
+        if (slo_target, itl) == (policy.slo_target, policy.itl_slo_s):
+            return policy
+        return replace(policy, slo_target=slo_target, itl_slo_s=itl)
     return policy
 
 

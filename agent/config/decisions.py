@@ -75,6 +75,14 @@ class PolicyConfig(Section):
     )
     ttft_slo_s: float = Field(2.0, gt=0, le=600, description="time-to-first-token target (P99)")
     itl_slo_s: float = Field(0.1, gt=0, le=60, description="inter-token latency target (mean)")
+    error_budget: float = Field(
+        0.01,
+        gt=0,
+        lt=0.069,
+        description="share of answers that may miss the SLO (1 - the objective): the breaker's burn rates "
+        "are measured against it; write the alert rules with the same value (python -m dashboards.rules "
+        "--error-budget)",
+    )
     slo_by_priority: dict[Literal["high", "normal", "low"], PrioritySlo] = Field(
         default_factory=dict,
         description="class -> its own targets, by which the gate judges the answers of requests that "

@@ -11,7 +11,8 @@ and brain act on, and says what it took:
 * ``policies.batch_min`` / ``batch_max``: the auto policies' batch bounds;
 * ``gate.max_queue_wait_s`` when the gate is on (``--queue-timeout`` overrides); with the gate off, no
   queue timeout (the engine alone);
-* ``policies.energy``: the energy policy (``--energy`` turns it on regardless).
+* ``policies.energy``: the energy policy (``--energy`` turns it on regardless);
+* ``policies.error_budget``: the budget the breaker's burn rates are measured against.
 
 Everything else (lines and rates, the peak schedule, the canary, the actuators) is not replayed.
 """
@@ -48,6 +49,7 @@ def spec_fields(cfg: Config, flags: Flags, with_classes: bool) -> dict[str, Any]
         "served_window_s": p.served_window_s,
         "batch_bounds": (float(p.batch_min), float(p.batch_max)),
         "energy": flags.energy or p.energy,
+        "error_budget": p.error_budget,
     }
     if flags.queue_timeout_s is not None:
         fields["queue_timeout_s"] = flags.queue_timeout_s
@@ -66,6 +68,7 @@ def describe(cfg: Config, fields: dict[str, Any], with_classes: bool) -> str:
         f"batch {lower:g}-{upper:g}",
         "no queue timeout (gate off)" if timeout == float("inf") else f"queue timeout {timeout:g}s",
         "energy on" if fields["energy"] else "energy off",
+        f"error budget {fields['error_budget']:.2%}",
     ]
     if with_classes:
         classes = ", ".join(name for name, _, _ in fields["class_slo"]) or "none"

@@ -76,6 +76,8 @@ class ReplaySpec:
     batch_bounds: tuple[float, float] | None = None
     #: the engine drafts this way (simulator/specdec.py); None: no speculative decoding
     spec_decode: SpecDecodeConfig | None = None
+    #: ``policies.error_budget``: what the breaker's burn rates are measured against
+    error_budget: float = 0.01
 
     @property
     def gate_timeout_s(self) -> float:
@@ -205,6 +207,7 @@ def run_policy(spec: ReplaySpec, policy: str, workload: Workload | None = None) 
             clock_levels_mhz=levels,
             initial_token_budget=float(default_tokens),
             queue_deadline=spec.gate_timeout_s < math.inf,
+            error_budget=spec.error_budget,
         )
         steering = None
         if plan is not None and plan.policies.itl_steering != "global":

@@ -124,6 +124,10 @@ def test_examples_exist_for_demo_vllm_and_sglang() -> None:
             {"policies": {"slo_by_priority": {"low": {"ttft_s": 0}}}},
             "policies.slo_by_priority.low.ttft_s must be in (0, 600], got 0",
         ),
+        (
+            {"policies": {"error_budget": 0.1}},  # a fast burn of 14.4 x 10 % could never happen
+            "policies.error_budget must be in (0, 0.069), got 0.1",
+        ),
     ],
 )
 def test_bad_values_name_field_range_and_value(data: dict[str, object], message: str) -> None:

@@ -1245,3 +1245,31 @@ async def test_a_control_loop_that_died_is_logged_at_the_stop_and_the_state_stil
     await sidecar.stop()
     assert "servepilot-loop had failed" in caplog.text and "a bug in the loop" in caplog.text
     assert (tmp_path / "state.json").exists()
+
+
+def test_the_breaker_burns_against_the_configured_error_budget_and_a_reload_of_it() -> None:
+    """policies.error_budget: the breaker's burn rates measured against the budget the alert rules were
+    written with (python -m dashboards.rules --error-budget), not a fixed 1 %."""
+    import tempfile
+
+    import yaml
+
+    raw: dict[str, Any] = {
+        "agent": {"listen_port": _free_port(), "admin_listen_port": None},
+        "audit": {"path": None},
+        "probe": {"enabled": False},
+        "forecast": {"enabled": False},
+        "policies": {"error_budget": 0.005},
+    }
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "servepilot.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        sidecar = Sidecar(config.load(path, {}), collectors=[OneValue()], config_path=str(path))
+        [breaker] = [p for p in sidecar.loop.policies if p.name == "breaker"]
+        assert breaker.slo_target == pytest.approx(0.995)
+        raw["policies"]["error_budget"] = 0.02
+        path.write_text(yaml.safe_dump(raw))
+        result = sidecar.reload("SIGHUP")
+        assert result.result == "applied", result.message
+        [breaker] = [p for p in sidecar.loop.policies if p.name == "breaker"]
+        assert breaker.slo_target == pytest.approx(0.98)

@@ -83,9 +83,21 @@ def test_the_seed_rule_and_a_breaker_without_an_itl_slo_come_back_as_they_were()
     assert _retuned(breaker) is breaker
 
 
+def test_the_breaker_takes_a_new_error_budget_and_keeps_its_own_without_one() -> None:
+    built = build_set("auto", ttft_slo_s=2.0, itl_slo_s=0.1, error_budget=0.005)
+    [breaker] = [p for p in built if isinstance(p, Breaker)]
+    assert breaker.slo_target == pytest.approx(0.995)
+    assert _retuned(breaker).slo_target == pytest.approx(0.995)  # the replay's steering names no budget
+    looser = _retuned(breaker, error_budget=0.02)
+    assert isinstance(looser, Breaker) and looser.slo_target == pytest.approx(0.98)
+    assert looser.itl_slo_s == 0.05
+
+
 def test_a_value_the_policy_cannot_take_raises() -> None:
     with pytest.raises(ValueError, match="SLO targets must be > 0"):
         _retuned(AutoBatch(2.0, 0.1), ttft_slo_s=0.0)
+    with pytest.raises(ValueError, match=r"slo_target must be in \(0, 1\), got 0.0"):
+        _retuned(Breaker(), error_budget=1.0)
 
 
 def test_the_arbiter_holds_the_batch_to_the_new_bounds_and_keeps_its_other_rules() -> None:

@@ -1,5 +1,5 @@
 """``servepilot replay --config``: the replay takes the config's SLO, classes, steering, batch bounds,
-queue timeout and energy setting, and a flag given on the command line wins."""
+queue timeout, energy setting and error budget, and a flag given on the command line wins."""
 
 import math
 
@@ -15,6 +15,7 @@ POLICIES = {
     "batch_min": 4,
     "batch_max": 256,
     "energy": True,
+    "error_budget": 0.005,
 }
 
 
@@ -32,11 +33,13 @@ def test_the_config_gives_every_field_the_replay_acts_on():
         "served_window_s": 120.0,
         "batch_bounds": (4.0, 256.0),
         "energy": True,
+        "error_budget": 0.005,
         "queue_timeout_s": 2.5,
     }
     line = describe(_cfg(), fields, True)
     assert "SLO ttft=3s itl=0.08s" in line and "batch 4-256" in line and "queue timeout 2.5s" in line
     assert "class targets: high, low; itl_steering served_classes" in line
+    assert "error budget 0.50%" in line
 
 
 def test_flags_win_over_the_config():

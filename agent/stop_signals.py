@@ -30,7 +30,7 @@ class StopSignals:
         for sig in SIGNALS:
             loop.add_signal_handler(sig, self.received, sig)
 
-    def received(self, sig: int = signal.SIGTERM) -> None:
+    def received(self, sig: int) -> None:
         name = signal.Signals(sig).name
         if not self.stop.is_set():
             log.info("%s: stopping (send it again to cut the requests in progress short)", name)

@@ -111,7 +111,7 @@ def slo_bound(seconds: float) -> str:
     near it when one of them has no such bucket."""
     missing = [engine for engine, bounds in TTFT_BOUNDS.items() if seconds not in bounds]
     if missing:
-        shared = sorted(set(TTFT_BOUNDS["vllm"]) & set(TTFT_BOUNDS["sglang"]))
+        shared = sorted(set.intersection(*(set(bounds) for bounds in TTFT_BOUNDS.values())))
         below = [b for b in shared if b < seconds][-1:]
         above = [b for b in shared if b > seconds][:1]
         near = " or ".join(f"{b:g}" for b in below + above)

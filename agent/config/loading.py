@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,8 +33,9 @@ def format_value(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def _bounds(loc: tuple[str | int, ...]) -> tuple[str, str] | None:
-    """The [lower, upper] bounds declared on the field at ``loc``, for a complete range message."""
+def _walk(loc: tuple[str | int, ...]) -> tuple[Any, Any]:
+    """The type at ``loc`` in :class:`Config` and the field declaring it (None for the root, a mapping's
+    entry, or a path that names no field: then the type is None too)."""
     model: Any = Config
     info = None
     for part in loc:
@@ -41,9 +43,34 @@ def _bounds(loc: tuple[str | int, ...]) -> tuple[str, str] | None:
             model, info = get_args(model)[1], None
             continue
         if not isinstance(part, str) or not hasattr(model, "model_fields") or part not in model.model_fields:
-            return None
+            return None, None
         info = model.model_fields[part]
         model = info.annotation
+    return model, info
+
+
+def _shared_start(a: str, b: str) -> int:
+    """How many leading characters ``a`` and ``b`` share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def _unknown(loc: tuple[str | int, ...]) -> ConfigError:
+    """An unknown setting, with the known one its name is closest to: ``state_file`` for
+    ``state_path`` is a typo the operator should not have to look up in the reference."""
+    field = ".".join(str(p) for p in loc)
+    model, _ = _walk(loc[:-1])
+    name = str(loc[-1]) if loc else ""
+    close = difflib.get_close_matches(name, list(getattr(model, "model_fields", ())), n=5, cutoff=0.6)
+    # a setting's name says what first (state_, max_): of the close ones, the one starting as the typo
+    # does (state_path, not tls_key_file, for state_file)
+    close.sort(key=lambda known: _shared_start(name, known), reverse=True)
+    hint = f" (did you mean {'.'.join([*(str(p) for p in loc[:-1]), close[0]])}?)" if close else ""
+    return ConfigError(field, f"is not a known setting{hint}")
+
+
+def _bounds(loc: tuple[str | int, ...]) -> tuple[str, str] | None:
+    """The [lower, upper] bounds declared on the field at ``loc``, for a complete range message."""
+    _, info = _walk(loc)
     if info is None:
         return None
     lo, hi, lo_open, hi_open = "-inf", "inf", False, False
@@ -71,7 +98,7 @@ def _describe(error: ValidationError) -> ConfigError:
         return ConfigError(mapping, f"keys must be {expected}, got {format_value(value)}")
     field = ".".join(str(p) for p in loc)
     if kind == "extra_forbidden":
-        return ConfigError(field, "is not a known setting")
+        return _unknown(loc)
     if kind == "missing":
         return ConfigError(field, "is required")
     if kind in {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}:

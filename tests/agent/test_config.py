@@ -58,7 +58,20 @@ def test_examples_exist_for_demo_vllm_and_sglang() -> None:
             {"gate": {"listen_port": 8080, "upstreams": {"primary": "http://localhost:8080"}}},
             "gate.upstreams.primary is the gate's own address (port 8080): every request would come back",
         ),
-        ({"agent": {"intervall_s": 1}}, "agent.intervall_s is not a known setting"),
+        (
+            {"agent": {"intervall_s": 1}},
+            "agent.intervall_s is not a known setting (did you mean agent.interval_s?)",
+        ),
+        (  # of the close names, the one starting as the typo does (not tls_key_file, closer by ratio)
+            {"agent": {"state_file": "/var/lib/servepilot/state.json"}},
+            "agent.state_file is not a known setting (did you mean agent.state_path?)",
+        ),
+        (  # inside a mapping of sections: the line's fields
+            {"gate": {"lines": {"batch": {"request_per_min": 10}}}},
+            "gate.lines.batch.request_per_min is not a known setting "
+            "(did you mean gate.lines.batch.requests_per_min?)",
+        ),
+        ({"gaet": {}}, "gaet is not a known setting (did you mean gate?)"),
         ({"agent": {"interval_s": "fast"}}, "agent.interval_s input should be a valid number"),
         (
             {"policies": {"energy": True}},
@@ -135,6 +148,12 @@ def test_bad_values_name_field_range_and_value(data: dict[str, object], message:
         config.build(data)
     assert str(info.value).startswith(message)
     assert "\n" not in str(info.value)
+
+
+def test_an_unknown_setting_like_no_known_one_gets_no_suggestion() -> None:
+    with pytest.raises(config.ConfigError) as info:
+        config.build({"gate": {"zzzz": 1}})
+    assert str(info.value) == "gate.zzzz is not a known setting"
 
 
 def test_environment_overrides_come_from_the_mapping_passed_in() -> None:

@@ -38,6 +38,7 @@ from agent.itl_steering import AUDIT_KNOB, ItlTarget, steered_itl, steering_warn
 from agent.knobs import Knobs
 from agent.loop import Loop
 from agent.modes import Mode
+from agent.stop_signals import ignore_hangup_until_exit, ignore_hangup_while_stopping
 from agent.store import Store
 from agent.tls import TlsFilesCollector, WatchedTls, server_tls
 from agent.tls import watch as watch_tls
@@ -684,12 +685,11 @@ async def serve(
         settle_after_start_up()  # full GC passes would otherwise stall ticks and the gate's streams
         await stop.wait()
     finally:
-        if hangup:  # no reload racing the stop, and not SIGHUP's default either: that ends the process
-            loop.add_signal_handler(signal.SIGHUP, log.info, "SIGHUP ignored: stopping")
+        if hangup:
+            ignore_hangup_while_stopping(loop)
         await sidecar.stop(hurry)
         if hangup:
-            loop.remove_signal_handler(signal.SIGHUP)
-            signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the process exits
+            ignore_hangup_until_exit(loop)
 
 
 def _slo(p: PolicyConfig) -> dict[str, float]:

@@ -38,3 +38,16 @@ class StopSignals:
         elif not self.hurry.is_set():
             log.warning("%s again: cutting the stop short; settings still go back to their defaults", name)
             self.hurry.set()
+
+
+def ignore_hangup_while_stopping(loop: asyncio.AbstractEventLoop) -> None:
+    """A SIGHUP (a reload) from now on is logged and ignored: no reload racing the stop, and not
+    SIGHUP's default either, which ends the process before the settings are put back."""
+    loop.add_signal_handler(signal.SIGHUP, log.info, "SIGHUP ignored: stopping")
+
+
+def ignore_hangup_until_exit(loop: asyncio.AbstractEventLoop) -> None:
+    """Once the stop is done: SIGHUP ignored while the loop closes and the process exits (removing a
+    loop's handler puts back the default, an exit)."""
+    loop.remove_signal_handler(signal.SIGHUP)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -77,6 +77,8 @@ def _with_overrides(file_cfg: Config | None, args: argparse.Namespace) -> Config
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.config:  # SIGHUP reloads it: one arriving while the gate starts must not end it (the default)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     from agent import config, eventloop
     from agent.cli import UsageError
     from agent.exporter import without_created_series
@@ -103,7 +105,7 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
     from agent.config import priority_targets
     from agent.gate.proxy import Gate
     from agent.gate.upstreams import engine_upstream
-    from agent.stop_signals import StopSignals
+    from agent.stop_signals import StopSignals, ignore_hangup_until_exit, ignore_hangup_while_stopping
     from agent.tls import TlsFilesCollector
     from agent.tls import watch as watch_tls
 
@@ -146,6 +148,8 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
         await stop.wait()
     finally:
         stop.set()  # ends the TLS watch
+        if args.config:
+            ignore_hangup_while_stopping(loop)
         if tls_watch is not None:
             await tls_watch
         if watch is not None:
@@ -153,6 +157,8 @@ async def _serve(cfg: Config, args: argparse.Namespace) -> None:
         await gate.stop(signals.hurry)
         if metrics is not None:
             await metrics.cleanup()
+        if args.config:
+            ignore_hangup_until_exit(loop)
 
 
 async def _serve_metrics(

@@ -267,3 +267,49 @@ async def test_the_standalone_gate_reloads_on_sighup_keeping_its_command_line_ov
     assert code == 0, output
     assert "config reload (SIGHUP): 1 field(s) changed: gate.lines.batch.requests_per_min" in output
     assert "config reload (SIGHUP) refused: agent.interval_s changed, which needs a restart" in output
+
+
+async def test_the_standalone_gate_ignores_sighup_while_it_stops(tmp_path: Path) -> None:
+    """``servepilot gate --config F``: a SIGHUP while it drains a stream (drain_s 60) is logged and ignored
+    (it was a reload racing the stop, and once the loop closed SIGHUP's default, an exit); a second
+    SIGTERM then ends it, exit 0."""
+    gate_port = free_port()
+    path = tmp_path / "gate.yaml"
+    path.write_text("audit: {path: null}\ngate: {health_interval_s: 600, drain_s: 60}\n")
+    release = asyncio.Event()
+    async with serve(held_stream_upstream(release)) as upstream, aiohttp.ClientSession() as http:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", "gate", "--config", str(path), "--upstream", upstream,
+             "--port", str(gate_port), "--no-metrics", "--log-level", "info"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        gate = f"http://127.0.0.1:{gate_port}"
+        try:
+            deadline = time.monotonic() + 15
+            while True:  # up once a request passes through to the upstream
+                try:
+                    if await _status(http, gate) == 200:
+                        break
+                except aiohttp.ClientError:
+                    pass
+                assert time.monotonic() < deadline, "the gate did not come up"
+                await asyncio.sleep(0.05)  # polling a real process
+            body = {"model": "m", "prompt": "hi", "max_tokens": 3, "stream": True}
+            async with http.post(f"{gate}/v1/completions", json=body) as held:
+                await held.content.readuntil(b"\n\n")
+                run.send_signal(signal.SIGTERM)
+                await asyncio.sleep(0.5)  # a real process, draining the held stream
+                run.send_signal(signal.SIGHUP)
+                await asyncio.sleep(0.5)
+                assert run.poll() is None  # still draining, not ended by the SIGHUP
+                run.send_signal(signal.SIGTERM)
+                code = await asyncio.to_thread(run.wait, 20)
+            release.set()
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+    output = run.stdout.read() if run.stdout else ""
+    assert code == 0, output
+    assert "SIGHUP ignored: stopping" in output
+    assert "gate: cutting 1 request(s) in progress short" in output

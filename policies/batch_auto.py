@@ -224,7 +224,7 @@ class AutoBatch:
             )
         elif g_itl < 1.0 and not ttft_risk and not prefill_bound:
             new = min(limit, max(running, 1.0)) * max(self.md, g_itl)
-            why = f"ITL {itl:.3f}s above target {self.headroom * self.itl_slo_s:.3f}s"
+            why = f"ITL {itl:.4g}s above target {self.headroom * self.itl_slo_s:.4g}s"
         elif limit - max(self.lower, slots_take) >= 1.0:
             new = slots_take
             why = (

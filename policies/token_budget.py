@@ -138,7 +138,8 @@ class TokenBudget:
             why = f"KV cache under pressure (usage {kv:.0%}, {preempt:.2g} preemptions/s) while prefilling"
         elif itl > itl_hi and prompt_tps > 0 and budget > max(self.lower, self.floor_for_itl):
             new = max(budget / 2, self.floor_for_itl)
-            why = f"ITL p99 {itl:.3f}s above {itl_hi:.3f}s while prefilling {prompt_tps:.0f} tok/s"
+            # 4 significant digits: just over the target must not read "0.080s above 0.080s"
+            why = f"ITL p99 {itl:.4g}s above {itl_hi:.4g}s while prefilling {prompt_tps:.0f} tok/s"
         elif (
             itl < self.low * self.itl_slo_s
             and ttft_risk

@@ -25,6 +25,11 @@ def test_halves_when_itl_tail_is_over_target_while_prefilling():
     assert _decide(engine__itl_seconds__p99=0.13, **PREFILL) == [1024]
 
 
+def test_the_reason_tells_an_itl_just_over_the_target_from_it():
+    _, proposals = POLICY.decide(make_snapshot(engine__itl_seconds__p99=0.0801, **PREFILL), [], None, 100.0)
+    assert proposals[0].reason.startswith("ITL p99 0.0801s above 0.08s while prefilling")
+
+
 def test_holds_when_itl_is_over_target_without_prefill():
     """Slow decode steps are the batch limit's business: smaller chunks would not help."""
     values = {**PREFILL, "engine__prompt_tokens_per_second": 0}

@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 
 _JSON_OBJECT = re.compile(rb"\s*\{")
 """How a JSON object body starts; anything else is passed on as it came."""
+#: The longest ``Retry-After`` of a 502 while every upstream is down: a long health-check interval is no
+#: reason for a client to wait that long (OpenAI's Python SDK disregards one over 120 s anyway).
+DOWN_RETRY_AFTER_MAX_S = 30.0
 
 
 class Forwarder:
@@ -217,14 +220,28 @@ class Forwarder:
         if stalled:  # it hung before answering, and no other upstream was left to ask
             return self._failed(record, 504, "; ".join(stalled + errors), "upstream_stalled")
         message = "no upstream reachable (" + "; ".join(errors) + ")" if errors else "no upstream configured"
-        return self._failed(record, 502, message, "bad_gateway")
+        # every upstream down (an engine restarting): a client retrying at once meets the same refusal,
+        # so it is told to wait until the next health check, which may find one back
+        down = errors and not any(up.healthy for up in self.pool.upstreams.values())
+        wait = min(self._cfg().health_interval_s, DOWN_RETRY_AFTER_MAX_S) if down else None
+        return self._failed(record, 502, message, "bad_gateway", wait)
 
-    def _failed(self, record: RequestRecord | None, status: int, message: str, code: str) -> web.Response:
+    def _failed(
+        self,
+        record: RequestRecord | None,
+        status: int,
+        message: str,
+        code: str,
+        retry_after_s: float | None = None,
+    ) -> web.Response:
         """No upstream answered: count the request as the upstreams' failure and tell the client why. A
         502 (none could be reached) gives its line back the tokens it was charged: during an engine's
         outage, clients' retries drained their lines' token budgets for answers nobody gave, and the
         lines met 429 ``token_rate`` once the engine was back. A 504 (one hung, perhaps busy with it)
         keeps its charge, as a failed answer does.
+
+        A 502 while every upstream is down says ``Retry-After``: the health-check interval, at most
+        :data:`DOWN_RETRY_AFTER_MAX_S`.
 
         Either answer closes the client's connection (``Connection: close``): a client retries a 502 or
         504 at once (OpenAI's SDK does, twice), and on the kept-alive connection it came on, which a
@@ -235,7 +252,7 @@ class Forwarder:
             record.unanswered = status == 502
             record.e2e_s = self.clock() - record.arrived
             self.relay.finish(record)
-        return closing(json_error(status, message, "upstream_error", code))
+        return closing(json_error(status, message, "upstream_error", code, retry_after_s))
 
     def may_retry(self, retried: int) -> bool:
         """Whether a request that met a retriable error may try the next upstream: a request already on

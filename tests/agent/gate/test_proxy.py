@@ -486,6 +486,14 @@ async def test_dead_upstream_gets_502_json(client: aiohttp.ClientSession) -> Non
         assert not gate.pool.upstreams["primary"].healthy
         # the client's retry comes on a new connection, which a Service may send to another replica
         assert resp.headers["Connection"] == "close"
+        # every upstream down: wait for a health check (600 s here), but no longer than 30 s
+        assert resp.headers["Retry-After"] == "30"
+    finally:
+        await gate.stop()
+    gate = await _gate({"primary": "http://127.0.0.1:9"}, health_interval_s=3)
+    try:
+        resp = await _post(client, gate, _body(stream=True))
+        assert resp.status == 502 and resp.headers["Retry-After"] == "3"
     finally:
         await gate.stop()
 

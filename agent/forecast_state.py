@@ -13,7 +13,7 @@ import json
 import logging
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -143,11 +143,27 @@ class Track:
         self.backtest = {str(k): float(v) for k, v in dict(data.get("backtest", {})).items()}
 
 
-def state_document(tracks: Mapping[str, Track], capacity_rps: float, last_refit_s: float | None) -> str:
+class SavedState(NamedTuple):
+    """What :func:`load_state` gives back besides the tracks it fills."""
+
+    capacity_rps: float
+    last_refit_s: float | None
+    setup: dict[str, str]
+    """What the capacity was learned on (agent/forecasting.py, :func:`serving_setup`); empty when the file
+    does not say."""
+
+
+def state_document(
+    tracks: Mapping[str, Track],
+    capacity_rps: float,
+    last_refit_s: float | None,
+    setup: Mapping[str, str] | None = None,
+) -> str:
     """The JSON text of the whole state (built under the caller's lock, written outside it)."""
     document = {
         "version": VERSION,
         "saturated_capacity_rps": capacity_rps,
+        "capacity_setup": dict(setup or {}),
         "last_refit_s": last_refit_s,
         "tracks": {name: track.to_json() for name, track in tracks.items()},
     }
@@ -159,9 +175,9 @@ def write_atomically(path: str, text: str) -> None:
     atomic_file.write_atomically(path, text.encode("utf-8"), prefix=".forecast-")
 
 
-def load_state(path: str, tracks: Mapping[str, Track]) -> tuple[float, float | None] | None:
-    """Fill ``tracks`` from ``path``; returns (capacity_rps, last_refit_s), or None when there is no
-    usable file (a missing or unreadable file is logged, never raised: the agent starts fresh)."""
+def load_state(path: str, tracks: Mapping[str, Track]) -> SavedState | None:
+    """Fill ``tracks`` from ``path``; returns the rest of the state, or None when there is no usable
+    file (a missing or unreadable file is logged, never raised: the agent starts fresh)."""
     try:
         with open(path, encoding="utf-8") as stream:
             document = json.load(stream)
@@ -174,7 +190,8 @@ def load_state(path: str, tracks: Mapping[str, Track]) -> tuple[float, float | N
         # saturated_capacity_rps: learned in saturated minutes only; the "capacity_rps" saved before
         # 2026-12-06 counted every minute, a lower bound that is dropped and learned again
         capacity = float(document.get("saturated_capacity_rps", 0.0))
-        return capacity, None if last is None else float(last)
+        setup = {str(k): str(v) for k, v in dict(document.get("capacity_setup") or {}).items()}
+        return SavedState(capacity, None if last is None else float(last), setup)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:

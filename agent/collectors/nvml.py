@@ -328,6 +328,9 @@ class NvmlCollector:
             info = {"backend": self.sampler.backend.kind, "gpus": str(len(tick.gpus))}
             if self.sampler.gpu_info:
                 info["driver_version"] = self.sampler.gpu_info[0].driver_version
+                # the watched GPUs' model(s), for what a learned capacity was learned on (forecasting)
+                names = {gpu.index: gpu.name for gpu in self.sampler.gpu_info}
+                info["gpu_names"] = ",".join(sorted({names.get(g.index, "?") for g in tick.gpus}))
             return Reading(self.name, now, SourceStatus.OK, values, problem, self._took(started), info)
         except Exception as error:  # collect() never raises
             return Reading.failed(self.name, now, f"{type(error).__name__}: {error}", self._took(started))

@@ -204,6 +204,74 @@ def test_a_capacity_saved_before_saturation_counted_is_learned_again(tmp_path: P
     assert second.tracks["requests_per_second"].values == first.tracks["requests_per_second"].values
 
 
+def _served_by(now: float, rps: float, p99: float, model: str | None, gpu: str | None = None) -> Snapshot:
+    """A saturated tick (work queued in the gate) of an engine serving ``model`` on ``gpu``; None: that
+    source did not answer this tick."""
+    values = {"engine.requests_finished_per_second": rps, "engine.ttft_seconds.p99": p99}
+    values["gate.queue_depth"] = 3.0
+    engine = (
+        Reading("engine", now, SourceStatus.OK, values, info={"engine": "vllm", "model": model})
+        if model is not None
+        else Reading.failed("engine", now, "connection refused")
+    )
+    readings = {"engine": engine}
+    if gpu is not None:
+        readings["nvml"] = Reading("nvml", now, SourceStatus.OK, {}, info={"gpus": "1", "gpu_names": gpu})
+    return Snapshot.from_readings(now, readings)
+
+
+def test_a_capacity_learned_with_another_model_is_learned_again(caplog: pytest.LogCaptureFixture) -> None:
+    """The highest minute only rises: 30 rps learned on a 4B model would stay the capacity of the 32B
+    model the replica serves after an upgrade, and the advice would ask for too few replicas."""
+    forecaster = LiveForecaster(_cfg(ttft_slo_s=1.0))
+    now = MONDAY_S
+    for _ in range(2):  # a saturated minute at 30 rps, closed by the next one's first tick
+        for second in range(0, 60, 10):
+            forecaster.observe(_served_by(now + second, 30.0, 0.5, "qwen3-4b", "NVIDIA H100 80GB HBM3"))
+        now += 60
+    assert forecaster.capacity_rps == 30.0
+    forecaster.observe(_served_by(now, 30.0, 0.5, None))  # the engine down a tick: nothing known changed
+    forecaster.observe(_served_by(now, 30.0, 0.5, "qwen3-4b"))  # NVML silent a tick: neither
+    assert forecaster.capacity_rps == 30.0
+    with caplog.at_level("INFO", logger="agent.forecasting"):
+        forecaster.observe(_served_by(now + 1, 8.0, 0.5, "qwen3-32b", "NVIDIA H100 80GB HBM3"))
+    assert forecaster.capacity_rps == 0.0
+    assert "learned with model qwen3-4b; this replica now serves with model qwen3-32b" in caplog.text
+    assert "forecast.capacity_requests_per_second" not in forecaster.signals(now + 1).values
+    now += 60
+    for _ in range(2):
+        for second in range(0, 60, 10):
+            forecaster.observe(_served_by(now + second, 8.0, 0.5, "qwen3-32b", "NVIDIA H100 80GB HBM3"))
+        now += 60
+    assert forecaster.capacity_rps == 8.0
+
+
+def test_a_restored_capacity_is_kept_on_the_same_setup_and_dropped_on_another_gpu(tmp_path: Path) -> None:
+    first = LiveForecaster(_cfg(tmp_path))
+    first.observe(_served_by(MONDAY_S, 5.0, 0.5, "llama-3-8b", "NVIDIA A100-SXM4-80GB"))
+    first.capacity_rps = 12.0
+    first.save()
+    document = json.loads((tmp_path / "forecast.json").read_text())
+    assert document["capacity_setup"] == {
+        "engine": "vllm",
+        "model": "llama-3-8b",
+        "gpu": "NVIDIA A100-SXM4-80GB",
+    }
+    second = LiveForecaster(_cfg(tmp_path))
+    assert second.restore() and second.capacity_rps == 12.0
+    second.observe(_served_by(MONDAY_S + 60, 5.0, 0.5, "llama-3-8b", "NVIDIA A100-SXM4-80GB"))
+    assert second.capacity_rps == 12.0
+    second.observe(_served_by(MONDAY_S + 61, 5.0, 0.5, "llama-3-8b", "NVIDIA L4"))
+    assert second.capacity_rps == 0.0
+    # a file saved before the setup was kept: its capacity stands, and takes the setup first seen
+    del document["capacity_setup"]
+    (tmp_path / "forecast.json").write_text(json.dumps(document))
+    third = LiveForecaster(_cfg(tmp_path))
+    assert third.restore() and third.capacity_rps == 12.0
+    third.observe(_served_by(MONDAY_S + 60, 5.0, 0.5, "llama-3-8b", "NVIDIA L4"))
+    assert third.capacity_rps == 12.0 and third.capacity_setup["gpu"] == "NVIDIA L4"
+
+
 def test_recommended_replicas_cover_the_upper_forecast_at_target_utilisation() -> None:
     forecaster = LiveForecaster(_cfg(target_utilization=0.5, replica_quantile=0.9))
     now = _feed(forecaster, 0, 1440 + 120)

@@ -71,7 +71,7 @@ def test_forecaster_history_survives_a_restart(tmp_path: Path) -> None:
         before["requests_per_s"].add(minute, 10.0 + minute)
     write_atomically(path, state_document(before, capacity_rps=42.0, last_refit_s=1234.0))
     after = _tracks()
-    assert load_state(path, after) == (42.0, 1234.0)
+    assert load_state(path, after) == (42.0, 1234.0, {})
     assert after["requests_per_s"].to_json() == before["requests_per_s"].to_json()
 
 

@@ -328,6 +328,14 @@ def test_gpu_info_names_each_gpu_after_init() -> None:
     assert [(g.index, g.driver_version) for g in collector.gpu_info] == [(0, "560.35.03"), (1, "560.35.03")]
 
 
+async def test_the_reading_names_the_watched_gpus_model() -> None:
+    """What a forecast's learned capacity belongs to (agent/forecasting.py, serving_setup)."""
+    collector = collector_for(FakeNvmlBackend(2))
+    assert collector.sampler is not None
+    run(collector.sampler, [0.0])
+    assert (await collector.collect(1.0)).info["gpu_names"] == "NVIDIA H100 80GB HBM3"
+
+
 @pytest.mark.parametrize(
     ("backend", "kind"), [("nvml", RealNvmlBackend), ("simulated", SimulatedNvmlBackend), ("off", type(None))]
 )

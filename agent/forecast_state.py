@@ -149,8 +149,7 @@ class SavedState(NamedTuple):
     capacity_rps: float
     last_refit_s: float | None
     setup: dict[str, str]
-    """What the capacity was learned on (agent/forecasting.py, :func:`serving_setup`); empty when the file
-    does not say."""
+    """What the capacity was learned on (detectors/serving_setup.py); empty when the file does not say."""
 
 
 def state_document(

@@ -28,7 +28,7 @@ Until the replica has been saturated, no capacity and no advice are published; t
 ``ceil(max_h q_{replica_quantile}(t+h) / (capacity * target_utilization))`` over the selection horizon,
 clamped to ``[min_replicas, max_replicas]``.
 
-Capacity is the setup's it was learned on (:func:`serving_setup`: the engine, its model, the GPU model),
+Capacity is the setup's it was learned on (detectors/serving_setup.py: the engine, its model, the GPU model),
 kept with it in the state file. The highest minute only ever rises, so a capacity restored after the
 replica moved to a larger model or a slower GPU would stay where the old setup put it, and the advice
 would ask for too few replicas. When a part of the setup the sidecar sees differs from the one the
@@ -54,6 +54,7 @@ from detectors.forecast.base import Forecast, Forecaster
 from detectors.forecast.ensemble import Ensemble
 from detectors.forecast.select import default_factories, select
 from detectors.forecast.series import GapError
+from detectors.serving_setup import SetupWatch, describe
 from detectors.snapshot import Reading, Snapshot, SourceStatus
 from policies import knobs
 
@@ -97,22 +98,6 @@ def token_rate(snapshot: Snapshot) -> float | None:
     return float(sum(known)) if known else None
 
 
-def serving_setup(snapshot: Snapshot) -> dict[str, str]:
-    """What this replica serves with, as far as this tick's readings say: the engine and its model (the
-    engine's scrape), the GPU model (NVML). A part no source told this tick is left out: not known is no
-    change (the GPU count is left out too: NVML narrows from every GPU to the engine's as it starts)."""
-    setup: dict[str, str] = {}
-    engine = snapshot.readings.get("engine")
-    if engine is not None and engine.status is SourceStatus.OK:
-        for key in ("engine", "model"):
-            if value := engine.info.get(key):
-                setup[key] = value
-    gpus = snapshot.readings.get("nvml")
-    if gpus is not None and gpus.status is SourceStatus.OK and (names := gpus.info.get("gpu_names")):
-        setup["gpu"] = names
-    return setup
-
-
 class LiveForecaster:
     """See the module docstring. ``factories`` defaults to :func:`default_factories` filtered by config."""
 
@@ -141,7 +126,7 @@ class LiveForecaster:
         self.tracks = {name: Track(name, keep) for name in TARGETS}
         self.capacity_rps = 0.0
         #: what the replica serves with, as last seen: the setup ``capacity_rps`` belongs to
-        self.capacity_setup: dict[str, str] = {}
+        self.setup = SetupWatch()
         self.last_refit_s: float | None = None
         self.last_save_s: float | None = None
         self._minute_ttft: float = 0.0
@@ -156,10 +141,19 @@ class LiveForecaster:
         """Add this tick's rates to the current minute; closing a minute updates the models."""
         minute = math.floor(snapshot.now / STEP_S)
         served = served_rate(snapshot)
-        setup = serving_setup(snapshot)
         with self._lock:
-            if setup:
-                self._follow_setup(setup)
+            changed = self.setup.update(snapshot)
+            if changed and self.capacity_rps > 0:
+                was, now = describe(changed)
+                log.info(
+                    "forecast: the capacity of %.3g requests/s was learned with %s; this replica now serves "
+                    "with %s: it is learned again from its saturated minutes",
+                    self.capacity_rps,
+                    was,
+                    now,
+                )
+                self.capacity_rps = 0.0
+                self._restart_minute()  # the minute so far was the old setup's
             for track, value in zip(
                 self.tracks.values(), (demand_rate(snapshot, served), token_rate(snapshot)), strict=True
             ):
@@ -173,23 +167,6 @@ class LiveForecaster:
             if served is not None:
                 self._minute_served += served
                 self._minute_served_ticks += 1
-
-    def _follow_setup(self, setup: Mapping[str, str]) -> None:
-        """Drop the capacity when a part of ``setup`` differs from the one it was learned on."""
-        was = self.capacity_setup
-        changed = {key: value for key, value in setup.items() if was.get(key, value) != value}
-        if changed and self.capacity_rps > 0:
-            log.info(
-                "forecast: the capacity of %.3g requests/s was learned with %s; this replica now serves "
-                "with %s: it is learned again from its saturated minutes",
-                self.capacity_rps,
-                ", ".join(f"{key} {was[key]}" for key in changed),
-                ", ".join(f"{key} {value}" for key, value in changed.items()),
-            )
-            self.capacity_rps = 0.0
-            self._restart_minute()  # the minute so far was the old setup's
-        if changed or setup.keys() - was.keys():
-            self.capacity_setup = {**was, **setup}
 
     def _restart_minute(self) -> None:
         """Start the minute's capacity accounting afresh."""
@@ -332,7 +309,7 @@ class LiveForecaster:
         if target is None:
             return
         with self._lock:
-            text = state_document(self.tracks, self.capacity_rps, self.last_refit_s, self.capacity_setup)
+            text = state_document(self.tracks, self.capacity_rps, self.last_refit_s, self.setup.seen)
         write_atomically(target, text)
 
     def restore(self, path: str | None = None) -> bool:
@@ -343,7 +320,8 @@ class LiveForecaster:
         state = load_state(source, self.tracks)
         if state is None:
             return False
-        self.capacity_rps, self.last_refit_s, self.capacity_setup = state
+        self.capacity_rps, self.last_refit_s = state.capacity_rps, state.last_refit_s
+        self.setup = SetupWatch(state.setup)
         for track in self.tracks.values():
             series, end_minute = track.series()
             if series is None or not track.model_name:

@@ -328,7 +328,7 @@ class NvmlCollector:
             info = {"backend": self.sampler.backend.kind, "gpus": str(len(tick.gpus))}
             if self.sampler.gpu_info:
                 info["driver_version"] = self.sampler.gpu_info[0].driver_version
-                # the watched GPUs' model(s), for what a learned capacity was learned on (forecasting)
+                # the watched GPUs' model(s): what learned figures belong to (detectors/serving_setup.py)
                 names = {gpu.index: gpu.name for gpu in self.sampler.gpu_info}
                 info["gpu_names"] = ",".join(sorted({names.get(g.index, "?") for g in tick.gpus}))
             return Reading(self.name, now, SourceStatus.OK, values, problem, self._took(started), info)

@@ -269,7 +269,7 @@ def test_a_restored_capacity_is_kept_on_the_same_setup_and_dropped_on_another_gp
     third = LiveForecaster(_cfg(tmp_path))
     assert third.restore() and third.capacity_rps == 12.0
     third.observe(_served_by(MONDAY_S + 60, 5.0, 0.5, "llama-3-8b", "NVIDIA L4"))
-    assert third.capacity_rps == 12.0 and third.capacity_setup["gpu"] == "NVIDIA L4"
+    assert third.capacity_rps == 12.0 and third.setup.seen["gpu"] == "NVIDIA L4"
 
 
 def test_recommended_replicas_cover_the_upper_forecast_at_target_utilisation() -> None:

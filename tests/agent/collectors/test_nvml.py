@@ -329,7 +329,7 @@ def test_gpu_info_names_each_gpu_after_init() -> None:
 
 
 async def test_the_reading_names_the_watched_gpus_model() -> None:
-    """What a forecast's learned capacity belongs to (agent/forecasting.py, serving_setup)."""
+    """What learned figures belong to (detectors/serving_setup.py)."""
     collector = collector_for(FakeNvmlBackend(2))
     assert collector.sampler is not None
     run(collector.sampler, [0.0])

@@ -16,7 +16,7 @@ Contents (one pickle of a plain dict)::
      "overrides": {"paused": bool, "pins": {knob: value}},
      "gate": {"knobs": {knob: value}, "configured": {...}},   # agent/knobs.py: Knobs.gate_state
      "general": {"scorer": "<module.Class>", "params": {...}, "scorers": {signal: scorer},
-                 "thresholders": {signal: thresholder}}}
+                 "thresholders": {signal: thresholder}, "setup": {part: name}}}
 
 The breaker is stored as its dataclass fields (plain values), so a field added later takes its default.
 The detector's scorers are pickled objects (a :class:`~detectors.novelty.LevelNoveltyScorer` keeps deques
@@ -40,6 +40,7 @@ from typing import Any
 
 from agent.loop import Loop
 from detectors import atomic_file
+from detectors.serving_setup import SetupWatch
 from policies.breaker import BreakerState
 from policies.canary import CanaryState
 
@@ -105,6 +106,7 @@ def capture(loop: Loop, now: float, actuation: Any = None, gate: Mapping[str, An
             "params": _params(scorer),
             "scorers": dict(detector.scorers_),
             "thresholders": dict(detector.thresholders_),
+            "setup": dict(detector.setup_.seen),
         }
     return pickle.dumps(document, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -244,6 +246,11 @@ def restore(
                 detector.thresholders_[name] = (
                     t if type(t) is type(thresholder) else detector.thresholder_factory()
                 )
+            # what they were learned beside: another setup seen at a tick drops them (detectors/general.py)
+            setup = saved.get("setup")
+            detector.setup_ = SetupWatch(
+                {str(k): str(v) for k, v in setup.items()} if isinstance(setup, Mapping) else {}
+            )
             restored.append(f"{len(pairs)} detector baseline(s)")
     return restored
 

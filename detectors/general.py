@@ -52,6 +52,13 @@ not seen is what a new pod gets first (every live run beside vLLM warned "the lo
 ``engine.requests_waiting`` two to three minutes in, and each pod a rollout or a scale-out starts would
 send that warning to the webhooks). The count is the scorer's own (``n_seen``), so baselines restored
 from ``agent.state_path`` are settled at once.
+
+**Baselines are the setup's.** They were learned beside one engine, model and GPU model
+(detectors/serving_setup.py). When the replica serves with another (a larger model after an upgrade, with
+the state kept on a volume, or an engine restarted with other arguments), every level moves at once and
+each signal would warn until its window forgot the old setup, over an hour at a 1 s tick. Instead every
+baseline is dropped and learned again (settling as a new one does), with one info finding,
+:data:`SETUP_CHANGED`, naming the old and the new setup.
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ from collections.abc import Callable, Iterable
 
 from detectors.base import Finding, Severity
 from detectors.domain_util import ENGINE_STARTED, RestartWatch
+from detectors.serving_setup import SetupWatch, describe
 from detectors.snapshot import Snapshot
 from detectors.streaming import StreamingScorer
 from detectors.thresholds import Thresholder
@@ -70,6 +78,8 @@ from detectors.thresholds import Thresholder
 #: ``max``/``last``/``p50`` views of signals whose ``mean``/``p95``/``p99`` are watched. This keeps the cost
 #: per tick proportional to what an operator would chart, not to the size of the scrape.
 #: Signals that say how much load the engine has: when one of them is unusual, the rest follow from it.
+#: The finding of a change of setup, by which every baseline was learned again.
+SETUP_CHANGED = "serving_setup"
 DEFAULT_LOAD_SIGNALS = (
     "engine.requests_running",
     "engine.requests_waiting",
@@ -143,10 +153,14 @@ class GeneralAnomalyDetector:
         self.load_warning_: str | None = None
         self.restart_window_s = restart_window_s
         self.restarts_ = RestartWatch()
+        #: the setup the baselines were learned beside (persisted with them: agent/persist.py)
+        self.setup_ = SetupWatch()
+        #: alarms suppressed by thresholders since dropped (a setup change): the count only rises
+        self.suppressed_before_ = 0
 
     def suppressed_total(self) -> int:
         """Alarms the per-signal budgets dropped so far (``servepilot_findings_suppressed_total``)."""
-        return sum(t.suppressed_total_ for t in self.thresholders_.values())
+        return self.suppressed_before_ + sum(t.suppressed_total_ for t in self.thresholders_.values())
 
     def _watched(self, name: str) -> bool:
         known = self._watch_cache.get(name)
@@ -193,6 +207,9 @@ class GeneralAnomalyDetector:
         raised: list[tuple[str, float]] = []
         if self.restarts_.feed(snapshot):
             self._restarted(now)
+        changed = self.setup_.update(snapshot)
+        if changed and scorers:
+            self._learn_again(now, changed)
         for name in self._watched_in(snapshot):
             scorer = scorers.get(name)
             if scorer is None:
@@ -236,6 +253,26 @@ class GeneralAnomalyDetector:
             hint=(
                 f"alarms in the next {self.restart_window_s:.0f} s are reported as info: a cold engine's "
                 "levels move; the container's restart reason says why it restarted"
+            ),
+        )
+
+    def _learn_again(self, now: float, changed: dict[str, tuple[str, str]]) -> None:
+        """Drop every baseline, learned beside another setup (module docstring), and say so."""
+        self.suppressed_before_ = self.suppressed_total()
+        for learned in (self.scorers_, self.thresholders_, self.last_scores_, self.levels_):
+            learned.clear()
+        was, is_now = describe(changed)
+        self.active_[SETUP_CHANGED] = Finding(
+            detector=self.name,
+            signal=SETUP_CHANGED,
+            severity=Severity.INFO,
+            score=1.0,
+            summary=f"this replica now serves with {is_now} (was {was}): every baseline is learned again",
+            since=now,
+            evidence={"was": was, "now": is_now},
+            hint=(
+                f"alarms in the next {self.settle_points} points are info, as for a new sidecar, unless far "
+                "out: the old baselines would have judged the new setup by the old one's levels"
             ),
         )
 

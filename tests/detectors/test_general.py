@@ -293,3 +293,46 @@ def test_a_new_low_of_another_signal_is_still_a_warning() -> None:
         if f.since == 1400 * 5.0
     ]
     assert kept.severity is Severity.WARNING
+
+
+def _served(model_after: str, switch_at: int = 4000, ticks: int = 4060) -> list[list[Finding]]:
+    """An engine serving ``qwen3-4b`` for ``switch_at`` ticks (past the hour a baseline settles in), then
+    ``model_after`` with its tokens per step at a level never seen (a larger model, other steps)."""
+    from detectors.snapshot import Reading, SourceStatus
+
+    det = _production()
+    rng = np.random.default_rng(7)
+    out = []
+    for i in range(ticks):
+        model, level = ("qwen3-4b", 64.0) if i < switch_at else (model_after, 256.0)
+        values = {"engine.iteration_tokens.p95": level + float(rng.uniform(0, 2))}
+        info = {"engine": "vllm", "model": model}
+        reading = Reading("engine", float(i), SourceStatus.OK, values, info=info)
+        out.append(det.update(Snapshot.from_readings(float(i), {"engine": reading})))
+    return out
+
+
+def test_another_model_has_its_baselines_learned_again() -> None:
+    """Baselines learned beside one model judged the next one's levels: each signal warned until its
+    window forgot the old model. Now they are learned again, and the move is info while they settle."""
+    same = {f.signal: f for f in _served("qwen3-4b")[-1]}
+    assert same["engine.iteration_tokens.p95"].severity is Severity.WARNING  # the level alone: a warning
+    final = {f.signal: f for f in _served("qwen3-32b")[-1]}
+    changed = final["serving_setup"]
+    assert changed.severity is Severity.INFO
+    assert changed.summary.startswith("this replica now serves with model qwen3-32b (was model qwen3-4b)")
+    assert all(f.severity is Severity.INFO for f in final.values())
+
+
+def test_a_source_silent_for_a_tick_is_no_change_of_setup() -> None:
+    from detectors.snapshot import Reading, SourceStatus
+
+    det = _production()
+    info = {"engine": "vllm", "model": "qwen3-4b"}
+    for i in range(200):
+        reading = Reading("engine", float(i), SourceStatus.OK, {"engine.requests_running": 4.0}, info=info)
+        if i == 150:  # the engine down a tick: its model unknown
+            reading = Reading.failed("engine", float(i), "connection refused")
+        det.update(Snapshot.from_readings(float(i), {"engine": reading}))
+    assert det.scorers_["engine.requests_running"].n_seen == 199  # type: ignore[attr-defined]
+    assert det.setup_.seen == info

@@ -142,6 +142,33 @@ def test_detector_baselines_survive_a_restart(tmp_path: Path) -> None:
     assert scorer.score_one(201.0, 5.0) == original.score_one(201.0, 5.0) > 0.0
 
 
+def _tick(loop: Loop, now: float, model: str) -> None:
+    values = {"engine.gpu_cache_usage_perc": 0.5}
+    reading = Reading("engine", now, SourceStatus.OK, values, info={"engine": "vllm", "model": model})
+    loop.think(Snapshot.from_readings(now, {"engine": reading}))
+
+
+def test_restored_baselines_are_kept_beside_the_same_model_and_learned_again_beside_another(
+    tmp_path: Path,
+) -> None:
+    """A state file on a volume outlives a model upgrade: the old model's baselines would judge the new
+    one's levels, every signal warning for an hour. The setup they were learned beside is saved with
+    them; the first tick of another drops them."""
+    path = str(tmp_path / "brain.state")
+    before = _loop()
+    for i in range(200):
+        _tick(before, float(i), "qwen3-4b")
+    persist.write_atomically(path, persist.capture(before, 200.0))
+    for model, kept in (("qwen3-4b", True), ("qwen3-32b", False)):
+        after = _loop()
+        assert persist.load_into(path, after) == ["1 detector baseline(s)"]
+        general = _general(after)
+        assert general.setup_.seen == {"engine": "vllm", "model": "qwen3-4b"}  # type: ignore[attr-defined]
+        _tick(after, 201.0, model)
+        seen = general.scorers_["engine.gpu_cache_usage_perc"].learned_  # type: ignore[attr-defined]
+        assert seen == (201 if kept else 1), model
+
+
 def test_baselines_of_another_version_are_dropped_but_the_breaker_restores(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

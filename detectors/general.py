@@ -242,18 +242,13 @@ class GeneralAnomalyDetector:
         """Report the engine's restart (module docstring)."""
         started = self.restarts_.started
         assert started is not None
-        self.active_[ENGINE_STARTED] = Finding(
-            detector=self.name,
-            signal=ENGINE_STARTED,
-            severity=Severity.INFO,
-            score=1.0,
-            summary=f"the engine restarted: its process started {max(0.0, now - started):.0f} s ago",
-            since=now,
-            evidence={"started_at": started},
-            hint=(
-                f"alarms in the next {self.restart_window_s:.0f} s are reported as info: a cold engine's "
-                "levels move; the container's restart reason says why it restarted"
-            ),
+        self._note(
+            ENGINE_STARTED,
+            now,
+            f"the engine restarted: its process started {max(0.0, now - started):.0f} s ago",
+            {"started_at": started},
+            f"alarms in the next {self.restart_window_s:.0f} s are reported as info: a cold engine's "
+            "levels move; the container's restart reason says why it restarted",
         )
 
     def _learn_again(self, now: float, changed: dict[str, tuple[str, str]]) -> None:
@@ -262,18 +257,28 @@ class GeneralAnomalyDetector:
         for learned in (self.scorers_, self.thresholders_, self.last_scores_, self.levels_):
             learned.clear()
         was, is_now = describe(changed)
-        self.active_[SETUP_CHANGED] = Finding(
+        self._note(
+            SETUP_CHANGED,
+            now,
+            f"this replica now serves with {is_now} (was {was}): every baseline is learned again",
+            {"was": was, "now": is_now},
+            f"alarms in the next {self.settle_points} points are info, as for a new sidecar, unless far out: "
+            "the old baselines would have judged the new setup by the old one's levels",
+        )
+
+    def _note(
+        self, signal: str, now: float, summary: str, evidence: dict[str, float | str], hint: str
+    ) -> None:
+        """An info finding of the detector's own (not a signal's alarm), active for ``hold_s``."""
+        self.active_[signal] = Finding(
             detector=self.name,
-            signal=SETUP_CHANGED,
+            signal=signal,
             severity=Severity.INFO,
             score=1.0,
-            summary=f"this replica now serves with {is_now} (was {was}): every baseline is learned again",
+            summary=summary,
             since=now,
-            evidence={"was": was, "now": is_now},
-            hint=(
-                f"alarms in the next {self.settle_points} points are info, as for a new sidecar, unless far "
-                "out: the old baselines would have judged the new setup by the old one's levels"
-            ),
+            evidence=evidence,
+            hint=hint,
         )
 
     def _finding(

@@ -159,7 +159,29 @@ def build(data: Mapping[str, Any] | None, environ: Mapping[str, str] | None = No
     try:
         return Config.model_validate(merged)
     except ValidationError as error:
-        raise _describe(error) from None
+        raise _naming_the_variable(_describe(error), data, environ or {}) from None
+
+
+def _naming_the_variable(
+    error: ConfigError, data: Mapping[str, Any], environ: Mapping[str, str]
+) -> ConfigError:
+    """``error``, naming the environment variable that set its field where one did: a typo in a pod's
+    ``env:`` is not in the config file the operator would search for it."""
+    for key in sorted(environ):
+        path = key[len(ENV_PREFIX) :].lower().split("__") if key.startswith(ENV_PREFIX) else []
+        if len(path) != 2:
+            continue
+        dotted = ".".join(path)
+        if (
+            error.field == dotted
+            or error.field.startswith(dotted + ".")
+            or (
+                error.field == path[0] and path[0] not in data  # a section only the variable names
+            )
+        ):
+            text = str(error)
+            return ConfigError(f"{error.field} (from {key})", text[len(error.field) + 1 :])
+    return error
 
 
 def load(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:

@@ -161,9 +161,27 @@ def test_environment_overrides_come_from_the_mapping_passed_in() -> None:
     assert cfg.agent.interval_s == 2.5
 
 
-def test_environment_override_is_validated_like_the_file() -> None:
-    with pytest.raises(config.ConfigError, match=r"agent.interval_s must be in \[0.05, 60\], got 0"):
+def test_environment_override_is_validated_like_the_file_and_named() -> None:
+    """A typo in a pod's env: is not in the config file the operator would search for it."""
+    with pytest.raises(config.ConfigError) as info:
         config.build({}, {"SERVEPILOT_AGENT__INTERVAL_S": "0"})
+    assert str(info.value) == (
+        "agent.interval_s (from SERVEPILOT_AGENT__INTERVAL_S) must be in [0.05, 60], got 0"
+    )
+    with pytest.raises(config.ConfigError) as info:
+        config.build({"agent": {"interval_s": 1}}, {"SERVEPILOT_AGENT__INTERVALS": "2"})
+    assert str(info.value) == (
+        "agent.intervals (from SERVEPILOT_AGENT__INTERVALS) is not a known setting "
+        "(did you mean agent.interval_s?)"
+    )
+    with pytest.raises(config.ConfigError) as info:
+        config.build({}, {"SERVEPILOT_AGNET__INTERVAL_S": "2"})
+    assert str(info.value) == (
+        "agnet (from SERVEPILOT_AGNET__INTERVAL_S) is not a known setting (did you mean agent?)"
+    )
+    with pytest.raises(config.ConfigError) as info:  # the file's own mistake is the file's
+        config.build({"agent": {"intervall_s": 1}}, {"SERVEPILOT_AGENT__INTERVAL_S": "2"})
+    assert str(info.value).startswith("agent.intervall_s is not a known setting")
 
 
 def test_malformed_environment_key_is_an_error() -> None:

@@ -254,12 +254,13 @@ def test_a_keys_file_that_cannot_be_read_keeps_the_running_keys(tmp_path: Path) 
     keys.write_text("- sk-file-new-9876543210\n")  # a list, not key -> line
     result = setup.reloader.reload("file changed")
     assert result.result == "invalid"
-    assert result.message.startswith(f"gate.api_keys_file {str(keys)!r}: must be a mapping of API key")
+    named = "gate.api_keys_file (from SERVEPILOT_GATE__API_KEYS_FILE)"  # the variable set it
+    assert result.message.startswith(f"{named} {str(keys)!r}: must be a mapping of API key")
     assert "sk-" not in result.message.replace(str(keys), "")
     assert setup.applied == [] and setup.reloader.current is setup.cfg
     keys.unlink()  # a Secret removed: refused too, the keys in force stay
     assert setup.reloader.reload("file changed").message.startswith(
-        f"gate.api_keys_file {str(keys)!r}: cannot read it: No such file or directory"
+        f"{named} {str(keys)!r}: cannot read it: No such file or directory"
     )
     assert setup.reloader.current is setup.cfg
 

@@ -197,6 +197,10 @@ def load(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError("", f"config {str(path)!r} is not valid YAML{where}") from None
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        # the parser's own words ("found character '\\t' that cannot start any token") name a character
+        # or a token, never a value, so a key in the file cannot reach the log through them
+        problem = getattr(error, "problem", None)
+        why = f": {problem}" if problem else ""
+        raise ConfigError("", f"config {str(path)!r} is not valid YAML{where}{why}") from None
     return build(data, environ)

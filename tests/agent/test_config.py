@@ -196,11 +196,17 @@ def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
         config.load(path)
 
 
-def test_invalid_yaml_reports_the_line(tmp_path: Path) -> None:
+def test_invalid_yaml_reports_the_line_and_the_parsers_words(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("agent:\n  interval_s: [1\n")
-    with pytest.raises(config.ConfigError, match="not valid YAML at line"):
+    with pytest.raises(config.ConfigError, match="not valid YAML at line 3, column 1: expected ','"):
         config.load(path)
+    path.write_text("agent:\n\tinterval_s: 1\n")  # a tab: YAML indents with spaces only
+    with pytest.raises(config.ConfigError) as raised:
+        config.load(path)
+    assert str(raised.value).endswith(
+        "is not valid YAML at line 2, column 1: found character '\\t' that cannot start any token"
+    )
 
 
 def test_validate_config_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

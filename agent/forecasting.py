@@ -144,13 +144,13 @@ class LiveForecaster:
         with self._lock:
             changed = self.setup.update(snapshot)
             if changed and self.capacity_rps > 0:
-                was, now = describe(changed)
+                was, is_now = describe(changed)
                 log.info(
                     "forecast: the capacity of %.3g requests/s was learned with %s; this replica now serves "
                     "with %s: it is learned again from its saturated minutes",
                     self.capacity_rps,
                     was,
-                    now,
+                    is_now,
                 )
                 self.capacity_rps = 0.0
                 self._restart_minute()  # the minute so far was the old setup's

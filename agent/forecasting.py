@@ -28,6 +28,10 @@ Until the replica has been saturated, no capacity and no advice are published; t
 ``ceil(max_h q_{replica_quantile}(t+h) / (capacity * target_utilization))`` over the selection horizon,
 clamped to ``[min_replicas, max_replicas]``.
 
+A minute in which the breaker held a level above L0 teaches no capacity either: at L1 the batch was cut
+(a capacity too low), at L2 and L3 the answers came from the fp8 or the small model's upstream (one too
+high, which would ask for too few replicas once the breaker stepped back).
+
 Capacity is the setup's it was learned on (detectors/serving_setup.py: the engine, its model, the GPU model),
 kept with it in the state file. The highest minute only ever rises, so a capacity restored after the
 replica moved to a larger model or a slower GPU would stay where the old setup put it, and the advice
@@ -133,12 +137,14 @@ class LiveForecaster:
         #: this minute's ticks, those with work waiting, and the served rates summed over them
         self._minute_ticks = self._minute_waiting = self._minute_served_ticks = 0
         self._minute_served = 0.0
+        self._minute_degraded = False
         self._lock = threading.Lock()
         self._refit_task: asyncio.Future[None] | None = None
 
     # -- every tick ------------------------------------------------------------------------------------------
-    def observe(self, snapshot: Snapshot) -> None:
-        """Add this tick's rates to the current minute; closing a minute updates the models."""
+    def observe(self, snapshot: Snapshot, degraded: bool = False) -> None:
+        """Add this tick's rates to the current minute; closing a minute updates the models. ``degraded``:
+        the breaker held a level above L0 at this tick (the minute then teaches no capacity)."""
         minute = math.floor(snapshot.now / STEP_S)
         served = served_rate(snapshot)
         with self._lock:
@@ -164,6 +170,7 @@ class LiveForecaster:
                 self._minute_ttft = max(self._minute_ttft, p99)
             self._minute_ticks += 1
             self._minute_waiting += waiting(snapshot) > 0
+            self._minute_degraded |= degraded
             if served is not None:
                 self._minute_served += served
                 self._minute_served_ticks += 1
@@ -172,12 +179,14 @@ class LiveForecaster:
         """Start the minute's capacity accounting afresh."""
         self._minute_ttft = self._minute_served = 0.0
         self._minute_ticks = self._minute_waiting = self._minute_served_ticks = 0
+        self._minute_degraded = False
 
     def _on_minute(self, track: Track) -> None:
         if track.name == "requests_per_second":
             # capacity is what was served, not the demand (the track's minute): sheds are demand it missed
             saturated = self._minute_waiting >= SATURATED_SHARE * self._minute_ticks > 0
-            if self._minute_served_ticks and saturated and self._minute_ttft <= self.ttft_slo_s:
+            learns = saturated and not self._minute_degraded and self._minute_ttft <= self.ttft_slo_s
+            if self._minute_served_ticks and learns:
                 self.capacity_rps = max(self.capacity_rps, self._minute_served / self._minute_served_ticks)
             self._restart_minute()
         if track.model is None:
@@ -192,7 +201,8 @@ class LiveForecaster:
     def on_state(self, state: AgentState) -> None:
         """Loop listener: ``loop.subscribe(forecaster.on_state)``."""
         if state.snapshot is not None:
-            self.observe(state.snapshot)
+            level = getattr(state.policy_states.get("breaker"), "level", 0)
+            self.observe(state.snapshot, degraded=level > 0)
 
     def signals(self, now: float) -> Reading:
         """The latest forecasts as flat signals (cheap; computed when a minute closed)."""

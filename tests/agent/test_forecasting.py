@@ -171,6 +171,24 @@ def test_a_minute_with_nothing_waiting_for_most_of_it_teaches_no_capacity() -> N
     assert forecaster.signals(start + 120).values["forecast.capacity_requests_per_second"] == 25.0
 
 
+def test_a_minute_the_breaker_held_above_l0_teaches_no_capacity() -> None:
+    """At L3 the small model's upstream answered 60 rps: learned as the replica's capacity, it would stand
+    (the highest minute only rises) and the advice ask for too few replicas once the breaker stepped
+    back. The next minute, at L0 again, is learned."""
+    from types import MappingProxyType
+
+    from agent.state import AgentState
+    from policies.breaker import BreakerState
+
+    forecaster = LiveForecaster(_cfg(ttft_slo_s=1.0))
+    for minute, (rps, level) in enumerate(((60.0, 3), (25.0, 0), (25.0, 0))):
+        breaker = MappingProxyType({"breaker": BreakerState(level=level)})
+        for second in range(0, 60, 10):
+            snapshot = _snap(MONDAY_S + 60 * minute + second, rps, 0.5, **{"gate.queue_depth": 3.0})
+            forecaster.on_state(AgentState(snapshot=snapshot, policy_states=breaker))
+    assert forecaster.capacity_rps == 25.0
+
+
 def test_requests_the_gate_shed_are_demand_but_not_capacity() -> None:
     """A saturated replica that answers 20 rps and sheds 10 (queue full, deadlines passed) has a demand
     of 30 to forecast and a capacity of 20; a line's rate limit is neither (not in gate.shed_per_second)."""

@@ -133,13 +133,18 @@ def _parse_env_value(raw: str) -> Any:
         return raw
 
 
+def _env_path(key: str) -> list[str]:
+    """``SERVEPILOT_AGENT__INTERVAL_S`` -> ``["agent", "interval_s"]`` (checked by the caller)."""
+    return key[len(ENV_PREFIX) :].lower().split("__")
+
+
 def apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
     """Return ``data`` with ``SERVEPILOT_SECTION__FIELD`` overrides from ``environ`` applied."""
     merged: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
     for key, raw in sorted(environ.items()):
         if not key.startswith(ENV_PREFIX):
             continue
-        path = key[len(ENV_PREFIX) :].lower().split("__")
+        path = _env_path(key)
         if len(path) != 2 or not all(path):
             raise ConfigError(key, "must look like SERVEPILOT_<SECTION>__<FIELD>")
         section = merged.setdefault(path[0], {})
@@ -168,7 +173,7 @@ def _naming_the_variable(
     """``error``, naming the environment variable that set its field where one did: a typo in a pod's
     ``env:`` is not in the config file the operator would search for it."""
     for key in sorted(environ):
-        path = key[len(ENV_PREFIX) :].lower().split("__") if key.startswith(ENV_PREFIX) else []
+        path = _env_path(key) if key.startswith(ENV_PREFIX) else []
         if len(path) != 2:
             continue
         dotted = ".".join(path)

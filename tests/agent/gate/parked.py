@@ -7,7 +7,7 @@ requests at the engine (``running``, ``peak``), so a test sees whether the gate 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -105,3 +105,13 @@ async def serving(engine: E) -> AsyncIterator[E]:
     engine.go.set()
     assert engine.runner is not None
     await engine.runner.cleanup()
+
+
+async def settled(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Poll ``check`` every 10 ms until it holds or ``timeout_s`` passes. Wait for the whole state the test
+    then asserts: a request the gate has admitted is still on its way to the engine for a moment, so a wait
+    on the gate's side alone races the engine's count. The caller asserts, so a timeout fails with values."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not check() and loop.time() < deadline:
+        await asyncio.sleep(0.01)

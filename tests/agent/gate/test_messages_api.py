@@ -28,7 +28,7 @@ from agent.gate.openai import (
     usage_from_sse_tail,
 )
 from agent.gate.routes import classify
-from tests.agent.gate.parked import ParkedEngine, serving
+from tests.agent.gate.parked import ParkedEngine, serving, settled
 from tests.engines.client import ONE_AT_A_TIME, gate_for
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gate"
@@ -146,10 +146,8 @@ async def test_messages_are_held_to_the_limit_timed_from_their_first_token_and_c
         first = asyncio.create_task(client.post(url, json={**body, "stream": True}))
         await asyncio.wait_for(upstream.started.wait(), TIMEOUT)
         second = asyncio.create_task(client.post(url, json=body))
-        for _ in range(100):  # the second waits for the first's slot
-            if gate.admission.queue_depth == 1:
-                break
-            await asyncio.sleep(0.01)
+        # the second waits for the first's slot
+        await settled(lambda: gate.admission.queue_depth == 1 and upstream.running == 1)
         assert gate.admission.queue_depth == 1 and upstream.running == 1
         await asyncio.sleep(0.05)
         now[0] = 101.5  # the first token comes 1.5 s after the request; message_start came at once

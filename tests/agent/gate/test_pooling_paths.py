@@ -28,7 +28,7 @@ from agent.gate.openai import (
     parse_any,
     parse_request,
 )
-from tests.agent.gate.parked import ParkedEngine, serving
+from tests.agent.gate.parked import ParkedEngine, serving, settled
 from tests.engines.client import ONE_AT_A_TIME, gate_for
 
 TIMEOUT = 5.0
@@ -154,17 +154,12 @@ async def test_reranks_uploads_and_admitted_custom_paths_are_held_to_the_limit(u
             asyncio.create_task(client.post(f"{base}/v1/audio/transcriptions", data=upload)),
             asyncio.create_task(client.post(f"{base}/custom/generate", data=b"opaque")),
         ]
-        for _ in range(100):  # one at the engine, two waiting: the limit holds on every one of them
-            if gate.admission.queue_depth == 2:
-                break
-            await asyncio.sleep(0.01)
+        # one at the engine, two waiting: the limit holds on every one of them
+        await settled(lambda: gate.admission.queue_depth == 2 and upstream.running == 1)
         assert gate.admission.queue_depth == 2 and upstream.running == 1
         # a path neither built in nor listed passes straight through, past the limit
         unlisted = asyncio.create_task(client.post(f"{base}/unlisted", json={}))
-        for _ in range(100):
-            if upstream.running == 2:
-                break
-            await asyncio.sleep(0.01)
+        await settled(lambda: upstream.running == 2)
         assert upstream.running == 2 and gate.admission.queue_depth == 2
         upstream.go.set()
         answers = [await task for task in [*tasks, unlisted]]

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from agent.gate.openai import RequestInfo, parse_request, usage_from_json, usage_from_sse_tail
-from tests.agent.gate.parked import ParkedEngine, serving
+from tests.agent.gate.parked import ParkedEngine, serving, settled
 from tests.engines.client import ONE_AT_A_TIME, gate_for
 
 TIMEOUT = 5.0
@@ -125,10 +125,8 @@ async def test_a_responses_stream_is_admitted_and_its_ttft_is_its_first_token_no
             first = asyncio.create_task(client.post(url, json=body))
             await asyncio.wait_for(upstream.created_sent.wait(), TIMEOUT)
             second = asyncio.create_task(client.post(url, json=body))
-            for _ in range(100):  # the second waits for the first's slot: the limit holds on this path
-                if gate.admission.queue_depth == 1:
-                    break
-                await asyncio.sleep(0.01)
+            # the second waits for the first's slot: the limit holds on this path
+            await settled(lambda: gate.admission.queue_depth == 1 and upstream.running == 1)
             assert gate.admission.queue_depth == 1 and upstream.running == 1
             await asyncio.sleep(0.1)  # response.created has reached the gate: no token yet
             assert gate.late_at_upstreams() == {}  # no SLO set: nothing is judged late

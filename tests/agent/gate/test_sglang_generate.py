@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from agent.gate.openai import BadRequest, RequestInfo, parse_request, usage_from_json, usage_from_sse_tail
-from tests.agent.gate.parked import ParkedEngine, serving
+from tests.agent.gate.parked import ParkedEngine, serving, settled
 from tests.engines.client import ONE_AT_A_TIME, gate_for
 
 TIMEOUT = 5.0
@@ -118,10 +118,8 @@ async def test_generate_is_admitted_under_the_limit_and_counted_from_meta_info(
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
     ):
         tasks = [asyncio.create_task(client.post(f"{base}/generate", json=body)) for body in bodies]
-        for _ in range(100):  # one at the engine, two waiting: the limit holds on this path
-            if gate.admission.queue_depth == 2:
-                break
-            await asyncio.sleep(0.01)
+        # one at the engine, two waiting: the limit holds on this path
+        await settled(lambda: gate.admission.queue_depth == 2 and upstream.running == 1)
         assert gate.admission.queue_depth == 2 and upstream.running == 1
         upstream.go.set()
         answers = [await task for task in tasks]

@@ -47,7 +47,7 @@ class Echo(ParkedEngine):
             await stream.write(b'data: {"choices":[{"text":"a"}]}\n\ndata: [DONE]\n\n')
             await stream.write_eof()
             return stream
-        return web.json_response({"choices": [{"text": "a"}], "usage": usage})
+        return web.json_response({"choices": [{"text": "a"}], "usage": usage}, headers={"Server": "uvicorn"})
 
 
 @pytest.fixture
@@ -105,6 +105,24 @@ async def test_the_engine_is_told_the_client_behind_the_gate(engine: Echo) -> No
         async with client.post(f"{base}/v1/completions", json=body, headers={"X-Forwarded-For": "10.1.2.3"}):
             pass
     assert engine.forwarded_for == ["127.0.0.1", "10.1.2.3, 127.0.0.1"]
+
+
+async def test_no_answer_names_the_gates_python_or_aiohttp_version(engine: Echo) -> None:
+    """aiohttp says ``Server: Python/3.11 aiohttp/3.14.5`` on every answer it makes: the gate's own say
+    ``servepilot``, and the engine's relayed answer keeps the ``Server`` the engine sent."""
+    lines = {"batch": GateLineConfig(requests_per_min=1, burst_ratio=1.0)}
+    body = {"prompt": "hi", "max_tokens": 1}
+    servers = []
+    async with (
+        gate_for(engine.url, lines=lines) as (_, base, _registry),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as client,
+    ):
+        for _ in range(2):  # relayed, then refused by the line's one request a minute
+            async with client.post(
+                f"{base}/v1/completions", json=body, headers={"x-servepilot-line": "batch"}
+            ) as r:
+                servers.append((r.status, r.headers.get("Server")))
+    assert servers == [(200, "uvicorn"), (429, "servepilot")]
 
 
 async def test_request_ids_off_adds_none(engine: Echo) -> None:

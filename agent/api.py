@@ -40,6 +40,7 @@ from prometheus_client.exposition import choose_encoder
 from agent.exporter import Exporter
 from agent.gate.upstreams import UpstreamPool
 from agent.loop import Loop
+from agent.server_name import without_versions
 from agent.tls import client_certificate_required
 
 #: The detector whose finding makes the pod unready (detectors/stall.py).
@@ -62,7 +63,7 @@ def build_app(
     """``client_certificates``: mutual TLS, every path but the probes' needs a verified client
     certificate (:mod:`agent.tls`). ``shutting_down``: true once the gate's shutdown has begun."""
     middlewares = [client_certificate_required] if client_certificates else []
-    app = web.Application(client_max_size=64 * 1024, middlewares=middlewares)
+    app = without_versions(web.Application(client_max_size=64 * 1024, middlewares=middlewares))
     app[LOOP_KEY] = loop
     app[EXPORTER_KEY] = exporter
 
@@ -128,7 +129,7 @@ def build_gate_app(
     path of the gate's port belongs to the upstream (``/metrics`` there is the engine's). ``/readyz`` is
     503 while no upstream is healthy: the gate would still try them all, but a load balancer with another
     replica should send the request there."""
-    app = web.Application(client_max_size=64 * 1024)
+    app = without_versions(web.Application(client_max_size=64 * 1024))
 
     async def readyz(_: web.Request) -> web.Response:
         if shutting_down():

@@ -38,6 +38,7 @@ from agent.itl_steering import AUDIT_KNOB, ItlTarget, steered_itl, steering_warn
 from agent.knobs import Knobs
 from agent.loop import Loop
 from agent.modes import Mode
+from agent.server_name import without_versions
 from agent.stop_signals import ignore_hangup_until_exit, ignore_hangup_while_stopping
 from agent.store import Store
 from agent.tls import TlsFilesCollector, WatchedTls, server_tls
@@ -556,7 +557,7 @@ class Sidecar:
         if agent_cfg.admin_listen_port is None:  # config validation allows this only on loopback
             add_admin_routes(app, *admin_args, **admin_kwargs)
         else:
-            admin = web.Application(client_max_size=64 * 1024)
+            admin = without_versions(web.Application(client_max_size=64 * 1024))
             add_admin_routes(admin, *admin_args, **admin_kwargs)
             self._admin_runner = web.AppRunner(admin, access_log=None, handle_signals=False)
             await self._admin_runner.setup()

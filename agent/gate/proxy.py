@@ -26,7 +26,6 @@ from typing import Any
 
 import aiohttp
 from aiohttp import HttpVersion11, hdrs, web
-from aiohttp.http import SERVER_SOFTWARE
 from prometheus_client import CollectorRegistry
 
 from agent.collectors.derive import MAX_TOKENS_PER_STEP
@@ -57,6 +56,7 @@ from agent.gate.relay import Relay, add_gate_headers, closing, for_messages_clie
 from agent.gate.stream_usage import ask_stream_usage
 from agent.gate.upstreams import UpstreamPool, health_loop
 from agent.gate.websockets import WebSocketRelay, is_websocket
+from agent.server_name import without_versions
 
 log = logging.getLogger(__name__)
 
@@ -82,19 +82,6 @@ def client_max_wait_s(header: str | None) -> float | None:
 #: a request's record, and whether the cache answered it, for its access line
 RECORD = web.RequestKey("servepilot_record", RequestRecord)
 CACHED = web.RequestKey("servepilot_cached", bool)
-
-
-#: What the gate's own answers say in ``Server``
-SERVER_NAME = "servepilot"
-
-
-async def _without_versions(_: web.Request, response: web.StreamResponse) -> None:
-    """aiohttp writes its own and Python's version into ``Server`` on every answer it makes
-    (``Python/3.11 aiohttp/3.14.5``): what a scanner matches against advisories, and what security
-    reviews ask a client-facing proxy to drop (nginx's ``server_tokens off``). The gate's own answers
-    say ``servepilot``; a relayed answer keeps the ``Server`` the engine sent, as it sent it."""
-    if response.headers.get(hdrs.SERVER) == SERVER_SOFTWARE:
-        response.headers[hdrs.SERVER] = SERVER_NAME
 
 
 class Gate:
@@ -206,10 +193,9 @@ class Gate:
             cfg.max_body_bytes,
             self._count_realtime,
         )
-        self.app = web.Application(client_max_size=cfg.max_body_bytes)
+        self.app = without_versions(web.Application(client_max_size=cfg.max_body_bytes))
         self.app.router.add_route("*", "/{tail:.*}", self._handle, expect_handler=self._expect)
         self.app.on_response_prepare.append(self._close_when_shutting_down)
-        self.app.on_response_prepare.append(_without_versions)
 
     async def _expect(self, request: web.Request) -> None:
         """``Expect: 100-continue``: the 100 that asks for the body, except for a body declared over

@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agent.server_name import without_versions
 from agent.webhooks.signing import DEFAULT_TOLERANCE_S, SignatureError, verify
 
 
@@ -59,6 +60,6 @@ def build_receiver_app(
         log.messages.append(payload)
         return web.json_response({"accepted": msg_id})
 
-    app = web.Application()
+    app = without_versions(web.Application())
     app.router.add_post(path, hook)
     return app, log

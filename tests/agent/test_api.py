@@ -49,7 +49,8 @@ async def test_healthz_state_and_metrics(aiohttp_client: Any) -> None:
     app, loop = _app(now)
     client = await aiohttp_client(app)
     await loop.tick(1.0)
-    assert (await client.get("/healthz")).status == 200
+    healthz = await client.get("/healthz")
+    assert healthz.status == 200 and healthz.headers["Server"] == "servepilot"  # no aiohttp version
     state = await (await client.get("/api/state")).json()
     assert state["values"]["engine.requests_running"] == 4.0
     assert state["sources"]["engine"]["status"] == "ok"
@@ -152,6 +153,7 @@ async def test_the_standalone_gates_port_serves_its_registry_and_is_unready_with
     assert "servepilot_gate_requests_total 3.0" in await (await client.get("/metrics")).text()
     assert (await client.get("/healthz")).status == 200
     ready = await client.get("/readyz")
+    assert ready.headers["Server"] == "servepilot"
     assert ready.status == 200 and (await ready.json())["healthy_upstreams"] == ["primary", "small"]
     pool.mark("primary", False, 1.0, "stalled: 2 streaming request(s) held, no byte from it for 60 s")
     assert (await (await client.get("/readyz")).json())["healthy_upstreams"] == ["small"]

@@ -293,11 +293,17 @@ class EngineCore:
         g.time_s = self._t
 
     # -- the step -----------------------------------------------------------------------------------
-    def step(self, now: float, *, max_steps: int = 1, until: float | None = None) -> StepResult:
+    def step(
+        self, now: float, *, max_steps: int = 1, until: float | None = None, through_finishes: bool = False
+    ) -> StepResult:
         """Run one engine iteration starting at ``max(now, end of the previous one)``.
 
         With ``max_steps > 1`` the call also fast-forwards through following pure-decode steps that start
-        before ``until`` (if given); the result then covers ``steps`` iterations.
+        before ``until`` (if given); the result then covers ``steps`` iterations. The fast-forward stops
+        where a request ends, so that the caller can answer it and send what that frees; with
+        ``through_finishes`` it goes on with the others while nothing waits, for a caller that acts on
+        no finish before ``until`` (a replay without a gate: the requests' own timestamps say when they
+        ended, in ``Finished`` order).
         """
         self._advance_idle(now)
         start = self._t
@@ -318,7 +324,12 @@ class EngineCore:
         self._apply(sched, start + duration, result)
         quiet = not sched.preempted and sched.waiting_blocked and not (result.finished and self.num_waiting)
         if max_steps > 1 and quiet and self.spec is None:  # drafts: every step draws its acceptances
-            self._fast_forward(result, max_steps - 1, until)
+            while (
+                self._fast_forward(result, max_steps - result.steps, until)
+                and through_finishes
+                and not self.num_waiting
+            ):
+                pass
         return result
 
     def _base_clock(self) -> tuple[float, int]:
@@ -439,22 +450,24 @@ class EngineCore:
             stats.request_preemptions.observe(req.preemptions)
             result.finished.append(Finished(req.rid, "length", req.prompt, req.output))
 
-    def _fast_forward(self, result: StepResult, max_extra: int, until: float | None) -> None:
+    def _fast_forward(self, result: StepResult, max_extra: int, until: float | None) -> bool:
+        """Run up to ``max_extra`` pure-decode steps at once; true when it stopped because a request
+        ended (the others could go on)."""
         running = self.scheduler.running
         n = len(running)
         if n == 0 or n > self.max_num_batched_tokens:
-            return
+            return False
         k = max_extra
         context = 0
         for req in running:
             left = req.prompt + req.output - req.computed
             if left != 1:
-                return  # someone is still in prefill: the next step is not a pure decode
+                return False  # someone is still in prefill: the next step is not a pure decode
             if req.max_tokens - req.output < k:
                 k = req.max_tokens - req.output
             context += req.computed
         if k < 1:
-            return
+            return False
         start = self._t
         factor = self.faults.latency_factor
         clock, reasons = self._base_clock()
@@ -470,7 +483,7 @@ class EngineCore:
         k = min(k, int(np.searchsorted(ends - durations - start, limit, side="left")))
         k = self._fit_blocks(running, k) if k >= 1 else 0
         if k < 1:
-            return
+            return False
         durations, ends = durations[:k], ends[:k]
         run_cost = self.steptime.summarise(arrays, k)
         end = float(ends[-1])
@@ -504,6 +517,7 @@ class EngineCore:
         result.duration = end - result.start
         if done:
             self._finish(done, end, result)
+        return bool(done)
 
     def _fit_blocks(self, running: list[Request], k: int) -> int:
         """Largest ``j <= k`` such that ``j`` more decode steps of every running request fit the pool."""

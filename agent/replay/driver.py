@@ -404,6 +404,7 @@ class Replay:
         i = 0
         next_tick = start + self.interval_s
         inf = float("inf")
+        ungated = self.gate is None
         while i < n or core.has_work():
             next_arrival = start + times[i] if i < n else inf
             next_fault = start + faults[0].at_s if faults else inf
@@ -411,7 +412,9 @@ class Replay:
             if core.has_work() and core.time < horizon:
                 if self.gate is not None or self.queue_timeout_s < inf:
                     self._expire(core.time)
-                result = core.step(core.time, max_steps=MAX_STEPS, until=horizon)
+                # without a gate no finish frees anything before the horizon but the engine's own
+                # waiting queue, which the core watches itself
+                result = core.step(core.time, max_steps=MAX_STEPS, until=horizon, through_finishes=ungated)
                 for finished in result.finished:
                     self._finish(finished.request_id, core.time)
                 if result.steps == 0:  # nothing schedulable (cannot happen on a sane core): wait

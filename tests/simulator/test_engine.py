@@ -12,22 +12,33 @@ from simulator.faults import FaultSwitches
 MIB = 1024**2
 
 
-def _run(max_steps: int) -> EngineCore:
+def _run(
+    max_steps: int, through_finishes: bool = False, rate: float = 4
+) -> tuple[EngineCore, workload.RunSummary]:
     core = make_core("a100-80g", "llama-3-8b", "fp16", 32)
-    arrivals = workload.poisson_arrivals(4, 60, (50, 900), (20, 300), seed=3)
-    workload.run(core, arrivals, max_steps=max_steps)
-    return core
+    arrivals = workload.poisson_arrivals(rate, 60, (50, 900), (20, 300), seed=3)
+    summary = workload.run(core, arrivals, max_steps=max_steps, through_finishes=through_finishes)
+    return core, summary
 
 
-def test_fast_forward_matches_single_stepping() -> None:
-    single, fast = _run(1), _run(4096)
+@pytest.mark.parametrize(("through_finishes", "rate"), [(False, 4), (True, 4), (True, 12)])
+def test_fast_forward_matches_single_stepping(through_finishes: bool, rate: float) -> None:
+    """At 12 requests/s the 32 sequences are full and requests wait: an end must then stop the run."""
+    (single, _), (fast, _) = _run(1, rate=rate), _run(4096, through_finishes, rate)
     assert fast.stats.steps == single.stats.steps
     assert fast.stats.generation_tokens == single.stats.generation_tokens
-    for name in ("itl", "ttft", "e2e", "queue", "iteration_tokens"):
+    for name in ("itl", "ttft", "e2e", "queue", "iteration_tokens", "tpot", "decode"):
         a, b = getattr(single.stats, name), getattr(fast.stats, name)
         assert np.array_equal(a.counts, b.counts), name
         assert b.sum == pytest.approx(a.sum, rel=1e-9), name
     assert fast.gpu_counters.energy_j == pytest.approx(single.gpu_counters.energy_j, rel=1e-6)
+
+
+def test_going_on_past_a_finish_saves_the_calls_at_each_end() -> None:
+    """A run of decode steps used to stop where a request ended; with nothing waiting and a caller that
+    acts on no finish (a replay without a gate) it goes on with the others."""
+    (_, stopping), (_, going_on) = _run(4096), _run(4096, through_finishes=True)
+    assert going_on.steps == stopping.steps and going_on.calls < stopping.calls * 0.9, (going_on, stopping)
 
 
 def test_fast_forward_takes_far_fewer_calls() -> None:

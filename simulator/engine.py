@@ -461,7 +461,7 @@ class EngineCore:
         context = 0
         for req in running:
             left = req.prompt + req.output - req.computed
-            if left != 1:
+            if left != 1 or req.output == 0:  # a prompt's last token too: its step gives the first token
                 return False  # someone is still in prefill: the next step is not a pure decode
             if req.max_tokens - req.output < k:
                 k = req.max_tokens - req.output

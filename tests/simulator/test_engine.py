@@ -47,6 +47,19 @@ def test_fast_forward_takes_far_fewer_calls() -> None:
     assert summary.calls * 5 < summary.steps
 
 
+def test_a_prompt_one_token_past_a_chunk_gets_its_first_token_in_a_step_of_its_own() -> None:
+    """513 prompt tokens in chunks of 512 leave one: that step is prefill, not the decode a fast-forward
+    may skip across. It used to be skipped, and the request's first token came with no TTFT (a replay
+    then read a negative TTFT and a TPOT over its whole life), 8 to 20 requests an hour on the Azure
+    conversation trace."""
+    core = make_core(max_num_batched_tokens=512)
+    core.submit("a", 513, 5, now=0.0)
+    while core.has_work():
+        core.step(core.time, max_steps=64)
+    assert core.stats.ttft.count == 1 and core.stats.prompt_tokens == 513
+    assert core.stats.generation_tokens == 5 and core.stats.tpot.count == 1
+
+
 def test_step_never_goes_back_in_time() -> None:
     core = make_core()
     core.submit("a", 100, 5, now=10.0)

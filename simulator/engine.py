@@ -2,10 +2,12 @@
 
 No clock reads, no asyncio: callers pass ``now`` (seconds) and get back what one step did and how long it
 took. Between calls the core integrates idle power and cooling up to ``now``. ``step(now, max_steps=N,
-until=T)`` may fast-forward across up to ``N`` consecutive pure-decode steps (batch unchanged, nobody
-admitted or finishing until the last of them) in one vectorised call, which is what lets a replay run
-thousands of times faster than real time; per-step results (every token, every histogram observation)
-are identical to stepping one by one, except that power and temperature are integrated per run.
+until=T)`` may fast-forward across up to ``N`` consecutive steps in which nobody is admitted or finishes
+until the last of them: pure-decode steps in one vectorised call, and steps in which the newest request's
+prompt goes on in chunks beside the decoding ones, priced one by one but applied to the requests once.
+That is what lets a replay run thousands of times faster than real time; per-step results (every token,
+every histogram observation) are identical to stepping one by one, except that power and temperature are
+integrated per run of pure decode.
 """
 
 from __future__ import annotations
@@ -324,12 +326,12 @@ class EngineCore:
         self._apply(sched, start + duration, result)
         quiet = not sched.preempted and sched.waiting_blocked and not (result.finished and self.num_waiting)
         if max_steps > 1 and quiet and self.spec is None:  # drafts: every step draws its acceptances
-            while (
-                self._fast_forward(result, max_steps - result.steps, until)
-                and through_finishes
-                and not self.num_waiting
-            ):
-                pass
+            while True:
+                ended = self._prefill_forward(result, max_steps - result.steps, until)
+                if not ended:
+                    ended = self._fast_forward(result, max_steps - result.steps, until)
+                if not (ended and through_finishes and not self.num_waiting):
+                    break
         return result
 
     def _base_clock(self) -> tuple[float, int]:
@@ -344,7 +346,6 @@ class EngineCore:
         return min(settings.sm_clock_mhz, thermal_cap), reasons
 
     def _price(self, sched: Schedule) -> tuple[float, int, StepCost]:
-        clock, reasons = self._base_clock()
         context = 0
         pairs = 0.0
         for req, n in sched.items:
@@ -359,12 +360,18 @@ class EngineCore:
                     drafting += 1
                     pairs += spec.k * (req.computed + (spec.k + 1) * 0.5)
             new_tokens += spec.k * drafting
+        clock, reasons, cost = self._cost(new_tokens, seqs, context, pairs)
+        if drafting and spec is not None and spec.cost_factor() != 1.0:
+            cost = replace(cost, duration_s=cost.duration_s * spec.cost_factor())
+        return clock, reasons, cost
+
+    def _cost(self, new_tokens: int, seqs: int, context: int, pairs: float) -> tuple[float, int, StepCost]:
+        """One step's clock (the setting, the thermal cap, the power limit), throttle reasons and cost."""
+        clock, reasons = self._base_clock()
         cost = self.steptime.cost(new_tokens, seqs, context, pairs, clock)
         capped_clock, extra = self._clock_for(cost, clock)
         if extra:
             cost = self.steptime.cost(new_tokens, seqs, context, pairs, capped_clock)
-        if drafting and spec is not None and spec.cost_factor() != 1.0:
-            cost = replace(cost, duration_s=cost.duration_s * spec.cost_factor())
         return capped_clock, reasons | extra, cost
 
     def _apply(self, sched: Schedule, end: float, result: StepResult) -> None:
@@ -518,6 +525,130 @@ class EngineCore:
         if done:
             self._finish(done, end, result)
         return bool(done)
+
+    def _prefill_forward(self, result: StepResult, max_extra: int, until: float | None) -> bool:
+        """Run the steps in which every running request decodes but the newest, whose prompt goes on in
+        chunks of the token budget the others leave, up to the one that ends its prompt (and gives its
+        first token). A long prompt under a small budget takes several such steps, which otherwise cost
+        a call each, request by request. Each step is priced as :meth:`step` prices it (clock, power
+        limit and temperature per step); the requests are updated once, at the end. True when it
+        stopped because a request ended."""
+        scheduler = self.scheduler
+        running = scheduler.running
+        n = len(running)
+        if n == 0 or scheduler.waiting or running[-1].output:
+            return False
+        newest = running[-1]
+        decoders = n - 1
+        chunk = self.max_num_batched_tokens - decoders
+        if chunk < 1:
+            return False
+        k = max_extra
+        context = 0
+        for req in running:
+            if req is newest:
+                break
+            if req.prompt + req.output - req.computed != 1 or req.output == 0:
+                return False  # not a decoding sequence: this step is not one of those
+            if req.max_tokens - req.output < k:
+                k = req.max_tokens - req.output
+            context += req.computed
+        steps = self._fit_prefill(running, min(k, -(-(newest.prompt - newest.computed) // chunk)), chunk)
+        stats = self.stats
+        factor = self.faults.latency_factor
+        limit = self._t + MAX_RUN_S if until is None else min(self._t + MAX_RUN_S, until)
+        computed = newest.computed
+        ends: list[float] = []
+        new_tokens = 0
+        while len(ends) < steps and self._t < limit:  # a step starts before ``until``, as a call would
+            now_new = min(chunk, newest.prompt - computed)
+            new_tokens = decoders + now_new
+            pairs = float(context + decoders) + now_new * (computed + (now_new + 1) * 0.5)
+            clock, reasons, cost = self._cost(new_tokens, n, context + computed, pairs)
+            self._account_busy(cost, cost.duration_s * factor, clock, reasons)
+            ends.append(self._t)
+            computed += now_new
+            context += decoders
+            first = computed == newest.prompt
+            stats.steps += 1
+            stats.generation_tokens += decoders + first
+            stats.iteration_tokens.observe(new_tokens + first)
+        if not ends:
+            return False
+        self.gpu_counters.activation_bytes = new_tokens * self.model.hidden * 16.0 / self.gpu.tp
+        j, end = len(ends), ends[-1]
+        result.steps += j
+        result.duration = end - result.start
+        done = self._advance_decoders(running[:-1], j, ends, result)
+        used = blocks_for(computed, self.block_size) - newest.blocks
+        newest.blocks += used
+        scheduler.pool.used += used
+        newest.computed = computed
+        if computed == newest.prompt:
+            newest.first_token = newest.last_token = end
+            stats.ttft.observe(end - newest.arrival)
+            stats.prompt_tokens += newest.prompt
+            newest.output = 1
+            result.tokens[newest.rid] = 1
+            if newest.output >= newest.max_tokens:
+                done.append(newest)
+        if done:
+            self._finish(done, end, result)
+        return bool(done)
+
+    def _advance_decoders(
+        self, decoders: list[Request], j: int, ends: list[float], result: StepResult
+    ) -> list[Request]:
+        """Give each of ``decoders`` the ``j`` tokens of the steps ending at ``ends``, with their blocks and
+        inter-token gaps; returns those whose answer is complete."""
+        if not decoders:
+            return []
+        bs = self.block_size
+        tokens = result.tokens
+        first_end, end = ends[0], ends[-1]
+        firsts: list[float] = []
+        done: list[Request] = []
+        used = 0
+        for req in decoders:
+            firsts.append(first_end - req.last_token)
+            req.computed += j
+            req.output += j
+            blocks = -(-req.computed // bs)
+            used += blocks - req.blocks
+            req.blocks = blocks
+            req.last_token = end
+            tokens[req.rid] = tokens.get(req.rid, 0) + j
+            if req.output >= req.max_tokens:
+                done.append(req)
+        self.scheduler.pool.used += used
+        stats = self.stats
+        stats.itl.observe_list(firsts)
+        if j > 1:
+            stats.itl.observe_many(np.diff(np.asarray(ends)), len(decoders))
+        return done
+
+    def _fit_prefill(self, running: list[Request], k: int, chunk: int) -> int:
+        """Largest ``j <= k`` such that ``j`` more steps (the others decoding, the newest prefilling
+        ``chunk`` tokens a step) fit the pool."""
+        bs = self.block_size
+        free = self.scheduler.pool.free
+        newest = running[-1]
+
+        def need(j: int) -> int:
+            prefilled = min(newest.prompt, newest.computed + j * chunk)
+            mine = -(-prefilled // bs) - newest.blocks
+            return mine + sum(-(-(r.computed + j) // bs) - r.blocks for r in running if r is not newest)
+
+        if k < 1 or need(k) <= free:
+            return max(k, 0)
+        lo, hi = 0, k
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if need(mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def _fit_blocks(self, running: list[Request], k: int) -> int:
         """Largest ``j <= k`` such that ``j`` more decode steps of every running request fit the pool."""

@@ -13,18 +13,22 @@ MIB = 1024**2
 
 
 def _run(
-    max_steps: int, through_finishes: bool = False, rate: float = 4
+    max_steps: int, through_finishes: bool = False, rate: float = 4, budget: int = 8192
 ) -> tuple[EngineCore, workload.RunSummary]:
-    core = make_core("a100-80g", "llama-3-8b", "fp16", 32)
+    core = make_core("a100-80g", "llama-3-8b", "fp16", 32, max_num_batched_tokens=budget)
     arrivals = workload.poisson_arrivals(rate, 60, (50, 900), (20, 300), seed=3)
     summary = workload.run(core, arrivals, max_steps=max_steps, through_finishes=through_finishes)
     return core, summary
 
 
-@pytest.mark.parametrize(("through_finishes", "rate"), [(False, 4), (True, 4), (True, 12)])
-def test_fast_forward_matches_single_stepping(through_finishes: bool, rate: float) -> None:
-    """At 12 requests/s the 32 sequences are full and requests wait: an end must then stop the run."""
-    (single, _), (fast, _) = _run(1, rate=rate), _run(4096, through_finishes, rate)
+@pytest.mark.parametrize(
+    ("through_finishes", "rate", "budget"),
+    [(False, 4, 8192), (True, 4, 8192), (True, 12, 8192), (False, 4, 128), (True, 4, 128), (True, 8, 256)],
+)
+def test_fast_forward_matches_single_stepping(through_finishes: bool, rate: float, budget: int) -> None:
+    """At 12 requests/s the 32 sequences are full and requests wait: an end must then stop the run. A
+    budget of 128 or 256 tokens cuts the prompts (50-900 tokens) into chunks beside the decoding ones."""
+    (single, _), (fast, _) = _run(1, rate=rate, budget=budget), _run(4096, through_finishes, rate, budget)
     assert fast.stats.steps == single.stats.steps
     assert fast.stats.generation_tokens == single.stats.generation_tokens
     for name in ("itl", "ttft", "e2e", "queue", "iteration_tokens", "tpot", "decode"):

@@ -13,6 +13,7 @@ integrated per run of pure decode.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -501,25 +502,7 @@ class EngineCore:
         stats.generation_tokens += n * k
         if k > 1:
             stats.itl.observe_many(durations[1:], n)
-        first_end = float(ends[0])
-        bs = self.block_size
-        done: list[Request] = []
-        tokens = result.tokens
-        firsts: list[float] = []
-        used = 0
-        for req in running:
-            firsts.append(first_end - req.last_token)
-            req.computed += k
-            req.output += k
-            blocks = -(-req.computed // bs)
-            used += blocks - req.blocks
-            req.blocks = blocks
-            req.last_token = end
-            tokens[req.rid] = tokens.get(req.rid, 0) + k
-            if req.output >= req.max_tokens:
-                done.append(req)
-        self.scheduler.pool.used += used
-        stats.itl.observe_list(firsts)
+        done = self._advance_decoders(running, k, float(ends[0]), end, result)
         result.steps += k
         result.duration = end - result.start
         if done:
@@ -579,7 +562,9 @@ class EngineCore:
         j, end = len(ends), ends[-1]
         result.steps += j
         result.duration = end - result.start
-        done = self._advance_decoders(running[:-1], j, ends, result)
+        if decoders and j > 1:
+            stats.itl.observe_many(np.diff(np.asarray(ends)), decoders)
+        done = self._advance_decoders(running[:-1], j, ends[0], end, result)
         used = blocks_for(computed, self.block_size) - newest.blocks
         newest.blocks += used
         scheduler.pool.used += used
@@ -597,15 +582,13 @@ class EngineCore:
         return bool(done)
 
     def _advance_decoders(
-        self, decoders: list[Request], j: int, ends: list[float], result: StepResult
+        self, decoders: list[Request], j: int, first_end: float, end: float, result: StepResult
     ) -> list[Request]:
-        """Give each of ``decoders`` the ``j`` tokens of the steps ending at ``ends``, with their blocks and
-        inter-token gaps; returns those whose answer is complete."""
-        if not decoders:
-            return []
+        """Give each of ``decoders`` the tokens of ``j`` steps, the first ending at ``first_end`` and the
+        last at ``end``, with their blocks and their first inter-token gap (the caller counts the
+        others: one step's length each); returns those whose answer is complete."""
         bs = self.block_size
         tokens = result.tokens
-        first_end, end = ends[0], ends[-1]
         firsts: list[float] = []
         done: list[Request] = []
         used = 0
@@ -621,45 +604,31 @@ class EngineCore:
             if req.output >= req.max_tokens:
                 done.append(req)
         self.scheduler.pool.used += used
-        stats = self.stats
-        stats.itl.observe_list(firsts)
-        if j > 1:
-            stats.itl.observe_many(np.diff(np.asarray(ends)), len(decoders))
+        self.stats.itl.observe_list(firsts)
         return done
 
     def _fit_prefill(self, running: list[Request], k: int, chunk: int) -> int:
         """Largest ``j <= k`` such that ``j`` more steps (the others decoding, the newest prefilling
         ``chunk`` tokens a step) fit the pool."""
         bs = self.block_size
-        free = self.scheduler.pool.free
         newest = running[-1]
 
         def need(j: int) -> int:
-            prefilled = min(newest.prompt, newest.computed + j * chunk)
-            mine = -(-prefilled // bs) - newest.blocks
+            mine = -(-min(newest.prompt, newest.computed + j * chunk) // bs) - newest.blocks
             return mine + sum(-(-(r.computed + j) // bs) - r.blocks for r in running if r is not newest)
 
-        if k < 1 or need(k) <= free:
-            return max(k, 0)
-        lo, hi = 0, k
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if need(mid) <= free:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return self._largest_fitting(k, need)
 
     def _fit_blocks(self, running: list[Request], k: int) -> int:
         """Largest ``j <= k`` such that ``j`` more decode steps of every running request fit the pool."""
         bs = self.block_size
+        return self._largest_fitting(k, lambda j: sum(-(-(r.computed + j) // bs) - r.blocks for r in running))
+
+    def _largest_fitting(self, k: int, need: Callable[[int], int]) -> int:
+        """Largest ``j`` in ``[0, k]`` whose ``need(j)`` blocks (rising with ``j``) the pool has free."""
         free = self.scheduler.pool.free
-
-        def need(j: int) -> int:
-            return sum(-(-(r.computed + j) // bs) - r.blocks for r in running)
-
-        if need(k) <= free:
-            return k
+        if k < 1 or need(k) <= free:
+            return max(k, 0)
         lo, hi = 0, k
         while lo < hi:
             mid = (lo + hi + 1) // 2

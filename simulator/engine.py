@@ -3,8 +3,9 @@
 No clock reads, no asyncio: callers pass ``now`` (seconds) and get back what one step did and how long it
 took. Between calls the core integrates idle power and cooling up to ``now``. ``step(now, max_steps=N,
 until=T)`` may fast-forward across up to ``N`` consecutive steps in which nobody is admitted or finishes
-until the last of them: pure-decode steps in one vectorised call, and steps in which the newest request's
-prompt goes on in chunks beside the decoding ones, priced one by one but applied to the requests once.
+until the last of them: pure-decode steps in one vectorised call and, for a caller that does nothing
+between steps (``unattended``), steps in which the newest request's prompt goes on in chunks beside the
+decoding ones, priced one by one but applied to the requests once.
 That is what lets a replay run thousands of times faster than real time; per-step results (every token,
 every histogram observation) are identical to stepping one by one, except that power and temperature are
 integrated per run of pure decode.
@@ -297,16 +298,20 @@ class EngineCore:
 
     # -- the step -----------------------------------------------------------------------------------
     def step(
-        self, now: float, *, max_steps: int = 1, until: float | None = None, through_finishes: bool = False
+        self, now: float, *, max_steps: int = 1, until: float | None = None, unattended: bool = False
     ) -> StepResult:
         """Run one engine iteration starting at ``max(now, end of the previous one)``.
 
         With ``max_steps > 1`` the call also fast-forwards through following pure-decode steps that start
         before ``until`` (if given); the result then covers ``steps`` iterations. The fast-forward stops
-        where a request ends, so that the caller can answer it and send what that frees; with
-        ``through_finishes`` it goes on with the others while nothing waits, for a caller that acts on
-        no finish before ``until`` (a replay without a gate: the requests' own timestamps say when they
-        ended, in ``Finished`` order).
+        where a request ends, so that the caller can answer it and send what that frees.
+
+        ``unattended``: the caller does nothing between steps before ``until`` (no finish to answer, no
+        queue of its own to expire; a replay without a gate, which reads when each request ended from
+        its timestamps). The call then also goes on past a request's end while nothing waits, and runs
+        at once the steps in which the newest prompt is prefilled in chunks beside decoding sequences.
+        A caller that acts between steps (a gate admitting on a finish, expiring its queue at each
+        call) would act later than it does step by step.
         """
         self._advance_idle(now)
         start = self._t
@@ -328,10 +333,10 @@ class EngineCore:
         quiet = not sched.preempted and sched.waiting_blocked and not (result.finished and self.num_waiting)
         if max_steps > 1 and quiet and self.spec is None:  # drafts: every step draws its acceptances
             while True:
-                ended = self._prefill_forward(result, max_steps - result.steps, until)
+                ended = unattended and self._prefill_forward(result, max_steps - result.steps, until)
                 if not ended:
                     ended = self._fast_forward(result, max_steps - result.steps, until)
-                if not (ended and through_finishes and not self.num_waiting):
+                if not (ended and unattended and not self.num_waiting):
                     break
         return result
 

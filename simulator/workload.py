@@ -67,10 +67,10 @@ def poisson_arrivals(
 
 
 def run(
-    core: EngineCore, arrivals: Iterable[Arrival], *, max_steps: int = 4096, through_finishes: bool = False
+    core: EngineCore, arrivals: Iterable[Arrival], *, max_steps: int = 4096, unattended: bool = False
 ) -> RunSummary:
     """Feed ``arrivals`` (sorted by time) to ``core`` and step until every request has finished
-    (``through_finishes``: :meth:`EngineCore.step`'s, as nothing here acts on a finish)."""
+    (``unattended``: :meth:`EngineCore.step`'s, as nothing here acts between steps)."""
     pending = list(arrivals)
     start = pending[0].time if pending else core.time
     energy0 = core.gpu_counters.energy_j
@@ -88,7 +88,7 @@ def run(
                 core.submit(f"r{index}", item.prompt_tokens, item.max_tokens, item.time)
                 index += 1
             continue
-        core.step(now, max_steps=max_steps, until=next_time, through_finishes=through_finishes)
+        core.step(now, max_steps=max_steps, until=next_time, unattended=unattended)
         calls += 1
         now = core.time
     return RunSummary(

@@ -412,9 +412,9 @@ class Replay:
             if core.has_work() and core.time < horizon:
                 if self.gate is not None or self.queue_timeout_s < inf:
                     self._expire(core.time)
-                # without a gate no finish frees anything before the horizon but the engine's own
-                # waiting queue, which the core watches itself
-                result = core.step(core.time, max_steps=MAX_STEPS, until=horizon, through_finishes=ungated)
+                # without a gate nothing here acts before the horizon: a finish frees nothing but the
+                # engine's own waiting queue (the core watches it), and no queue of the gate's expires
+                result = core.step(core.time, max_steps=MAX_STEPS, until=horizon, unattended=ungated)
                 for finished in result.finished:
                     self._finish(finished.request_id, core.time)
                 if result.steps == 0:  # nothing schedulable (cannot happen on a sane core): wait

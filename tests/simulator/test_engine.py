@@ -13,22 +13,22 @@ MIB = 1024**2
 
 
 def _run(
-    max_steps: int, through_finishes: bool = False, rate: float = 4, budget: int = 8192
+    max_steps: int, unattended: bool = False, rate: float = 4, budget: int = 8192
 ) -> tuple[EngineCore, workload.RunSummary]:
     core = make_core("a100-80g", "llama-3-8b", "fp16", 32, max_num_batched_tokens=budget)
     arrivals = workload.poisson_arrivals(rate, 60, (50, 900), (20, 300), seed=3)
-    summary = workload.run(core, arrivals, max_steps=max_steps, through_finishes=through_finishes)
+    summary = workload.run(core, arrivals, max_steps=max_steps, unattended=unattended)
     return core, summary
 
 
 @pytest.mark.parametrize(
-    ("through_finishes", "rate", "budget"),
+    ("unattended", "rate", "budget"),
     [(False, 4, 8192), (True, 4, 8192), (True, 12, 8192), (False, 4, 128), (True, 4, 128), (True, 8, 256)],
 )
-def test_fast_forward_matches_single_stepping(through_finishes: bool, rate: float, budget: int) -> None:
+def test_fast_forward_matches_single_stepping(unattended: bool, rate: float, budget: int) -> None:
     """At 12 requests/s the 32 sequences are full and requests wait: an end must then stop the run. A
     budget of 128 or 256 tokens cuts the prompts (50-900 tokens) into chunks beside the decoding ones."""
-    (single, _), (fast, _) = _run(1, rate=rate, budget=budget), _run(4096, through_finishes, rate, budget)
+    (single, _), (fast, _) = _run(1, rate=rate, budget=budget), _run(4096, unattended, rate, budget)
     assert fast.stats.steps == single.stats.steps
     assert fast.stats.generation_tokens == single.stats.generation_tokens
     for name in ("itl", "ttft", "e2e", "queue", "iteration_tokens", "tpot", "decode"):
@@ -41,7 +41,7 @@ def test_fast_forward_matches_single_stepping(through_finishes: bool, rate: floa
 def test_going_on_past_a_finish_saves_the_calls_at_each_end() -> None:
     """A run of decode steps used to stop where a request ended; with nothing waiting and a caller that
     acts on no finish (a replay without a gate) it goes on with the others."""
-    (_, stopping), (_, going_on) = _run(4096), _run(4096, through_finishes=True)
+    (_, stopping), (_, going_on) = _run(4096), _run(4096, unattended=True)
     assert going_on.steps == stopping.steps and going_on.calls < stopping.calls * 0.9, (going_on, stopping)
 
 

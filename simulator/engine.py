@@ -494,7 +494,7 @@ class EngineCore:
         ends = start + durations.cumsum()
         limit = MAX_RUN_S if until is None else min(MAX_RUN_S, until - start)
         k = min(k, int(np.searchsorted(ends - durations - start, limit, side="left")))
-        k = self._fit_blocks(running, k) if k >= 1 else 0
+        k = self._fit_blocks(running, k)  # 0 when k < 1
         if k < 1:
             return False
         durations, ends = durations[:k], ends[:k]
